@@ -1,0 +1,15 @@
+"""Persistent metadata in LMDB.  The only package that imports lmdb."""
+
+from tierfs.meta.db import ListedEntry, MergeResult, MetaDB, TierUsage
+from tierfs.meta.records import ROOT_INO, BlockRecord, Inode, SyncState
+
+__all__ = [
+    "ROOT_INO",
+    "BlockRecord",
+    "Inode",
+    "ListedEntry",
+    "MergeResult",
+    "MetaDB",
+    "SyncState",
+    "TierUsage",
+]

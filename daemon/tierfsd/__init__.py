@@ -1,0 +1,1 @@
+"""The tierfs daemon process (the only package that imports pyfuse3)."""

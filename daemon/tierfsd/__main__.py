@@ -1,0 +1,5 @@
+import sys
+
+from tierfsd.main import main
+
+sys.exit(main())

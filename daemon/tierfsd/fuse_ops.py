@@ -1,0 +1,208 @@
+"""pyfuse3.Operations over TierFS: thin by design.
+
+Each method converts pyfuse3 arguments, awaits ``TierFS`` and converts the
+result.  The ``_errno`` decorator is the one place that turns errors into
+errnos: a TierfsError or OSError keeps its errno, anything else is a bug,
+logged with its traceback and answered with EIO.  Nothing escapes to
+``pyfuse3.main()``, which would end the mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from tierfs.core import Attributes, TierFS
+from tierfs.errors import TierfsError
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except TierfsError as exc:
+            if exc.errno == errno.EIO:
+                log.warning("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except OSError as exc:
+            log.warning("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
+    entry = pyfuse3.EntryAttributes()
+    entry.st_ino = attrs.ino
+    entry.generation = 0
+    entry.entry_timeout = attrs.timeout
+    entry.attr_timeout = attrs.timeout
+    entry.st_mode = attrs.mode
+    entry.st_nlink = attrs.nlink
+    entry.st_uid = attrs.uid
+    entry.st_gid = attrs.gid
+    entry.st_rdev = 0
+    entry.st_size = attrs.size
+    entry.st_blksize = attrs.blksize
+    entry.st_blocks = (attrs.size + 511) // 512
+    entry.st_atime_ns = attrs.atime_ns
+    entry.st_mtime_ns = attrs.mtime_ns
+    entry.st_ctime_ns = attrs.ctime_ns
+    return entry
+
+
+class TierfsOperations(pyfuse3.Operations):
+    enable_writeback_cache = False
+
+    def __init__(self, fs: TierFS) -> None:
+        super().__init__()
+        self.fs = fs
+
+    # --- namespace -------------------------------------------------------------------
+
+    @_errno
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return entry_attributes(await self.fs.lookup(parent_inode, name))
+
+    @_errno
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return entry_attributes(await self.fs.getattr(inode))
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        # Inodes live in LMDB with stable numbers; the kernel's references
+        # need no bookkeeping until unlink-while-open exists (write path).
+        return None
+
+    @_errno
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return await self.fs.readlink(inode)
+
+    @_errno
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        return await self.fs.opendir(inode)
+
+    @_errno
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        after = start_id
+        while True:
+            entries = await self.fs.readdir(fh, after)
+            if not entries:
+                return
+            for entry in entries:
+                if not pyfuse3.readdir_reply(token, entry.name, entry_attributes(entry.attrs), entry.cookie):
+                    return
+                after = entry.cookie
+
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @_errno
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        stats = self.fs.statfs()
+        data = pyfuse3.StatvfsData()
+        frsize = 4096
+        data.f_bsize = stats.block_size
+        data.f_frsize = frsize
+        data.f_blocks = stats.total_bytes // frsize
+        data.f_bfree = stats.free_bytes // frsize
+        data.f_bavail = stats.free_bytes // frsize
+        data.f_files = stats.files
+        data.f_ffree = 1 << 32
+        data.f_favail = 1 << 32
+        data.f_namemax = stats.name_max
+        return data
+
+    # --- files ---------------------------------------------------------------------------
+
+    @_errno
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        result = await self.fs.open(inode, flags)
+        return pyfuse3.FileInfo(fh=result.fh, keep_cache=result.keep_cache)
+
+    @_errno
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self.fs.read(fh, off, size)
+
+    @_errno
+    async def release(self, fh: int) -> None:
+        await self.fs.release(fh)
+
+    async def flush(self, fh: int) -> None:
+        return None
+
+    # --- extended attributes ---------------------------------------------------------------
+
+    @_errno
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        return await self.fs.getxattr(inode, name)
+
+    @_errno
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return await self.fs.listxattr(inode)
+
+    # --- mutations: EROFS until the write path lands -----------------------------------------
+
+    @_errno
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
+        self.fs.refuse_write()
+
+    @_errno
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        self.fs.refuse_write()
+
+    @_errno
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        self.fs.refuse_write()
+
+    @_errno
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self.fs.refuse_write()
+
+    @_errno
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self.fs.refuse_write()
+
+    @_errno
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        self.fs.refuse_write()
+
+    @_errno
+    async def rename(self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int, ctx: Any) -> None:
+        self.fs.refuse_write()
+
+    @_errno
+    async def link(self, inode: int, new_parent: int, new_name: bytes, ctx: Any) -> Any:
+        self.fs.refuse_write()
+
+    @_errno
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        self.fs.refuse_write()
+
+    @_errno
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        self.fs.refuse_write()
+        return 0
+
+    @_errno
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        self.fs.refuse_write()
+
+    @_errno
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        self.fs.refuse_write()

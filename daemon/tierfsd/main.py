@@ -1,0 +1,287 @@
+"""The tierfs daemon: wiring and process lifecycle.
+
+Start-up order (each step fails fast with a clear sentence):
+
+1. config -> 2. mount point checks (exists, a directory, not mounted) ->
+3. object store ``check()`` (missing bucket, bad credentials, dead endpoint)
+-> 4. LMDB state dir, tiers -> 5. control socket bound -> 6. ``pyfuse3.init``
+(the mount exists from here) -> 7. kernel tuning (root only: bdi
+``read_ahead_kb``, fusectl ``max_background``) -> 8. readiness: a line on
+``--ready-fd`` for ``tierfs mount``, ``READY=1`` to systemd's NOTIFY_SOCKET.
+
+Shutdown: the mount goes away (``tierfs umount`` runs ``fusermount3 -u``) and
+``pyfuse3.main`` returns; or SIGTERM/SIGINT asks pyfuse3 to stop and the
+daemon unmounts itself.  Then workers are cancelled, access times flushed,
+LMDB synced and closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from tierfs.config import Config, load_config
+from tierfs.control.protocol import socket_path_for
+from tierfs.control.server import ControlServer
+from tierfs.core import TierFS
+from tierfs.errors import TierfsError
+from tierfs.meta import MetaDB
+from tierfs.store import open_store
+from tierfs.tiers.tier import Tier
+from tierfsd.fuse_ops import TierfsOperations
+
+log = logging.getLogger("tierfsd")
+
+READ_AHEAD_KB = 1024
+MAX_BACKGROUND = 64
+ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug"}
+
+
+class StartupError(Exception):
+    """A problem the user must fix; reported as one sentence, exit 1."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tierfsd",
+        description="The tierfs daemon. Normally started by `tierfs mount`.",
+    )
+    parser.add_argument("config", type=Path, help="config file (TOML)")
+    parser.add_argument("mountpoint", type=Path, help="empty directory to mount on")
+    parser.add_argument("-f", "--foreground", action="store_true", help="log to stderr")
+    parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("-o", dest="options", default="", help="mount options: allow_other, debug")
+    return parser.parse_args(argv)
+
+
+def setup_logging(config: Config | None, foreground: bool, debug: bool) -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler: logging.Handler
+    if foreground or config is None:
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.handlers.RotatingFileHandler(
+            config.state.dir / "tierfsd.log", maxBytes=16 << 20, backupCount=3
+        )
+    handler.setFormatter(fmt)
+    root.handlers[:] = [handler]
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def parse_options(raw: str) -> set[str]:
+    options = {o.strip() for o in raw.split(",") if o.strip()}
+    unknown = options - ALLOWED_OPTIONS
+    if unknown:
+        raise StartupError(f"unknown mount option(s): {', '.join(sorted(unknown))}; "
+                           f"known: {', '.join(sorted(ALLOWED_OPTIONS))}")
+    return options
+
+
+def check_mountpoint(mountpoint: Path) -> Path:
+    if not mountpoint.exists():
+        raise StartupError(f"mount point {mountpoint} does not exist")
+    if not mountpoint.is_dir():
+        raise StartupError(f"mount point {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint):
+        raise StartupError(f"mount point {mountpoint} is busy: something is already mounted there")
+    return mountpoint.resolve()
+
+
+def fuse_options(fs_url: str, options: set[str]) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts.discard("default_permissions")
+    opts |= {"fsname=tierfs", "subtype=tierfs", "default_permissions", "ro"}
+    # allow_other is only ever given together with default_permissions (above):
+    # the kernel then checks modes, so other users cannot bypass them.
+    opts |= options & {"allow_other", "allow_root"}
+    return opts
+
+
+def tune_kernel(mountpoint: Path) -> None:
+    """Raise readahead and background requests of this FUSE connection (root only)."""
+    if os.geteuid() != 0:
+        return
+    dev = _mount_device(mountpoint)
+    if dev is None:
+        log.info("kernel tuning skipped: %s not found in mountinfo", mountpoint)
+        return
+    major, minor = dev
+    _write_sysfs(Path(f"/sys/class/bdi/{major}:{minor}/read_ahead_kb"), READ_AHEAD_KB)
+    conn = Path("/sys/fs/fuse/connections")
+    if conn.is_dir() and not any(conn.iterdir()) and not os.path.ismount(conn):
+        os.system("mount -t fusectl fusectl /sys/fs/fuse/connections >/dev/null 2>&1")
+    _write_sysfs(conn / str(minor) / "max_background", MAX_BACKGROUND)
+    _write_sysfs(conn / str(minor) / "congestion_threshold", MAX_BACKGROUND * 3 // 4)
+
+
+def _mount_device(mountpoint: Path) -> tuple[int, int] | None:
+    target = str(mountpoint)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
+                major, minor = fields[2].split(":")
+                return int(major), int(minor)
+    return None
+
+
+def _write_sysfs(path: Path, value: int) -> None:
+    try:
+        path.write_text(f"{value}\n")
+        log.info("set %s = %d", path, value)
+    except OSError as exc:
+        log.info("could not set %s: %s", path, exc.strerror)
+
+
+def sd_notify(message: str) -> None:
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(message.encode())
+
+
+class Daemon:
+    def __init__(self, config: Config, mountpoint: Path, options: set[str]) -> None:
+        self.config = config
+        self.mountpoint = mountpoint
+        self.options = options
+        self.store = open_store(config.backing)
+        self.store.check()
+        self.meta = MetaDB(
+            config.state.dir / "meta",
+            self.store.url,
+            default_dir_mode=config.namespace.dir_mode,
+            uid=config.namespace.uid if config.namespace.uid is not None else os.getuid(),
+            gid=config.namespace.gid if config.namespace.gid is not None else os.getgid(),
+        )
+        self.tiers = [Tier(i, t) for i, t in enumerate(config.tiers)]
+        sock_path = socket_path_for(mountpoint, config.state.dir)
+        self.fs = TierFS(config, self.meta, self.store, self.tiers, control_socket=str(sock_path))
+        self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
+        self.fs.invalidate_kernel_cache = self._invalidate
+        self._nursery: trio.Nursery | None = None
+
+    def _invalidate(self, ino: int) -> None:
+        # Never from inside a request handler: the kernel may hold locks that
+        # the notification waits for.  A thread of its own is safe.
+        if self._nursery is not None:
+            self._nursery.start_soon(self._invalidate_in_thread, ino)
+
+    @staticmethod
+    async def _invalidate_in_thread(ino: int) -> None:
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating inode %d: %s", ino, exc)
+
+    def mount(self) -> None:
+        self._listen_sock = self.control.bind()
+        ops = TierfsOperations(self.fs)
+        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.store.url, self.options))
+        tune_kernel(self.mountpoint)
+
+    async def run(self, on_ready: Callable[[], None]) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.fs.run_workers)
+            await nursery.start(self.control.serve, self._listen_sock)
+            nursery.start_soon(self._signals)
+            on_ready()
+            await pyfuse3.main()
+            log.info("file system unmounted; shutting down")
+            nursery.cancel_scope.cancel()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s: unmounting", signal.Signals(signum).name)
+                pyfuse3.terminate()
+                return
+
+    def close(self, *, unmount: bool) -> None:
+        try:
+            self.fs.close()
+        finally:
+            try:
+                pyfuse3.close(unmount=unmount)
+            finally:
+                self.meta.close()
+                for tier in self.tiers:
+                    tier.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
+
+    def report(line: str) -> None:
+        if ready is not None:
+            try:
+                ready.write(line + "\n")
+                ready.flush()
+            except OSError:
+                pass
+
+    config: Config | None = None
+    try:
+        options = parse_options(args.options)
+        config = load_config(args.config)
+        config.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        setup_logging(config, args.foreground, "debug" in options)
+        mountpoint = check_mountpoint(args.mountpoint)
+        daemon = Daemon(config, mountpoint, options)
+    except (StartupError, TierfsError) as exc:
+        message = str(exc)
+        print(f"tierfsd: {message}", file=sys.stderr)
+        report("ERROR " + message.replace("\n", "\n      "))
+        return 1
+
+    try:
+        daemon.mount()
+    except Exception as exc:
+        daemon.meta.close()
+        message = f"cannot mount on {mountpoint}: {exc}"
+        print(f"tierfsd: {message}", file=sys.stderr)
+        report("ERROR " + message)
+        return 1
+
+    def on_ready() -> None:
+        log.info("mounted %s on %s", daemon.store.url, mountpoint)
+        report("READY")
+        if ready is not None:
+            ready.close()
+        sd_notify("READY=1")
+
+    try:
+        trio.run(daemon.run, on_ready)
+    except BaseException:
+        log.exception("daemon stopped by an error")
+        raise
+    finally:
+        # Unmounting an already unmounted point is a no-op; after a crash it
+        # keeps a dead mount from being left behind.
+        daemon.close(unmount=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install (idempotent), then run the test suite and the linter.
+#   bash scripts/test.sh                 # everything CI runs
+#   bash scripts/test.sh tests/unit -x   # extra args go to pytest
+# Exit status is non-zero if pytest fails, collects no test (exit 5), or ruff
+# finds a problem. Both always run, so one run shows both results.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/install.sh
+
+status=0
+
+printf 'test: pytest\n' >&2
+set +e
+.venv/bin/python -m pytest -q "$@"
+rc=$?
+set -e
+if ((rc == 5)); then
+    printf 'test: FAILED: pytest collected no tests (exit 5)\n' >&2
+    status=1
+elif ((rc != 0)); then
+    printf 'test: FAILED: pytest exited %d\n' "$rc" >&2
+    status=1
+fi
+
+printf 'test: ruff check .\n' >&2
+if ! .venv/bin/ruff check .; then
+    printf 'test: FAILED: ruff check\n' >&2
+    status=1
+fi
+
+if ((status == 0)); then
+    printf 'test: ok\n' >&2
+fi
+exit "$status"

@@ -1,0 +1,295 @@
+"""FaultProxy: a small threaded TCP proxy that injects network faults into HTTP/1.1.
+
+Use it between an S3 client and a loopback S3 server::
+
+    proxy = FaultProxy("127.0.0.1", moto_port)
+    store = S3Store(url, endpoint_url=f"http://127.0.0.1:{proxy.port}")
+    proxy.reset_next(2)      # the next 2 responses with a body: RST mid-body
+    proxy.truncate_next(1)   # the next response with a body: FIN mid-body
+    proxy.delay = 0.05       # seconds before each response is forwarded
+    ...
+    proxy.close()
+
+Invariants:
+
+- It listens on 127.0.0.1 only and refuses an upstream that is not a
+  loopback address: tests never reach another host through it.
+- It parses just enough HTTP/1.1 to find message boundaries on a keep-alive
+  connection: request heads (to remember each request's method) and
+  response heads with ``Content-Length``.  A chunked or length-less message
+  switches that connection to plain byte forwarding (no more faults on it).
+- A fault only hits a response that has a body of at least 2 bytes (so HEAD
+  and empty responses never consume one).  The client gets the response head
+  and part of the body (``cut_fraction`` of it, at least 1 byte and at least
+  1 byte short), then either a TCP RST (``reset``) or a clean FIN
+  (``truncate``); the upstream connection is closed too.
+- ``faults_injected`` counts the faults actually delivered, so a test can
+  prove that the faults happened.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ipaddress
+import socket
+import struct
+import threading
+import time
+
+_HEAD_LIMIT = 64 * 1024
+
+
+class _Passthrough(Exception):
+    """Framing we do not parse: forward raw bytes from here on."""
+
+
+class _Closed(Exception):
+    """The peer closed the connection."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Reader:
+    """Buffered reads from a socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise _Closed
+        self.buf += chunk
+
+    def head(self) -> bytes:
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > _HEAD_LIMIT:
+                raise _Passthrough
+            self._fill()
+        end = self.buf.index(b"\r\n\r\n") + 4
+        head, self.buf = self.buf[:end], self.buf[end:]
+        return head
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def rest(self) -> bytes:
+        data, self.buf = self.buf, b""
+        return data
+
+
+def _headers(head: bytes) -> tuple[str, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            fields[name.strip().lower()] = value.strip()
+    return lines[0], fields
+
+
+class FaultProxy:
+    """Loopback TCP proxy with injectable resets, truncations and latency."""
+
+    def __init__(
+        self, upstream_host: str, upstream_port: int, *, cut_fraction: float = 0.5
+    ) -> None:
+        if not _is_loopback(upstream_host):
+            raise ValueError(f"FaultProxy only forwards to loopback, not {upstream_host!r}")
+        self.upstream = (upstream_host, upstream_port)
+        self.cut_fraction = cut_fraction
+        self.delay = 0.0
+        self.faults_injected = 0
+        self.connections = 0
+        self._resets = 0
+        self._truncates = 0
+        self._lock = threading.Lock()
+        self._socks: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="faultproxy-accept", daemon=True
+        )
+        self._accept_thread.start()
+
+    # --- control ----------------------------------------------------------------
+
+    def reset_next(self, n: int) -> None:
+        """RST the connection mid-body for the next ``n`` responses with a body."""
+        with self._lock:
+            self._resets = n
+
+    def truncate_next(self, n: int) -> None:
+        """Close (FIN) mid-body for the next ``n`` responses with a body."""
+        with self._lock:
+            self._truncates = n
+
+    def close(self) -> None:
+        """Stop accepting, close every connection, join the threads."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            socks = list(self._socks)
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+        self._accept_thread.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- machinery ----------------------------------------------------------------
+
+    def _take_fault(self) -> str | None:
+        with self._lock:
+            if self._resets > 0:
+                self._resets -= 1
+                self.faults_injected += 1
+                return "reset"
+            if self._truncates > 0:
+                self._truncates -= 1
+                self.faults_injected += 1
+                return "truncate"
+        return None
+
+    def _track(self, s: socket.socket) -> None:
+        with self._lock:
+            self._socks.add(s)
+
+    def _forget(self, *socks: socket.socket) -> None:
+        for s in socks:
+            with self._lock:
+                self._socks.discard(s)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            self._track(client)
+            self._track(upstream)
+            with self._lock:
+                self.connections += 1
+            methods: collections.deque[str] = collections.deque()
+            for target in (self._pump_requests, self._pump_responses):
+                t = threading.Thread(
+                    target=target, args=(client, upstream, methods), daemon=True
+                )
+                t.start()
+                self._threads.append(t)
+
+    def _pump_requests(
+        self, client: socket.socket, upstream: socket.socket, methods: collections.deque[str]
+    ) -> None:
+        reader = _Reader(client)
+        try:
+            while True:
+                head = reader.head()
+                start_line, fields = _headers(head)
+                if "chunked" in fields.get("transfer-encoding", "").lower():
+                    raise _Passthrough
+                length = int(fields.get("content-length", "0") or 0)
+                methods.append(start_line.split(" ", 1)[0].upper())
+                upstream.sendall(head + reader.exactly(length))
+        except _Passthrough:
+            methods.append("?")  # responses can no longer be matched to requests
+            with contextlib.suppress(OSError, _Closed):
+                upstream.sendall(reader.rest())
+                _copy_raw(client, upstream)
+        except (_Closed, OSError, ValueError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_WR)
+
+    def _pump_responses(
+        self, client: socket.socket, upstream: socket.socket, methods: collections.deque[str]
+    ) -> None:
+        reader = _Reader(upstream)
+        try:
+            while True:
+                head = reader.head()
+                status_line, fields = _headers(head)
+                method = _wait_method(methods)
+                status = int(status_line.split(" ")[1])
+                if method == "?" or "chunked" in fields.get("transfer-encoding", "").lower():
+                    raise _Passthrough(head)
+                if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+                    length = 0
+                elif "content-length" in fields:
+                    length = int(fields["content-length"])
+                else:
+                    raise _Passthrough(head)
+                if self.delay:
+                    time.sleep(self.delay)
+                fault = self._take_fault() if length >= 2 else None
+                if fault is None:
+                    client.sendall(head + reader.exactly(length))
+                    continue
+                cut = min(length - 1, max(1, int(length * self.cut_fraction)))
+                client.sendall(head + reader.exactly(cut))
+                if fault == "reset":
+                    client.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                else:
+                    with contextlib.suppress(OSError):
+                        client.shutdown(socket.SHUT_RDWR)
+                return
+        except _Passthrough as exc:
+            with contextlib.suppress(OSError, _Closed):
+                client.sendall((exc.args[0] if exc.args else b"") + reader.rest())
+                _copy_raw(upstream, client)
+        except (_Closed, OSError, ValueError, IndexError):
+            pass
+        finally:
+            self._forget(client, upstream)
+
+
+def _wait_method(methods: collections.deque[str], timeout: float = 30.0) -> str:
+    """The method of the request this response answers (requests are pipelined in order)."""
+    deadline = time.monotonic() + timeout
+    while not methods:
+        if time.monotonic() > deadline:
+            return "?"
+        time.sleep(0.001)
+    return methods.popleft()
+
+
+def _copy_raw(src: socket.socket, dst: socket.socket) -> None:
+    while True:
+        data = src.recv(65536)
+        if not data:
+            return
+        dst.sendall(data)

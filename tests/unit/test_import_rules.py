@@ -1,0 +1,294 @@
+"""Enforce the layer and import rules of DESIGN.md ("Layers and import rules").
+
+Every ``.py`` file under ``tierfs/`` and ``daemon/tierfsd/`` is parsed with
+``ast`` (nothing is imported, so a broken module cannot hide a violation).
+Counted as imports: ``import x``, ``from x import y`` (relative ones resolved
+against the file's package), and ``importlib.import_module("x")`` /
+``__import__("x")`` with a literal name. Imports under ``if TYPE_CHECKING:``
+count too: the layering is about who may depend on whom, not only about what
+runs.
+
+Rules:
+
+- ``pyfuse3`` only under ``daemon/tierfsd/``;
+- ``boto3`` / ``botocore`` / ``s3transfer`` only under ``tierfs/store/``;
+- ``lmdb`` only under ``tierfs/meta/``;
+- ``tierfs/policy/`` is pure and synchronous: it must not reach trio, asyncio,
+  boto3, botocore, s3transfer, lmdb, pyfuse3, socket or subprocess, directly
+  or through any tierfs module it imports (importing ``a.b.c`` runs
+  ``a/__init__``, ``a/b/__init__`` and ``a/b/c``, and the check follows that);
+- nothing under ``tierfs/`` imports ``tierfsd`` (or ``daemon``);
+- ``tierfs/core/`` does not import ``tierfs.control`` or ``tierfs.cli``;
+- ``daemon/`` has no ``__init__.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# "tierfs/x.py" is module "tierfs.x"; "daemon/tierfsd/x.py" is "tierfsd.x".
+SOURCE_DIRS = ("tierfs", "daemon/tierfsd")
+PROJECT_TOPS = {"tierfs", "tierfsd"}
+
+ONLY_UNDER = {
+    "pyfuse3": "daemon/tierfsd/",
+    "boto3": "tierfs/store/",
+    "botocore": "tierfs/store/",
+    "s3transfer": "tierfs/store/",
+    "lmdb": "tierfs/meta/",
+}
+POLICY_DIR = "tierfs/policy/"
+POLICY_FORBIDDEN = frozenset(
+    {
+        "trio",
+        "asyncio",
+        "boto3",
+        "botocore",
+        "s3transfer",
+        "lmdb",
+        "pyfuse3",
+        "socket",
+        "subprocess",
+    }
+)
+CORE_DIR = "tierfs/core/"
+CORE_FORBIDDEN = ("tierfs.control", "tierfs.cli")
+
+
+def module_name(relpath: str) -> str:
+    """``tierfs/core/read.py`` -> ``tierfs.core.read``; ``__init__.py`` -> its package."""
+    path = relpath.removeprefix("daemon/")
+    parts = path.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def imports_of(relpath: str, source: str) -> set[str]:
+    """Absolute names of every module (or module attribute) ``source`` imports."""
+    tree = ast.parse(source, filename=relpath)
+    mod = module_name(relpath)
+    package = mod if relpath.endswith("__init__.py") else mod.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 >= len(parts):
+                    found.add(f"<relative import beyond top level: level {node.level}>")
+                    continue
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            # `from tierfs import control` imports the module tierfs.control.
+            found.update(f"{target}.{a.name}" for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            fname = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else None
+            )
+            arg = node.args[0]
+            if (
+                fname in ("import_module", "__import__")
+                and isinstance(arg, ast.Constant)
+                and isinstance(arg.value, str)
+            ):
+                found.add(arg.value)
+    return found
+
+
+def direct_violations(relpath: str, imports: set[str]) -> list[str]:
+    out = []
+    for name in sorted(imports):
+        top = name.split(".")[0]
+        if name.startswith("<"):
+            out.append(f"{relpath}: {name}")
+        if top in ONLY_UNDER and not relpath.startswith(ONLY_UNDER[top]):
+            out.append(f"{relpath}: imports {name}; only {ONLY_UNDER[top]} may import {top}")
+        if relpath.startswith("tierfs/") and top in ("tierfsd", "daemon"):
+            out.append(f"{relpath}: imports {name}; the library must not import the daemon")
+        if relpath.startswith(CORE_DIR):
+            for bad in CORE_FORBIDDEN:
+                if _within(name, bad):
+                    out.append(f"{relpath}: imports {name}; tierfs/core must not import {bad}")
+    return out
+
+
+def _executed_modules(name: str, modules: Mapping[str, str]) -> list[str]:
+    """Project modules that run when ``name`` is imported: each existing prefix."""
+    parts = name.split(".")
+    prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return [p for p in prefixes if p in modules]
+
+
+def policy_violations(files: Mapping[str, str], imports: Mapping[str, set[str]]) -> list[str]:
+    """Forbidden modules reached from tierfs/policy, following tierfs imports."""
+    modules = {module_name(rel): rel for rel in files}  # module -> relpath
+    out = []
+    for start_rel in sorted(files):
+        if not start_rel.startswith(POLICY_DIR):
+            continue
+        start = module_name(start_rel)
+        # BFS over project modules; `via` remembers how each one was reached.
+        via: dict[str, str | None] = {}
+        queue: deque[str] = deque()
+        for m in _executed_modules(start, modules):
+            via[m] = None if m == start else start
+            queue.append(m)
+        while queue:
+            cur = queue.popleft()
+            for name in sorted(imports[modules[cur]]):
+                top = name.split(".")[0]
+                if top in POLICY_FORBIDDEN:
+                    chain = [cur]
+                    while via.get(chain[-1]) is not None:
+                        chain.append(via[chain[-1]])
+                    path = " <- ".join(chain)
+                    out.append(
+                        f"{start_rel}: reaches {name} (imported by {path}); "
+                        "tierfs/policy must stay pure and synchronous"
+                    )
+                if top in PROJECT_TOPS:
+                    for m in _executed_modules(name, modules):
+                        if m not in via:
+                            via[m] = cur
+                            queue.append(m)
+    return out
+
+
+def check_tree(files: Mapping[str, str]) -> list[str]:
+    """All rule violations in ``files`` (repo-relative posix path -> source)."""
+    imports: dict[str, set[str]] = {}
+    out: list[str] = []
+    for rel, source in sorted(files.items()):
+        try:
+            imports[rel] = imports_of(rel, source)
+        except SyntaxError as exc:
+            out.append(f"{rel}: cannot parse: {exc}")
+            imports[rel] = set()
+            continue
+        out.extend(direct_violations(rel, imports[rel]))
+    out.extend(policy_violations(files, imports))
+    return sorted(set(out))
+
+
+def project_files() -> dict[str, str]:
+    files = {}
+    for directory in SOURCE_DIRS:
+        for path in sorted((REPO / directory).rglob("*.py")):
+            files[path.relative_to(REPO).as_posix()] = path.read_text(encoding="utf-8")
+    return files
+
+
+# --- the real tree ------------------------------------------------------------
+
+
+def test_project_follows_import_rules():
+    files = project_files()
+    assert any(rel.startswith("tierfs/") for rel in files), "no sources found under tierfs/"
+    violations = check_tree(files)
+    assert violations == [], "import rule violations:\n" + "\n".join(violations)
+
+
+def test_daemon_is_not_a_package():
+    # `daemon` would shadow python-daemon's import name.
+    assert (REPO / "daemon").is_dir()
+    assert not (REPO / "daemon" / "__init__.py").exists()
+
+
+# --- the checker itself must be able to fail ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("relpath", "source", "expected"),
+    [
+        ("tierfs/core/read.py", "import boto3\n", "only tierfs/store/ may import boto3"),
+        (
+            "tierfs/tiers/x.py",
+            "from botocore.exceptions import ClientError\n",
+            "only tierfs/store/",
+        ),
+        ("tierfs/store/s3.py", "import lmdb\n", "only tierfs/meta/ may import lmdb"),
+        ("tierfs/core/fs.py", "import pyfuse3\n", "only daemon/tierfsd/ may import pyfuse3"),
+        ("tierfs/cli.py", "from tierfsd import main\n", "must not import the daemon"),
+        ("tierfs/core/fs.py", "from tierfs.control import client\n", "tierfs.control"),
+        ("tierfs/core/fs.py", "from tierfs import cli\n", "tierfs.cli"),
+        ("tierfs/core/fs.py", "from ..control.client import Client\n", "tierfs.control"),
+        ("tierfs/core/fs.py", "from .. import control\n", "tierfs.control"),
+        (
+            "tierfs/core/fs.py",
+            "import importlib\nimportlib.import_module('boto3')\n",
+            "only tierfs/store/",
+        ),
+        (
+            "tierfs/core/fs.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import lmdb\n",
+            "only tierfs/meta/",
+        ),
+        ("tierfs/policy/rules.py", "import trio\n", "pure and synchronous"),
+        ("tierfs/policy/rules.py", "import subprocess\n", "pure and synchronous"),
+        ("tierfs/policy/rules.py", "from socket import socket\n", "pure and synchronous"),
+    ],
+)
+def test_checker_catches(relpath, source, expected):
+    violations = check_tree({relpath: source})
+    assert any(expected in v for v in violations), violations
+
+
+def test_checker_follows_policy_imports_transitively():
+    files = {
+        "tierfs/__init__.py": "",
+        "tierfs/policy/__init__.py": "",
+        "tierfs/policy/victims.py": "from tierfs.meta.records import FileRecord\n",
+        "tierfs/meta/__init__.py": "from .db import open_db\n",
+        "tierfs/meta/db.py": "import lmdb\n",
+        "tierfs/meta/records.py": "",
+    }
+    violations = check_tree(files)
+    assert len(violations) == 1, violations
+    assert "tierfs/policy/victims.py: reaches lmdb" in violations[0]
+    assert "tierfs.meta.db <- tierfs.meta <- tierfs.policy.victims" in violations[0]
+
+
+def test_checker_accepts_allowed_imports():
+    files = {
+        "tierfs/__init__.py": "",
+        "tierfs/errors.py": "import errno\n",
+        "tierfs/config.py": "import tomllib\nfrom .errors import TierfsError\n",
+        "tierfs/meta/db.py": "import lmdb\n",
+        "tierfs/store/s3.py": "import boto3\nfrom botocore.config import Config\n",
+        "tierfs/policy/rules.py": "import fnmatch\nfrom tierfs.config import RuleConfig\n",
+        "tierfs/core/fs.py": "import trio\nfrom tierfs.meta.db import open_db\n",
+        "tierfs/control/client.py": "import socket\n",
+        "daemon/tierfsd/fuse_ops.py": "import pyfuse3\nfrom tierfs.core.fs import TierFS\n",
+    }
+    assert check_tree(files) == []
+
+
+def test_module_names():
+    assert module_name("tierfs/core/read.py") == "tierfs.core.read"
+    assert module_name("tierfs/core/__init__.py") == "tierfs.core"
+    assert module_name("daemon/tierfsd/main.py") == "tierfsd.main"
+    assert imports_of("tierfs/core/__init__.py", "from . import read") == {
+        "tierfs.core",
+        "tierfs.core.read",
+    }

@@ -1,0 +1,289 @@
+"""The ``tierfs`` command.
+
+Human output goes to stdout, diagnostics to stderr; ``--json`` prints one
+JSON document on stdout.  Every failure is one sentence on stderr and exit
+status 1 (2 for a usage error, from argparse).
+
+``mount`` starts the daemon (``python -m tierfsd``) in its own session and
+waits on a pipe until the daemon reports READY or an error, so it returns
+only once the mount is usable.  With ``-f`` it becomes the daemon (exec,
+same PID) for systemd ``Type=notify``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tierfs.config import check_file, load_config
+from tierfs.control.client import locate, request
+from tierfs.errors import ConfigError, ControlError, TierfsError
+from tierfs.units import format_size
+
+MOUNT_TIMEOUT = 60.0
+UMOUNT_TIMEOUT = 60.0
+
+
+class CliError(Exception):
+    """One sentence for stderr; exit 1."""
+
+
+# --- mount / umount -------------------------------------------------------------------
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    config_path = Path(args.config)
+    mountpoint = Path(args.mountpoint)
+    config = load_config(config_path)  # fail here, with file:line, before forking
+    if not mountpoint.is_dir():
+        raise CliError(f"mount point {mountpoint} does not exist or is not a directory")
+    if os.path.ismount(mountpoint):
+        raise CliError(f"mount point {mountpoint} is busy: something is already mounted there")
+    argv = [sys.executable, "-m", "tierfsd", str(config_path.resolve()), str(mountpoint.resolve())]
+    if args.options:
+        argv += ["-o", args.options]
+    if args.foreground:
+        argv.append("--foreground")
+        sys.stdout.flush()
+        os.execv(sys.executable, argv)
+    config.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_path = config.state.dir / "tierfsd.log"
+    read_fd, write_fd = os.pipe()
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [*argv, "--ready-fd", str(write_fd)],
+            pass_fds=(write_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    os.close(write_fd)
+    try:
+        line = _read_ready_line(read_fd, proc)
+    finally:
+        os.close(read_fd)
+    if line.startswith("READY"):
+        return 0
+    if line.startswith("ERROR "):
+        raise CliError(line[len("ERROR ") :])
+    raise CliError(f"the daemon exited before the mount was ready; see {log_path}")
+
+
+def _read_ready_line(fd: int, proc: subprocess.Popen[bytes]) -> str:
+    deadline = time.monotonic() + MOUNT_TIMEOUT
+    buf = b""
+    # READY is one line; an ERROR may span lines and ends when the daemon exits.
+    while not buf.startswith(b"READY\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            proc.terminate()
+            raise CliError(f"the mount was not ready after {MOUNT_TIMEOUT:.0f} s; daemon stopped")
+        readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    mountpoint = Path(os.path.abspath(args.mountpoint))
+    if not os.path.ismount(mountpoint):
+        raise CliError(f"{mountpoint} is not mounted")
+    pid = None
+    try:
+        location = locate(mountpoint)
+        if location.mount_root != mountpoint:
+            raise CliError(f"{mountpoint} is not a mount point (it is inside {location.mount_root})")
+        pid = int(request(location.socket_path, "ping", timeout=10)["pid"])
+    except ControlError:
+        pass  # a dead daemon: the unmount below still cleans up
+    fusermount = shutil.which("fusermount3") or "fusermount3"
+    done = subprocess.run([fusermount, "-u", str(mountpoint)], capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = done.stderr.strip() or f"{fusermount} exited {done.returncode}"
+        raise CliError(f"cannot unmount {mountpoint}: {reason}")
+    if pid is not None:
+        deadline = time.monotonic() + UMOUNT_TIMEOUT
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                raise CliError(f"unmounted, but the daemon (pid {pid}) has not exited yet")
+            time.sleep(0.05)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0): look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# --- status / where ------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    mountpoint = Path(os.path.abspath(args.mountpoint))
+    location = locate(mountpoint)
+    if location.mount_root != mountpoint:
+        raise CliError(f"{mountpoint} is not a tierfs mount point")
+    status = request(location.socket_path, "status")
+    if args.json:
+        _print_json(status)
+        return 0
+    print(f"mount:    {status['mountpoint']}  (pid {status['pid']})")
+    print(f"backing:  {status['backing']}")
+    print(f"{'tier':<10} {'capacity':>10} {'used':>10} {'use%':>6} {'files':>8}  watermarks")
+    for tier in status["tiers"]:
+        print(
+            f"{tier['name']:<10} {format_size(tier['capacity']):>10} {format_size(tier['used']):>10} "
+            f"{tier['used_ratio'] * 100:>5.1f}% {tier['files']:>8}  "
+            f"low {tier['low_watermark']:.0%} / high {tier['high_watermark']:.0%}"
+        )
+    hit = status["hit_ratio"]
+    counters = status["counters"]
+    print(f"dirty:    {format_size(status['dirty_bytes'])}, {status['pending_uploads']} uploads pending")
+    print(
+        f"reads:    hit ratio {'-' if hit is None else f'{hit:.1%}'}, "
+        f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"
+    )
+    return 0
+
+
+def cmd_where(args: argparse.Namespace) -> int:
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for path in args.paths:
+        location = locate(path)
+        root = str(location.mount_root)
+        groups.setdefault(root, (location.socket_path, []))[1].append(location.relpath)
+    results: list[dict[str, Any]] = []
+    for root, (sock, relpaths) in groups.items():
+        for item in request(sock, "where", {"paths": relpaths}):
+            item["path"] = os.path.join(root, item["path"]) if item["path"] else root
+            results.append(item)
+    failed = [r for r in results if "error" in r]
+    if args.json:
+        _print_json(results)
+    else:
+        _print_where(results)
+    for item in failed:
+        print(f"tierfs: {item['path']}: {item['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _print_where(results: list[dict[str, Any]]) -> None:
+    tier_names: list[str] = []
+    for item in results:
+        for name in item.get("tiers", {}):
+            if name not in tier_names:
+                tier_names.append(name)
+    header = f"{'size':>10} {'cached':>10} " + " ".join(f"{n:>10}" for n in tier_names)
+    print(f"{header} {'state':<9} path")
+    for item in results:
+        if "error" in item:
+            continue
+        if item["type"] != "file":
+            print(f"{'-':>10} {'-':>10} " + " ".join(f"{'-':>10}" for _ in tier_names) + f" {'dir':<9} {item['path']}")
+            continue
+        tiers = " ".join(f"{format_size(item['tiers'].get(n, 0)):>10}" for n in tier_names)
+        print(
+            f"{format_size(item['size']):>10} {format_size(item['cached_bytes']):>10} {tiers} "
+            f"{item['state']:<9} {item['path']}"
+        )
+
+
+# --- policy check ------------------------------------------------------------------------
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    problems = check_file(args.file)
+    if not problems:
+        print("ok")
+        return 0
+    for problem in problems:
+        print(ConfigError.format_problem(problem), file=sys.stderr)
+    return 1
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+
+def _print_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tierfs",
+        description=(
+            "tierfs: one namespace over an NVMe cache tier, an HDD tier and an S3 bucket. "
+            "Files are fetched lazily, block by block, and cached on the tiers."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("mount", help="mount a bucket (returns once the mount is ready)")
+    p.add_argument("config", help="config file (TOML), see deploy/examples/tierfs.toml")
+    p.add_argument("mountpoint", help="empty directory to mount on")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (systemd Type=notify)")
+    p.add_argument("-o", dest="options", default="", metavar="OPT[,OPT]", help="mount options: allow_other, debug")
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("umount", help="unmount cleanly and wait for the daemon to exit")
+    p.add_argument("mountpoint")
+    p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser("status", help="per tier: capacity, used, watermarks, files; hit ratio")
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("where", help="per file: size, bytes on each tier, sync state")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_where)
+
+    p = sub.add_parser("policy", help="config and policy files")
+    policy = p.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
+    c = policy.add_parser("check", help="validate a config or policy file; errors as file:line")
+    c.add_argument("file")
+    c.set_defaults(func=cmd_policy_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except (CliError, TierfsError) as exc:
+        print(f"tierfs: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

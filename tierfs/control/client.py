@@ -1,0 +1,85 @@
+"""Control client used by the CLI (synchronous, plain sockets).
+
+``locate(path)`` finds the tierfs mount that holds ``path`` and the path
+relative to its root; ``request(socket, op, args)`` sends one request and
+returns its result, raising ControlError with the daemon's sentence.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tierfs.control.protocol import CONTROL_XATTR, decode, encode
+from tierfs.errors import ControlError, NotATierfsMount
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    mount_root: Path
+    socket_path: str
+    relpath: str  # "" for the root
+
+
+def mount_root_of(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not os.path.ismount(path):
+        if path.parent == path:
+            break
+        path = path.parent
+    return path
+
+
+def locate(path: str | Path) -> Location:
+    """The mount that holds ``path`` (which need not exist below the mount)."""
+    abspath = Path(os.path.abspath(path))
+    probe = abspath
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    root = mount_root_of(probe)
+    try:
+        sock = os.getxattr(root, CONTROL_XATTR).decode()
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT):
+            raise NotATierfsMount(f"{path} is not on a tierfs mount") from None
+        raise ControlError(f"{root}: cannot reach the tierfs daemon: {exc.strerror}") from None
+    rel = os.path.relpath(abspath, root)
+    return Location(root, sock, "" if rel == "." else rel)
+
+
+def request(
+    socket_path: str,
+    op: str,
+    args: dict[str, Any] | None = None,
+    *,
+    timeout: float | None = 600.0,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(socket_path)
+        except OSError as exc:
+            raise ControlError(
+                f"cannot reach the tierfs daemon at {socket_path}: {exc.strerror or exc}"
+            ) from None
+        sock.sendall(encode({"op": op, "args": args or {}}))
+        reader = sock.makefile("rb")
+        for line in reader:
+            message = decode(line)
+            if "event" in message:
+                if on_event is not None:
+                    on_event(message)
+                continue
+            if message.get("ok"):
+                return message.get("result")
+            raise ControlError(
+                str(message.get("error", "request failed")),
+                errno=int(message.get("errno", errno.EIO)),
+            )
+    raise ControlError("the tierfs daemon closed the connection without an answer")

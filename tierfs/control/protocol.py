@@ -1,0 +1,42 @@
+"""The control protocol: JSON lines over a Unix stream socket.
+
+A client sends one request line ``{"op": NAME, "args": {...}}``.  The server
+answers with zero or more event lines ``{"event": "progress", ...}`` and then
+exactly one final line: ``{"ok": true, "result": ...}`` or ``{"ok": false,
+"error": "sentence", "errno": N}``.  One request per connection.
+
+Where the socket lives: as root ``/run/tierfs/<id>/control.sock``, else
+``<state dir>/control/control.sock``; the directory is mode 0700 and the
+socket 0600.  ``<id>`` is derived from the mount point, so two mounts never
+share a socket.  The CLI does not compute this: it reads the path from the
+read-only xattr ``user.tierfs.control_socket`` of the mount root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MAX_LINE = 1 << 20
+CONTROL_XATTR = "user.tierfs.control_socket"
+
+
+def socket_path_for(mountpoint: Path, state_dir: Path) -> Path:
+    ident = hashlib.sha256(str(mountpoint.resolve()).encode()).hexdigest()[:16]
+    if os.geteuid() == 0:
+        return Path("/run/tierfs") / ident / "control.sock"
+    return state_dir / "control" / "control.sock"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("control message is not a JSON object")
+    return message

@@ -1,0 +1,335 @@
+"""TierFS: POSIX semantics on plain types, testable without a mount.
+
+The FUSE layer (``tierfsd.fuse_ops``) converts pyfuse3 arguments, awaits a
+method here and converts the result; the control server calls ``where`` and
+``status``.  Errors are TierfsError subclasses carrying an errno.
+
+Handles: ``open`` returns a file handle number that maps to a ``Handle``
+(the inode's CachedFile plus the handle's readahead state); ``release``
+drops it.  Directory handles carry nothing: ``readdir`` resumes from the
+cookie of the last entry returned, which stays valid while entries come and
+go (see ``MetaDB`` dirseq).
+
+Until the write path lands (next issue) every mutation raises ReadOnly
+(EROFS), and an open for writing does too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from tierfs.config import Config
+from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, ReadOnly
+from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.store import ObjectStore
+from tierfs.tiers.tier import Tier
+
+from .blockcache import BlockCache, CachedFile, ReadState
+from .namespace import Identity, Namespace
+from .space import SpaceManager
+
+log = logging.getLogger(__name__)
+
+#: Read-only virtual xattr on the mount root: the control socket's path.
+CONTROL_XATTR = b"user.tierfs.control_socket"
+
+_ATIME_FLUSH_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    ino: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    blksize: int
+    mtime_ns: int
+    ctime_ns: int
+    atime_ns: int
+    timeout: float  # seconds the kernel may cache this entry and its attributes
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    cookie: int
+    name: bytes
+    attrs: Attributes
+
+
+@dataclass(frozen=True, slots=True)
+class OpenResult:
+    fh: int
+    keep_cache: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FsStats:
+    block_size: int
+    total_bytes: int
+    free_bytes: int
+    files: int
+    name_max: int = 255
+
+
+@dataclass(slots=True)
+class Handle:
+    inode: Inode
+    cached: CachedFile
+    read_state: ReadState
+
+
+class TierFS:
+    def __init__(
+        self,
+        config: Config,
+        meta: MetaDB,
+        store: ObjectStore,
+        tiers: list[Tier],
+        *,
+        control_socket: str = "",
+    ) -> None:
+        self.config = config
+        self.meta = meta
+        self.store = store
+        self.tiers = tiers
+        self.control_socket = control_socket
+        ns = config.namespace
+        self.identity = Identity(
+            uid=ns.uid if ns.uid is not None else os.getuid(),
+            gid=ns.gid if ns.gid is not None else os.getgid(),
+            file_mode=ns.file_mode,
+            dir_mode=ns.dir_mode,
+        )
+        self.store_limiter = trio.CapacityLimiter(max(4, config.fetch.concurrency))
+        self.blocks: BlockCache
+        self.space = SpaceManager(tiers, meta, is_busy=lambda ino: self.blocks.is_busy(ino))
+        self.blocks = BlockCache(
+            meta,
+            store,
+            tiers,
+            self.space,
+            block_size=config.fetch.block_size,
+            readahead_max=config.fetch.readahead_max,
+            fetch_concurrency=config.fetch.concurrency,
+        )
+        self.namespace = Namespace(
+            meta, store, ns, self.identity, self.store_limiter, on_drop=self._blocks_dropped
+        )
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._stale_page_cache: set[int] = set()
+        #: Set by the daemon: drop the kernel's cached pages of an inode.
+        self.invalidate_kernel_cache: Callable[[int], None] = lambda ino: None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def run_workers(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Background work of the core; runs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self.blocks.start(nursery)
+            nursery.start_soon(self._flush_atimes_periodically)
+            task_status.started()
+
+    async def _flush_atimes_periodically(self) -> None:
+        while True:
+            await trio.sleep(_ATIME_FLUSH_SECONDS)
+            self.space.flush_atimes()
+
+    def close(self) -> None:
+        self.space.flush_atimes()
+
+    # --- attributes ------------------------------------------------------------------
+
+    def attributes(self, inode: Inode) -> Attributes:
+        timeout = self.config.namespace.list_ttl
+        return Attributes(
+            ino=inode.ino,
+            mode=inode.mode,
+            nlink=2 if inode.is_dir else 1,
+            uid=inode.uid,
+            gid=inode.gid,
+            size=inode.size,
+            blksize=self.config.fetch.block_size,
+            mtime_ns=inode.mtime_ns,
+            ctime_ns=inode.ctime_ns,
+            atime_ns=inode.mtime_ns,
+            timeout=timeout,
+        )
+
+    async def getattr(self, ino: int) -> Attributes:
+        return self.attributes(self.namespace.get(ino))
+
+    async def lookup(self, parent: int, name: bytes) -> Attributes:
+        return self.attributes(await self.namespace.lookup(parent, name))
+
+    # --- directories -----------------------------------------------------------------
+
+    async def opendir(self, ino: int) -> int:
+        inode = self.namespace.get(ino)
+        if not inode.is_dir:
+            raise NotADirectory(f"inode {ino} is not a directory")
+        await self.namespace.ensure_listed(inode)
+        return ino
+
+    async def readdir(self, ino: int, after_cookie: int, limit: int = 256) -> list[DirEntry]:
+        """Entries after ``after_cookie``, in a stable order.  Use the last
+        entry's cookie to continue; an empty list is the end."""
+        out: list[DirEntry] = []
+        for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
+            inode = self.meta.get_inode(child)
+            if inode is not None:
+                out.append(DirEntry(cookie, name, self.attributes(inode)))
+        return out
+
+    # --- files ---------------------------------------------------------------------------
+
+    async def open(self, ino: int, flags: int) -> OpenResult:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise ReadOnly("tierfs is read-only until the write path lands")
+        inode = self.namespace.get(ino)
+        if inode.is_dir:
+            raise IsADirectory(f"inode {ino} is a directory")
+        inode, changed = await self.namespace.revalidate(inode)
+        keep_cache = not changed and ino not in self._stale_page_cache
+        self._stale_page_cache.discard(ino)
+        cached = self.blocks.acquire(ino, self.namespace.key_of(inode), inode.etag, inode.size)
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = Handle(inode, cached, ReadState())
+        self.space.touch(ino)
+        return OpenResult(fh=fh, keep_cache=keep_cache)
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        handle = self._handles[fh]
+        self.space.touch(handle.inode.ino)
+        return await self.blocks.read(handle.cached, offset, size, handle.read_state)
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh)
+        self.blocks.release(handle.cached)
+
+    async def readlink(self, ino: int) -> bytes:
+        inode = self.namespace.get(ino)
+        if not stat.S_ISLNK(inode.mode):
+            raise InvalidArgument(f"inode {ino} is not a symlink")
+        return inode.symlink_target
+
+    def _blocks_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
+        """Namespace callback: the bucket changed a file, or it vanished."""
+        if still_exists:
+            inode = self.namespace.get(ino)
+            key, etag, size = self.namespace.key_of(inode), inode.etag, inode.size
+            self._stale_page_cache.add(ino)
+        else:
+            key, etag, size = "", "", 0
+            self.space.forget(ino)
+        self.blocks.content_changed(ino, tiers, key, etag, size)
+        if ino in self.blocks.files:
+            self.invalidate_kernel_cache(ino)
+
+    # --- extended attributes ---------------------------------------------------------------
+
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        if ino == ROOT_INO and name == CONTROL_XATTR and self.control_socket:
+            return self.control_socket.encode()
+        self.namespace.get(ino)
+        raise NoData(name.decode(errors="replace"))
+
+    async def listxattr(self, ino: int) -> list[bytes]:
+        self.namespace.get(ino)
+        return [CONTROL_XATTR] if ino == ROOT_INO and self.control_socket else []
+
+    # --- mutations: not yet ------------------------------------------------------------------
+
+    def refuse_write(self) -> None:
+        raise ReadOnly("tierfs is read-only until the write path lands")
+
+    # --- statfs ----------------------------------------------------------------------------------
+
+    def statfs(self) -> FsStats:
+        total = free = 0
+        for tier in self.tiers:
+            cap = tier.capacity
+            total += cap
+            free += tier.usable_bytes(self.space.used(tier.index))
+        return FsStats(
+            block_size=self.config.fetch.block_size,
+            total_bytes=total,
+            free_bytes=free,
+            files=sum(self.meta.tier_usage(t.index).files for t in self.tiers),
+        )
+
+    # --- control plane -------------------------------------------------------------------------
+
+    async def where(self, relpath: str) -> dict[str, object]:
+        inode = await self.namespace.resolve(relpath)
+        if inode.is_dir:
+            return {"path": relpath, "type": "directory"}
+        residency = self.meta.residency(inode.ino)
+        open_file = self.blocks.files.get(inode.ino)
+        state = "clean" if inode.state == SyncState.CLEAN else inode.state.name.lower()
+        bs = self.config.fetch.block_size
+        blocks = self.meta.get_blocks(inode.ino)
+        return {
+            "path": relpath,
+            "type": "file",
+            "size": inode.size,
+            "cached_bytes": sum(residency.values()),
+            "blocks_total": (inode.size + bs - 1) // bs,
+            "blocks_cached": len(blocks),
+            "tiers": {t.name: residency.get(t.index, 0) for t in self.tiers},
+            "state": state,
+            "fetching_blocks": len(open_file.flights) if open_file else 0,
+        }
+
+    def status(self) -> dict[str, object]:
+        tiers = []
+        for tier in self.tiers:
+            usage = self.meta.tier_usage(tier.index)
+            cap = tier.capacity
+            tiers.append(
+                {
+                    "name": tier.name,
+                    "path": str(tier.path),
+                    "capacity": cap,
+                    "used": usage.bytes,
+                    "files": usage.files,
+                    "used_ratio": usage.bytes / cap if cap else 0.0,
+                    "high_watermark": tier.high_watermark,
+                    "low_watermark": tier.low_watermark,
+                }
+            )
+        stats = self.blocks.stats
+        lookups = stats.hit_blocks + stats.miss_blocks
+        return {
+            "backing": self.store.url,
+            "block_size": self.config.fetch.block_size,
+            "tiers": tiers,
+            "dirty_bytes": 0,
+            "pending_uploads": 0,
+            "hit_ratio": stats.hit_blocks / lookups if lookups else None,
+            "open_files": len(self.blocks.files),
+            "counters": {
+                "hit_blocks": stats.hit_blocks,
+                "miss_blocks": stats.miss_blocks,
+                "fetched_bytes": stats.fetched_bytes,
+                "gets": stats.gets,
+                "verify_failures": stats.verify_failures,
+                "uncached_blocks": stats.uncached_blocks,
+                "evicted_files": self.space.evicted_files,
+                "evicted_bytes": self.space.evicted_bytes,
+                "listings": self.namespace.listings_done,
+            },
+            "time": time.time(),
+        }

@@ -1,0 +1,281 @@
+"""The namespace: directories listed lazily from the bucket into LMDB.
+
+State of a directory inode:
+
+    never listed (listed_at == 0)
+        --first lookup/readdir--> listing --complete--> listed (listed_at = t)
+    listed, t + list_ttl < now
+        --next lookup/readdir--> listing --complete--> listed (listed_at = t')
+
+A listing streams ListObjectsV2 pages (delimiter "/") and merges each page
+into LMDB in one transaction, so memory holds one page, not the directory.
+When the last page is merged, names that were not seen are swept (only clean,
+bucket-backed entries; local-only data of later issues stays).  Only one
+listing of a directory runs at a time; concurrent callers wait for it.
+
+If a re-listing fails (bucket unreachable), the stale listing is served and a
+warning is logged; a directory that was never listed fails with the store's
+errno instead.
+
+Keys that cannot be names (empty segment, ``.``/``..``, NUL, > 255 bytes) are
+skipped with one warning per key per mount.  When both the object ``a`` and
+objects under ``a/`` exist, the directory wins (``MetaDB.merge_listing``) and
+the hidden object is reported once.
+
+Files are revalidated on open when their ETag was last confirmed more than
+``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from tierfs.config import NamespaceConfig
+from tierfs.errors import NotADirectory, NotFound, ObjectNotFound, StoreError
+from tierfs.meta import ROOT_INO, Inode, ListedEntry, MergeResult, MetaDB, SyncState
+from tierfs.store import ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
+
+NAME_MAX = 255
+
+#: Called with (ino, tiers that held its blocks, still_exists) whenever
+#: blocks of a file were dropped because the bucket changed or it vanished.
+DropCallback = Callable[[int, list[int], bool], None]
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (one key segment) cannot be a file name, or None."""
+    if name == "":
+        return "empty path segment"
+    if name in (".", ".."):
+        return f"'{name}' segment"
+    if "\0" in name:
+        return "NUL byte"
+    if len(name.encode()) > NAME_MAX:
+        return f"segment longer than {NAME_MAX} bytes"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    uid: int
+    gid: int
+    file_mode: int
+    dir_mode: int
+
+
+class Namespace:
+    def __init__(
+        self,
+        meta: MetaDB,
+        store: ObjectStore,
+        config: NamespaceConfig,
+        identity: Identity,
+        store_limiter: trio.CapacityLimiter,
+        on_drop: DropCallback,
+    ) -> None:
+        self.meta = meta
+        self.store = store
+        self.config = config
+        self.identity = identity
+        self._limiter = store_limiter
+        self._on_drop = on_drop
+        self._listing: dict[int, trio.Event] = {}
+        self._warned: set[str] = set()
+        self.listings_done = 0
+
+    # --- inodes and keys -----------------------------------------------------------
+
+    def get(self, ino: int) -> Inode:
+        inode = self.meta.get_inode(ino)
+        if inode is None:
+            raise NotFound(f"inode {ino} does not exist")
+        return inode
+
+    def key_of(self, inode: Inode) -> str:
+        """The object key of a file (relative to the store prefix)."""
+        parts: list[bytes] = []
+        while inode.ino != ROOT_INO:
+            parts.append(inode.name)
+            inode = self.get(inode.parent)
+        return b"/".join(reversed(parts)).decode()
+
+    def prefix_of(self, dir_inode: Inode) -> str:
+        key = self.key_of(dir_inode)
+        return key + "/" if key else ""
+
+    # --- lookup and listing ----------------------------------------------------------
+
+    async def lookup(self, parent: int, name: bytes) -> Inode:
+        dir_inode = self.get(parent)
+        if not dir_inode.is_dir:
+            raise NotADirectory(f"inode {parent} is not a directory")
+        if name == b".":
+            return dir_inode
+        if name == b"..":
+            return self.get(dir_inode.parent)
+        await self.ensure_listed(dir_inode)
+        ino = self.meta.lookup(parent, name)
+        if ino is None:
+            raise NotFound(name.decode(errors="replace"))
+        return self.get(ino)
+
+    async def resolve(self, relpath: str) -> Inode:
+        """Inode of a path relative to the mount root ("" is the root)."""
+        inode = self.get(ROOT_INO)
+        for part in relpath.split("/"):
+            if part in ("", "."):
+                continue
+            inode = await self.lookup(inode.ino, part.encode())
+        return inode
+
+    async def ensure_listed(self, dir_inode: Inode) -> None:
+        if time.time() - dir_inode.listed_at < self.config.list_ttl:
+            return
+        ino = dir_inode.ino
+        running = self._listing.get(ino)
+        if running is not None:
+            await running.wait()
+            return
+        done = self._listing[ino] = trio.Event()
+        try:
+            await self._list(dir_inode)
+        except StoreError as exc:
+            if dir_inode.listed_at == 0:
+                raise
+            log.warning("re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc)
+        finally:
+            del self._listing[ino]
+            done.set()
+
+    async def _list(self, dir_inode: Inode) -> None:
+        prefix = self.prefix_of(dir_inode)
+        gen = self.meta.begin_listing(dir_inode.ino)
+        pages = self.store.list_pages(prefix)
+        ident = self.identity
+        while True:
+            page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
+            if page is None:
+                break
+            entries = [e for e in (self._object_entry(prefix, o) for o in page.objects) if e]
+            entries += [e for e in (self._prefix_entry(prefix, p) for p in page.prefixes) if e]
+            result = self.meta.merge_listing(
+                dir_inode.ino,
+                gen,
+                entries,
+                file_mode=ident.file_mode,
+                dir_mode=ident.dir_mode,
+                uid=ident.uid,
+                gid=ident.gid,
+                now=time.time(),
+            )
+            self._after_merge(prefix, result)
+        self._after_merge(prefix, self.meta.finish_listing(dir_inode.ino, gen, time.time()))
+        self.listings_done += 1
+
+    def _after_merge(self, prefix: str, result: MergeResult) -> None:
+        for name in result.conflicts:
+            self._warn_once(
+                prefix + name.decode(),
+                "both the object {key!r} and objects under {key!r}/ exist: "
+                "showing the directory, the object is hidden",
+            )
+        for ino, tiers in result.changed:
+            self._on_drop(ino, tiers, True)
+        for ino, tiers in result.removed:
+            self._on_drop(ino, tiers, False)
+
+    def _object_entry(self, prefix: str, obj: ObjectInfo) -> ListedEntry | None:
+        name = obj.key[len(prefix) :]
+        if name == "":  # the directory's own marker object
+            return None
+        if not self._name_ok(obj.key, name):
+            return None
+        return ListedEntry(
+            name=name.encode(),
+            is_dir=False,
+            size=obj.size,
+            etag=obj.etag,
+            mtime_ns=int(obj.mtime * 1e9),
+        )
+
+    def _prefix_entry(self, prefix: str, common: str) -> ListedEntry | None:
+        name = common[len(prefix) : -1]
+        if not self._name_ok(common, name):
+            return None
+        return ListedEntry(name=name.encode(), is_dir=True)
+
+    def _name_ok(self, key: str, name: str) -> bool:
+        problem = name_problem(name)
+        if problem is None:
+            return True
+        self._warn_once(key, "skipping key {key!r}: it cannot be a file name (" + problem + ")")
+        return False
+
+    def _warn_once(self, key: str, template: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(template.format(key=key))
+
+    # --- revalidation ------------------------------------------------------------------
+
+    async def revalidate(self, inode: Inode) -> tuple[Inode, bool]:
+        """HEAD a clean file if its ETag is older than ``revalidate_ttl``.
+
+        Returns the (possibly updated) inode and whether its content changed.
+        Raises NotFound if the object is gone (and removes it).
+        """
+        if inode.state != SyncState.CLEAN or not inode.is_file:
+            return inode, False
+        now = time.time()
+        if now - inode.validated_at < self.config.revalidate_ttl:
+            return inode, False
+        key = self.key_of(inode)
+        try:
+            info = await trio.to_thread.run_sync(self.store.head, key, limiter=self._limiter)
+        except ObjectNotFound:
+            self._forget_vanished(inode)
+            raise NotFound(f"{key} was deleted from the bucket") from None
+        changed = info.etag != inode.etag
+        if changed:
+            tiers = self.meta.drop_blocks(inode.ino)
+            self._on_drop(inode.ino, tiers, True)
+            log.info("object %r changed in the bucket; dropped its cached blocks", key)
+            inode.etag = info.etag
+            inode.size = info.size
+            inode.mtime_ns = int(info.mtime * 1e9)
+            inode.ctime_ns = time.time_ns()
+        self._apply_metadata(inode, info.metadata)
+        inode.validated_at = now
+        self.meta.put_inode(inode)
+        return inode, changed
+
+    def _forget_vanished(self, inode: Inode) -> None:
+        parent = self.get(inode.parent)
+        parent.listed_at = 0.0  # force a re-list, which sweeps the name
+        self.meta.put_inode(parent)
+
+    @staticmethod
+    def _apply_metadata(inode: Inode, metadata: dict[str, str]) -> None:
+        """Take mode/uid/gid from ``x-amz-meta-*`` when present and sane.
+
+        ``mode`` is the decimal ``st_mode``, as s3fs-fuse writes it, so that
+        objects written by either tool keep their permissions in the other.
+        Only the permission bits are taken: the type comes from the key.
+        """
+        try:
+            if "mode" in metadata:
+                mode = int(metadata["mode"], 10)
+                inode.mode = (inode.mode & ~0o7777) | (mode & 0o7777)
+            if "uid" in metadata:
+                inode.uid = int(metadata["uid"])
+            if "gid" in metadata:
+                inode.gid = int(metadata["gid"])
+        except ValueError:
+            log.debug("ignoring malformed user metadata on inode %d", inode.ino)

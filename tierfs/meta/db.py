@@ -1,0 +1,505 @@
+"""LMDB metadata: the only module that imports lmdb.
+
+Sub-databases (keys big-endian, see ``records``):
+
+=============  ======================================  ===============================
+name           key                                     value
+=============  ======================================  ===============================
+``meta``       ``b"schema"``, ``b"next_ino"``, ...     schema version, counters, url
+``inodes``     ino                                     encoded Inode
+``dentries``   parent ino + name bytes                 ino, readdir cookie, list gen
+``dirseq``     parent ino + cookie                     name bytes (readdir order)
+``blocks``     ino + block no                          tier, xxh3_64 digest, length
+``residency``  ino + tier                              bytes of the file on that tier
+``usage``      tier                                    bytes and files on that tier
+``atimes``     ino                                     last access, float seconds
+=============  ======================================  ===============================
+
+Invariants (each public method is ONE write transaction, so they hold after
+every commit and after a crash):
+
+* Every dentry has a ``dirseq`` twin with the same cookie, and vice versa.
+* ``residency[(ino, t)]`` is the sum of ``nbytes`` of ino's blocks on tier t;
+  an entry exists only while that sum is > 0.
+* ``usage[t]`` is the sum of ``residency[(*, t)]`` and the count of those
+  entries.  It is changed only in the transaction that changes a block map, so
+  usage never drifts from the block maps.
+* A block record exists only after its bytes were written to the cache file
+  (the caller's duty: write, then ``add_block``).  The reverse is allowed: a
+  cache file may hold bytes that no record mentions (a crash between write and
+  commit); they are never served and are freed when the file is dropped.
+* Inode numbers are never reused: ``next_ino`` only grows.
+
+The environment is opened with ``metasync=False``: each commit still fsyncs
+its data pages (about 170 us here), and a system crash can at worst undo the
+last commit, never corrupt the database.
+
+Concurrency: callers run on the trio loop; a method never awaits, so each is
+atomic with respect to other trio tasks.  Read transactions are cheap
+(about 1 us); nothing holds one across an await.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from tierfs.errors import SchemaMismatch
+from tierfs.meta.records import (
+    ROOT_INO,
+    U8,
+    U64,
+    BlockRecord,
+    Inode,
+    SyncState,
+    block_key,
+    decode_block,
+    decode_dentry,
+    decode_inode,
+    dentry_key,
+    dirseq_key,
+    encode_block,
+    encode_dentry,
+    encode_inode,
+    ino_key,
+    residency_key,
+    unpack_block_key,
+    unpack_residency_key,
+)
+
+SCHEMA_VERSION = 1
+_USAGE = struct.Struct(">QQ")  # bytes, files
+_F64 = struct.Struct(">d")
+
+
+@dataclass(frozen=True, slots=True)
+class ListedEntry:
+    """One name from a bucket listing, already validated as a file name."""
+
+    name: bytes
+    is_dir: bool
+    size: int = 0
+    etag: str = ""
+    mtime_ns: int = 0
+
+
+@dataclass(slots=True)
+class MergeResult:
+    """What a listing page changed.
+
+    ``changed`` are files whose ETag differs from the cached one (their blocks
+    were dropped: the caller deletes cache files and invalidates the kernel
+    cache); ``removed`` are inodes that left the namespace, each with the tiers
+    it had bytes on; ``conflicts`` are names where a file and a directory
+    collided (the directory won).
+    """
+
+    changed: list[tuple[int, list[int]]]
+    removed: list[tuple[int, list[int]]]
+    conflicts: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    bytes: int
+    files: int
+
+
+class MetaDB:
+    """All persistent metadata of one mount's state directory."""
+
+    def __init__(
+        self,
+        path: Path,
+        backing_url: str,
+        *,
+        default_dir_mode: int = 0o755,
+        uid: int = 0,
+        gid: int = 0,
+        map_size: int = 1 << 36,
+    ) -> None:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.env = lmdb.open(
+            str(path),
+            map_size=map_size,
+            max_dbs=16,
+            metasync=False,
+            sync=True,
+            readahead=False,
+        )
+        self._meta = self.env.open_db(b"meta")
+        self._inodes = self.env.open_db(b"inodes")
+        self._dentries = self.env.open_db(b"dentries")
+        self._dirseq = self.env.open_db(b"dirseq")
+        self._blocks = self.env.open_db(b"blocks")
+        self._residency = self.env.open_db(b"residency")
+        self._usage = self.env.open_db(b"usage")
+        self._atimes = self.env.open_db(b"atimes")
+        self._init_schema(path, backing_url, default_dir_mode, uid, gid)
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def _init_schema(self, path: Path, backing_url: str, dir_mode: int, uid: int, gid: int) -> None:
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(b"schema", db=self._meta)
+            if raw is None:
+                txn.put(b"schema", U64.pack(SCHEMA_VERSION), db=self._meta)
+                txn.put(b"next_ino", U64.pack(ROOT_INO + 1), db=self._meta)
+                txn.put(b"backing", backing_url.encode(), db=self._meta)
+                now = time.time_ns()
+                root = Inode(
+                    ino=ROOT_INO,
+                    mode=0o040000 | dir_mode,
+                    uid=uid,
+                    gid=gid,
+                    size=0,
+                    mtime_ns=now,
+                    ctime_ns=now,
+                    parent=ROOT_INO,
+                    name=b"",
+                )
+                txn.put(ino_key(ROOT_INO), encode_inode(root), db=self._inodes)
+                return
+            version = U64.unpack(raw)[0]
+            if version != SCHEMA_VERSION:
+                raise SchemaMismatch(
+                    f"state directory {path} has metadata schema {version}, this tierfs "
+                    f"uses {SCHEMA_VERSION}; move the directory away to start with an "
+                    "empty cache"
+                )
+            stored_url = bytes(txn.get(b"backing", db=self._meta) or b"").decode()
+            if stored_url != backing_url:
+                raise SchemaMismatch(
+                    f"state directory {path} belongs to {stored_url!r}, not "
+                    f"{backing_url!r}; use a separate state dir per bucket"
+                )
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    # --- inodes --------------------------------------------------------------------
+
+    def get_inode(self, ino: int) -> Inode | None:
+        with self.env.begin(db=self._inodes, buffers=True) as txn:
+            raw = txn.get(ino_key(ino))
+            return None if raw is None else decode_inode(ino, raw)
+
+    def put_inode(self, inode: Inode) -> None:
+        with self.env.begin(write=True, db=self._inodes) as txn:
+            txn.put(ino_key(inode.ino), encode_inode(inode))
+
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        with self.env.begin(db=self._dentries, buffers=True) as txn:
+            raw = txn.get(dentry_key(parent, name))
+            return None if raw is None else decode_dentry(raw)[0]
+
+    def count_children(self, parent: int) -> int:
+        prefix = U64.pack(parent)
+        n = 0
+        with self.env.begin(db=self._dentries) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    n += 1
+        return n
+
+    def read_dir(self, parent: int, after_cookie: int, limit: int) -> list[tuple[int, bytes, int]]:
+        """Up to ``limit`` entries ``(cookie, name, ino)`` with cookie > after_cookie."""
+        out: list[tuple[int, bytes, int]] = []
+        prefix = U64.pack(parent)
+        with self.env.begin(buffers=False) as txn:
+            cur = txn.cursor(db=self._dirseq)
+            if not cur.set_range(dirseq_key(parent, after_cookie + 1)):
+                return out
+            for key, name in cur:
+                if not key.startswith(prefix) or len(out) >= limit:
+                    break
+                cookie = U64.unpack_from(key, 8)[0]
+                raw = txn.get(dentry_key(parent, name), db=self._dentries)
+                if raw is None:  # cannot happen while the invariant holds
+                    continue
+                out.append((cookie, name, decode_dentry(raw)[0]))
+        return out
+
+    # --- listing merge ---------------------------------------------------------------
+
+    def begin_listing(self, dir_ino: int) -> int:
+        """Start a listing of ``dir_ino``; returns its generation number."""
+        with self.env.begin(write=True, db=self._inodes) as txn:
+            inode = self._get_inode_txn(txn, dir_ino)
+            inode.list_gen += 1
+            txn.put(ino_key(dir_ino), encode_inode(inode))
+            return inode.list_gen
+
+    def merge_listing(
+        self,
+        dir_ino: int,
+        gen: int,
+        entries: Iterable[ListedEntry],
+        *,
+        file_mode: int,
+        dir_mode: int,
+        uid: int,
+        gid: int,
+        now: float,
+    ) -> MergeResult:
+        """Merge one page of a listing of ``dir_ino`` (one transaction).
+
+        New names get new inode numbers; known names keep theirs.  A name seen
+        as a directory in this generation wins over a file of the same name.
+        """
+        result = MergeResult(changed=[], removed=[], conflicts=[])
+        with self.env.begin(write=True) as txn:
+            parent = self._get_inode_txn(txn, dir_ino)
+            for entry in entries:
+                dkey = dentry_key(dir_ino, entry.name)
+                raw = txn.get(dkey, db=self._dentries)
+                if raw is not None:
+                    ino, cookie, seen_gen = decode_dentry(raw)
+                    inode = self._get_inode_txn(txn, ino)
+                    if inode.is_dir != entry.is_dir:
+                        if seen_gen == gen:
+                            # Both `a` and `a/...` exist in this listing.
+                            result.conflicts.append(entry.name)
+                            if inode.is_dir:
+                                continue  # the directory already won
+                        # A file became a directory (or the reverse): replace.
+                        self._remove_subtree(txn, ino, result)
+                        self._unlink_dentry(txn, dir_ino, entry.name, cookie)
+                        raw = None
+                    else:
+                        txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
+                        if not entry.is_dir and (
+                            inode.etag != entry.etag or inode.size != entry.size
+                        ):
+                            if inode.state == SyncState.CLEAN:  # the bucket is the truth
+                                tiers = self._drop_blocks_txn(txn, ino, None)
+                                result.changed.append((ino, tiers))
+                                inode.etag = entry.etag
+                                inode.size = entry.size
+                                inode.mtime_ns = entry.mtime_ns
+                                inode.ctime_ns = time.time_ns()
+                                inode.validated_at = now
+                                txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
+                        elif not entry.is_dir:
+                            inode.validated_at = now
+                            txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
+                        continue
+                if raw is None:
+                    ino = self._alloc_ino(txn)
+                    cookie = parent.next_cookie
+                    parent.next_cookie += 1
+                    mtime_ns = entry.mtime_ns or int(now * 1e9)
+                    inode = Inode(
+                        ino=ino,
+                        mode=(0o040000 | dir_mode) if entry.is_dir else (0o100000 | file_mode),
+                        uid=uid,
+                        gid=gid,
+                        size=0 if entry.is_dir else entry.size,
+                        mtime_ns=mtime_ns,
+                        ctime_ns=mtime_ns,
+                        parent=dir_ino,
+                        name=entry.name,
+                        etag=entry.etag,
+                        validated_at=now,
+                    )
+                    txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
+                    txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
+                    txn.put(dirseq_key(dir_ino, cookie), entry.name, db=self._dirseq)
+            txn.put(ino_key(dir_ino), encode_inode(parent), db=self._inodes)
+        return result
+
+    def finish_listing(self, dir_ino: int, gen: int, now: float) -> MergeResult:
+        """Drop names not seen in listing ``gen`` and stamp the directory listed.
+
+        Only CLEAN entries are swept: local-only data (later issues) stays.
+        The sweep reads the dentries in pages, so a huge directory is never in
+        memory whole.
+        """
+        result = MergeResult(changed=[], removed=[], conflicts=[])
+        prefix = U64.pack(dir_ino)
+        stale: list[tuple[bytes, int, int]] = []
+        with self.env.begin(db=self._dentries) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if not key.startswith(prefix):
+                        break
+                    ino, cookie, seen_gen = decode_dentry(raw)
+                    if seen_gen != gen:
+                        stale.append((key[8:], ino, cookie))
+        with self.env.begin(write=True) as txn:
+            for name, ino, cookie in stale:
+                inode = self._get_inode_txn(txn, ino)
+                if inode.state != SyncState.CLEAN and not inode.is_dir:
+                    continue
+                self._remove_subtree(txn, ino, result)
+                self._unlink_dentry(txn, dir_ino, name, cookie)
+            parent = self._get_inode_txn(txn, dir_ino)
+            parent.listed_at = now
+            txn.put(ino_key(dir_ino), encode_inode(parent), db=self._inodes)
+        return result
+
+    def _remove_subtree(self, txn: lmdb.Transaction, top: int, result: MergeResult) -> None:
+        """Delete inode ``top`` and everything below it (not its own dentry)."""
+        pending = [top]
+        while pending:
+            ino = pending.pop()
+            inode = self._get_inode_txn(txn, ino)
+            if inode.is_dir:
+                prefix = U64.pack(ino)
+                cur = txn.cursor(db=self._dentries)
+                children: list[tuple[bytes, int, int]] = []
+                if cur.set_range(prefix):
+                    for key, raw in cur:
+                        if not key.startswith(prefix):
+                            break
+                        child, cookie, _ = decode_dentry(raw)
+                        children.append((key[8:], child, cookie))
+                for name, child, cookie in children:
+                    pending.append(child)
+                    self._unlink_dentry(txn, ino, name, cookie)
+            tiers = self._drop_blocks_txn(txn, ino, None)
+            txn.delete(ino_key(ino), db=self._inodes)
+            txn.delete(ino_key(ino), db=self._atimes)
+            result.removed.append((ino, tiers))
+
+    def _unlink_dentry(self, txn: lmdb.Transaction, parent: int, name: bytes, cookie: int) -> None:
+        txn.delete(dentry_key(parent, name), db=self._dentries)
+        txn.delete(dirseq_key(parent, cookie), db=self._dirseq)
+
+    def _alloc_ino(self, txn: lmdb.Transaction) -> int:
+        ino = U64.unpack(txn.get(b"next_ino", db=self._meta))[0]
+        txn.put(b"next_ino", U64.pack(ino + 1), db=self._meta)
+        return ino
+
+    def _get_inode_txn(self, txn: lmdb.Transaction, ino: int) -> Inode:
+        raw = txn.get(ino_key(ino), db=self._inodes)
+        if raw is None:
+            raise KeyError(f"inode {ino} missing from metadata")
+        return decode_inode(ino, raw)
+
+    # --- blocks ---------------------------------------------------------------------------
+
+    def get_blocks(self, ino: int) -> dict[int, BlockRecord]:
+        out: dict[int, BlockRecord] = {}
+        prefix = U64.pack(ino)
+        with self.env.begin(db=self._blocks) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if not key.startswith(prefix):
+                        break
+                    out[unpack_block_key(key)[1]] = decode_block(raw)
+        return out
+
+    def add_block(self, ino: int, blockno: int, rec: BlockRecord) -> None:
+        """Record a block whose bytes are already in the tier's cache file."""
+        with self.env.begin(write=True) as txn:
+            key = block_key(ino, blockno)
+            old = txn.get(key, db=self._blocks)
+            if old is not None:
+                self._account(txn, ino, decode_block(old), -1)
+            txn.put(key, encode_block(rec), db=self._blocks)
+            self._account(txn, ino, rec, +1)
+
+    def drop_blocks(self, ino: int, tier: int | None = None) -> list[int]:
+        """Forget all blocks of ``ino`` (on ``tier`` only, if given).
+
+        Returns the tiers that held any of them; the caller then deletes or
+        punches the cache files.
+        """
+        with self.env.begin(write=True) as txn:
+            return self._drop_blocks_txn(txn, ino, tier)
+
+    def drop_block_list(self, ino: int, blocknos: Iterable[int]) -> None:
+        with self.env.begin(write=True) as txn:
+            for blockno in blocknos:
+                key = block_key(ino, blockno)
+                old = txn.get(key, db=self._blocks)
+                if old is not None:
+                    self._account(txn, ino, decode_block(old), -1)
+                    txn.delete(key, db=self._blocks)
+
+    def _drop_blocks_txn(self, txn: lmdb.Transaction, ino: int, tier: int | None) -> list[int]:
+        prefix = U64.pack(ino)
+        victims: list[tuple[bytes, BlockRecord]] = []
+        cur = txn.cursor(db=self._blocks)
+        if cur.set_range(prefix):
+            for key, raw in cur:
+                if not key.startswith(prefix):
+                    break
+                rec = decode_block(raw)
+                if tier is None or rec.tier == tier:
+                    victims.append((bytes(key), rec))
+        tiers: set[int] = set()
+        for key, rec in victims:
+            txn.delete(key, db=self._blocks)
+            self._account(txn, ino, rec, -1)
+            tiers.add(rec.tier)
+        return sorted(tiers)
+
+    def _account(self, txn: lmdb.Transaction, ino: int, rec: BlockRecord, sign: int) -> None:
+        rkey = residency_key(ino, rec.tier)
+        raw = txn.get(rkey, db=self._residency)
+        before = U64.unpack(raw)[0] if raw is not None else 0
+        after = before + sign * rec.nbytes
+        if after < 0:
+            raise AssertionError(f"residency of inode {ino} on tier {rec.tier} below zero")
+        if after:
+            txn.put(rkey, U64.pack(after), db=self._residency)
+        else:
+            txn.delete(rkey, db=self._residency)
+        ukey = U8.pack(rec.tier)
+        raw = txn.get(ukey, db=self._usage)
+        used, files = _USAGE.unpack(raw) if raw is not None else (0, 0)
+        used += sign * rec.nbytes
+        files += (1 if before == 0 and after > 0 else 0) - (1 if before > 0 and after == 0 else 0)
+        txn.put(ukey, _USAGE.pack(used, files), db=self._usage)
+
+    def residency(self, ino: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        prefix = U64.pack(ino)
+        with self.env.begin(db=self._residency) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if not key.startswith(prefix):
+                        break
+                    out[unpack_residency_key(key)[1]] = U64.unpack(raw)[0]
+        return out
+
+    def iter_residency(self) -> Iterator[tuple[int, int, int]]:
+        """All ``(ino, tier, bytes)``; for building the eviction index at mount."""
+        with self.env.begin(db=self._residency) as txn:
+            for key, raw in txn.cursor():
+                ino, tier = unpack_residency_key(key)
+                yield ino, tier, U64.unpack(raw)[0]
+
+    def tier_usage(self, tier: int) -> TierUsage:
+        with self.env.begin(db=self._usage) as txn:
+            raw = txn.get(U8.pack(tier))
+            used, files = _USAGE.unpack(raw) if raw is not None else (0, 0)
+            return TierUsage(bytes=used, files=files)
+
+    # --- access times (batched by the caller) -------------------------------------------------
+
+    def put_atimes(self, atimes: dict[int, float]) -> None:
+        with self.env.begin(write=True, db=self._atimes) as txn:
+            for ino, atime in atimes.items():
+                txn.put(ino_key(ino), _F64.pack(atime))
+
+    def get_atimes(self) -> dict[int, float]:
+        with self.env.begin(db=self._atimes) as txn:
+            return {U64.unpack(k)[0]: _F64.unpack(v)[0] for k, v in txn.cursor()}

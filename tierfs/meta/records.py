@@ -1,0 +1,217 @@
+"""Plain records stored in LMDB, and their byte encodings.
+
+Integers are big-endian so that composite keys sort numerically: the dentry
+key ``(parent, name)`` sorts by parent then name bytes, the block key
+``(ino, blockno)`` by inode then block.  Every value starts with a format byte
+so that a later schema can read an older value or refuse it cleanly.
+"""
+
+from __future__ import annotations
+
+import enum
+import stat
+import struct
+from dataclasses import dataclass
+
+ROOT_INO = 1
+
+
+class SyncState(enum.IntEnum):
+    """How a file's local content relates to its object in the bucket."""
+
+    CLEAN = 0  # content == the object with `etag` (or no content cached at all)
+    DIRTY = 1  # local content is newer than the bucket (write path, later issue)
+    UPLOADING = 2
+
+
+@dataclass(slots=True)
+class Inode:
+    """One file, directory or symlink.
+
+    ``parent``/``name`` locate the inode in the namespace (no hard links, so
+    each inode has exactly one dentry); the S3 key is derived from that chain,
+    never stored, so renaming a directory rewrites one dentry.
+
+    ``etag`` is the ETag of the object whose bytes are cached (files).
+    ``validated_at`` is when LIST or HEAD last confirmed that ETag.
+    ``listed_at`` (directories) is when the last complete listing finished;
+    0 means never listed.  ``list_gen`` counts listings (for the sweep of
+    names that vanished), ``next_cookie`` numbers dentries for readdir.
+    """
+
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    parent: int
+    name: bytes
+    etag: str = ""
+    state: SyncState = SyncState.CLEAN
+    validated_at: float = 0.0
+    listed_at: float = 0.0
+    list_gen: int = 0
+    next_cookie: int = 1
+    symlink_target: bytes = b""
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+
+_INODE_FORMAT = 1
+_INODE_HEAD = struct.Struct(">BBIIIQqqQddQQHHH")
+
+
+def encode_inode(inode: Inode) -> bytes:
+    etag = inode.etag.encode()
+    return (
+        _INODE_HEAD.pack(
+            _INODE_FORMAT,
+            int(inode.state),
+            inode.mode,
+            inode.uid,
+            inode.gid,
+            inode.size,
+            inode.mtime_ns,
+            inode.ctime_ns,
+            inode.parent,
+            inode.validated_at,
+            inode.listed_at,
+            inode.list_gen,
+            inode.next_cookie,
+            len(etag),
+            len(inode.name),
+            len(inode.symlink_target),
+        )
+        + etag
+        + inode.name
+        + inode.symlink_target
+    )
+
+
+def decode_inode(ino: int, raw: bytes) -> Inode:
+    (
+        fmt,
+        state,
+        mode,
+        uid,
+        gid,
+        size,
+        mtime_ns,
+        ctime_ns,
+        parent,
+        validated_at,
+        listed_at,
+        list_gen,
+        next_cookie,
+        etag_len,
+        name_len,
+        target_len,
+    ) = _INODE_HEAD.unpack_from(raw)
+    if fmt != _INODE_FORMAT:
+        raise ValueError(f"inode {ino}: unknown record format {fmt}")
+    pos = _INODE_HEAD.size
+    etag = bytes(raw[pos : pos + etag_len]).decode()
+    pos += etag_len
+    name = bytes(raw[pos : pos + name_len])
+    pos += name_len
+    target = bytes(raw[pos : pos + target_len])
+    return Inode(
+        ino=ino,
+        mode=mode,
+        uid=uid,
+        gid=gid,
+        size=size,
+        mtime_ns=mtime_ns,
+        ctime_ns=ctime_ns,
+        parent=parent,
+        name=name,
+        etag=etag,
+        state=SyncState(state),
+        validated_at=validated_at,
+        listed_at=listed_at,
+        list_gen=list_gen,
+        next_cookie=next_cookie,
+        symlink_target=target,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    """Where block ``blockno`` of an inode lives, and its xxh3_64 digest.
+
+    ``nbytes`` is the block's length (the last block of a file is short).
+    """
+
+    tier: int
+    digest: int
+    nbytes: int
+    dirty: bool = False
+
+
+_BLOCK = struct.Struct(">BBQIB")  # format, tier, digest, nbytes, flags
+_BLOCK_FORMAT = 1
+
+
+def encode_block(rec: BlockRecord) -> bytes:
+    return _BLOCK.pack(_BLOCK_FORMAT, rec.tier, rec.digest, rec.nbytes, 1 if rec.dirty else 0)
+
+
+def decode_block(raw: bytes) -> BlockRecord:
+    fmt, tier, digest, nbytes, flags = _BLOCK.unpack(raw)
+    if fmt != _BLOCK_FORMAT:
+        raise ValueError(f"unknown block record format {fmt}")
+    return BlockRecord(tier=tier, digest=digest, nbytes=nbytes, dirty=bool(flags & 1))
+
+
+# --- keys -------------------------------------------------------------------------
+
+U64 = struct.Struct(">Q")
+U8 = struct.Struct(">B")
+_INO_BLOCK = struct.Struct(">QI")
+_INO_TIER = struct.Struct(">QB")
+_PARENT_COOKIE = struct.Struct(">QQ")
+_DENTRY_VALUE = struct.Struct(">QQQ")  # ino, cookie, gen
+
+
+def ino_key(ino: int) -> bytes:
+    return U64.pack(ino)
+
+
+def dentry_key(parent: int, name: bytes) -> bytes:
+    return U64.pack(parent) + name
+
+
+def block_key(ino: int, blockno: int) -> bytes:
+    return _INO_BLOCK.pack(ino, blockno)
+
+
+def unpack_block_key(key: bytes) -> tuple[int, int]:
+    return _INO_BLOCK.unpack(key)
+
+
+def residency_key(ino: int, tier: int) -> bytes:
+    return _INO_TIER.pack(ino, tier)
+
+
+def unpack_residency_key(key: bytes) -> tuple[int, int]:
+    return _INO_TIER.unpack(key)
+
+
+def dirseq_key(parent: int, cookie: int) -> bytes:
+    return _PARENT_COOKIE.pack(parent, cookie)
+
+
+def encode_dentry(ino: int, cookie: int, gen: int) -> bytes:
+    return _DENTRY_VALUE.pack(ino, cookie, gen)
+
+
+def decode_dentry(raw: bytes) -> tuple[int, int, int]:
+    return _DENTRY_VALUE.unpack(raw)

@@ -1,0 +1,529 @@
+"""LocalStore: the ObjectStore protocol over a local directory (``file:///dir``).
+
+It stands in for a bucket in tests and small setups, and behaves like S3
+wherever the two can agree.
+
+Layout (``R`` is the root directory):
+
+- the object ``a/b/c`` is the regular file ``R/a/b/c``; "directories" are
+  implied by ``/`` exactly as in S3;
+- the marker object ``a/b/`` (a key ending in ``/``) is the file
+  ``R/a/b/.tierfs-dirmarker``; it lists as the key ``a/b/``;
+- user metadata and the ETag of an object live in a JSON sidecar
+  ``<dir>/.tierfs-meta/<name>`` next to it, together with a fingerprint of
+  the data file (inode, size, mtime in ns).  A sidecar whose fingerprint does
+  not match its data file (the file was changed by another tool, or a crash
+  hit between the two renames) is ignored: the object then has no metadata,
+  like an object overwritten by another S3 client;
+- temporary files live in ``R/.tierfs-tmp/``.
+
+Every name starting with ``.tierfs-`` is reserved: never listed, and refused
+as a key segment.  Symlinks, sockets and names that are not valid UTF-8 are
+not objects: listings skip them and ``head`` reports ObjectNotFound.
+
+ETag: the hex MD5 of the content for objects written through this class
+(the same value S3 gives a single PUT), recorded in the sidecar at write
+time.  For a file with no valid sidecar it is ``blake2b-128`` of
+``inode:size:mtime_ns`` in hex: stable while the file is unchanged, different
+after any rewrite, and cheap for big files written by other tools.
+
+Invariants:
+
+- Keys are validated before they become paths: no empty, ``.`` or ``..``
+  segment, no NUL, no reserved name, segments of at most 255 bytes.  Paths
+  are built from the validated segments only, the final component is opened
+  with ``O_NOFOLLOW`` and the resolved parent must lie inside the root, so no
+  key can reach outside the root (not even through a symlink placed there).
+- Writes are atomic: data and sidecar are written and fsynced as temp files,
+  then renamed into place (sidecar first, data last) and the directories
+  fsynced.  A reader sees the old object or the new one, never a mix.
+- A directory appears as a common prefix only if some object exists below it
+  (found by an early-exit search, not a walk of the tree).  ``delete`` removes
+  directories it leaves empty, so the search normally stops at the first
+  entry.
+- Directory creation/renames (put) and unlink/pruning (delete) run under one
+  in-process lock, so a delete never removes a directory a concurrent put is
+  about to fill.  Concurrent writers in *other processes* are not
+  coordinated.
+- A local directory cannot hold both the object ``a`` and objects under
+  ``a/`` (S3 can): such a put fails with a StoreError (ENOTDIR / EISDIR).
+- ``list_pages`` reads the names of ONE directory, sorts them by UTF-8 bytes
+  (a subdirectory ``x`` sorts as ``x/``, as its common prefix does in S3) and
+  stats entries page by page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import math
+import os
+import stat
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from tierfs.errors import (
+    BucketNotFound,
+    InvalidArgument,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreAccessDenied,
+    StoreError,
+)
+from tierfs.store.base import ListPage, ObjectInfo
+
+log = logging.getLogger(__name__)
+
+RESERVED_PREFIX = ".tierfs-"
+MARKER_NAME = ".tierfs-dirmarker"
+META_DIR = ".tierfs-meta"
+TMP_DIR = ".tierfs-tmp"
+NAME_MAX = 255
+SIDECAR_VERSION = 1
+
+_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def parse_file_url(url: str) -> Path:
+    """``file:///srv/bucket`` -> ``Path("/srv/bucket")``.  InvalidArgument otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme != "file":
+        raise InvalidArgument(f"not a file:// URL: {url!r}")
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidArgument(
+            f"file URL must be file:///absolute/path (got host {parts.netloc!r}): {url!r}"
+        )
+    if parts.query or parts.fragment:
+        raise InvalidArgument(f"file URL may not have a query or fragment: {url!r}")
+    path = unquote(parts.path)
+    if not path.startswith("/") or "\0" in path:
+        raise InvalidArgument(f"file URL must name an absolute path: {url!r}")
+    return Path(os.path.normpath(path))
+
+
+def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    """Check user metadata and lower-case its keys.  Shared by both stores.
+
+    Metadata travels as HTTP headers in S3, so keys must be ASCII letters,
+    digits and ``-_.``, values printable ASCII; anything else is refused up
+    front (InvalidArgument) rather than mangled or rejected by a server.
+    """
+    out: dict[str, str] = {}
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgument(f"metadata keys and values must be str: {k!r}={v!r}")
+        if not k or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in k):
+            raise InvalidArgument(f"metadata key {k!r} must be ASCII letters, digits, '-_.'")
+        if not all(32 <= ord(c) < 127 for c in v):
+            raise InvalidArgument(f"metadata value for {k!r} must be printable ASCII")
+        out[k.lower()] = v
+    return out
+
+
+def metadata_mtime(metadata: dict[str, str], fallback: float) -> float:
+    """``float(metadata["mtime"])`` if present and finite, else ``fallback``.  Shared."""
+    raw = metadata.get("mtime")
+    if raw is not None:
+        try:
+            value = float(raw)
+        except ValueError:
+            return fallback
+        if math.isfinite(value):
+            return value
+    return fallback
+
+
+def _fingerprint(st: os.stat_result) -> dict[str, int]:
+    return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _stat_etag(st: os.stat_result) -> str:
+    raw = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def _valid_name(name: str) -> bool:
+    """A directory entry that can be part of a key (UTF-8, not reserved)."""
+    if name.startswith(RESERVED_PREFIX):
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes surface as lone surrogates
+        return False
+    return True
+
+
+class LocalStore:
+    """ObjectStore over a local directory.  Thread-safe within one process."""
+
+    url: str
+
+    def __init__(self, url: str, *, fsync: bool = True) -> None:
+        self.root = parse_file_url(url)
+        self.url = self.root.as_uri()
+        self.fsync = fsync
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.url!r})"
+
+    def close(self) -> None:
+        """Nothing to release; present for symmetry with S3Store."""
+
+    # --- keys and paths ----------------------------------------------------------
+
+    def _segments(self, key: str, *, what: str = "key") -> list[str]:
+        if not isinstance(key, str):
+            raise InvalidArgument(f"{what} must be str, got {type(key).__name__}")
+        body = key[:-1] if key.endswith("/") else key
+        segments = body.split("/")
+        for seg in segments:
+            if seg in ("", ".", ".."):
+                raise InvalidArgument(f"{what} {key!r}: empty, '.' or '..' segment")
+            if "\0" in seg:
+                raise InvalidArgument(f"{what} {key!r}: contains NUL")
+            if seg.startswith(RESERVED_PREFIX):
+                raise InvalidArgument(
+                    f"{what} {key!r}: names starting with {RESERVED_PREFIX!r} are reserved"
+                )
+            try:
+                encoded = seg.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidArgument(f"{what} {key!r}: not valid UTF-8") from None
+            if len(encoded) > NAME_MAX:
+                raise InvalidArgument(f"{what} {key!r}: segment longer than {NAME_MAX} bytes")
+        return segments
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        """(data file, sidecar file) for ``key``; raises InvalidArgument for bad keys."""
+        if not key:
+            raise InvalidArgument("empty key")
+        segments = self._segments(key)
+        path = self.root.joinpath(*segments)
+        if key.endswith("/"):
+            path = path / MARKER_NAME
+        return path, path.parent / META_DIR / path.name
+
+    def _check_inside(self, path: Path) -> None:
+        """The resolved parent of ``path`` must be the root or below it."""
+        root = os.path.realpath(self.root)
+        parent = os.path.realpath(path.parent)
+        if parent != root and not parent.startswith(root + os.sep):
+            raise InvalidArgument(f"{path} resolves outside the store root")
+
+    # --- errors --------------------------------------------------------------------
+
+    def _map_os_error(self, exc: OSError, op: str, key: str) -> StoreError:
+        """THE mapping from OSError to StoreError for this store."""
+        where = f"{self.url}/{key}" if key else self.url
+        if not self.root.is_dir():
+            return BucketNotFound(f"local store directory '{self.root}' does not exist")
+        if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError) or (
+            exc.errno == errno.ELOOP
+        ):
+            return ObjectNotFound(f"{op} {where}: no such key")
+        if isinstance(exc, PermissionError):
+            return StoreAccessDenied(f"{op} {where}: permission denied ({exc.strerror})")
+        return StoreError(
+            f"{op} {where}: {exc.strerror or type(exc).__name__}", errno=exc.errno or errno.EIO
+        )
+
+    # --- sidecars ---------------------------------------------------------------------
+
+    def _read_sidecar(self, sidecar: Path, st: os.stat_result) -> tuple[str, dict[str, str]]:
+        """(etag, metadata) for a data file with stat ``st``."""
+        try:
+            with open(sidecar, "rb") as f:
+                doc = json.loads(f.read())
+        except (OSError, ValueError):
+            return _stat_etag(st), {}
+        if (
+            isinstance(doc, dict)
+            and doc.get("v") == SIDECAR_VERSION
+            and doc.get("fingerprint") == _fingerprint(st)
+            and isinstance(doc.get("etag"), str)
+            and isinstance(doc.get("metadata"), dict)
+        ):
+            return doc["etag"], {str(k): str(v) for k, v in doc["metadata"].items()}
+        return _stat_etag(st), {}
+
+    def _open_object(self, op: str, key: str) -> tuple[int, os.stat_result, Path]:
+        """Open the data file of ``key`` read-only; (fd, stat, sidecar path)."""
+        path, sidecar = self._paths(key)
+        try:
+            self._check_inside(path)
+            fd = os.open(path, _O_READ)
+        except OSError as exc:
+            raise self._map_os_error(exc, op, key) from exc
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise self._map_os_error(exc, op, key) from exc
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ObjectNotFound(f"{op} {self.url}/{key}: no such key")
+        return fd, st, sidecar
+
+    # --- ObjectStore -------------------------------------------------------------------
+
+    def check(self) -> None:
+        if not self.root.is_dir():
+            raise BucketNotFound(f"local store directory '{self.root}' does not exist")
+        if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
+            raise StoreAccessDenied(
+                f"local store directory '{self.root}' is not readable and writable"
+            )
+
+    def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
+        """Delimited listing of one directory.  An empty listing yields no pages."""
+        if prefix and not prefix.endswith("/"):
+            raise InvalidArgument(f"list prefix must be '' or end in '/': {prefix!r}")
+        if page_size < 1:
+            raise InvalidArgument(f"page_size must be >= 1, got {page_size}")
+        dirpath = (
+            self.root.joinpath(*self._segments(prefix, what="prefix")) if prefix else self.root
+        )
+        try:
+            self._check_inside(dirpath / "x")
+            with os.scandir(dirpath) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            if not self.root.is_dir():
+                raise BucketNotFound(
+                    f"local store directory '{self.root}' does not exist"
+                ) from None
+            return
+        except OSError as exc:
+            raise self._map_os_error(exc, "list", prefix) from exc
+
+        ranked: list[tuple[bytes, os.DirEntry[str]]] = []
+        for entry in entries:
+            name = entry.name
+            if name == MARKER_NAME:
+                ranked.append((b"", entry))
+            elif _valid_name(name):
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                ranked.append((name.encode("utf-8") + (b"/" if is_dir else b""), entry))
+        ranked.sort(key=lambda item: item[0])
+        del entries
+
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        for rank, entry in ranked:
+            try:
+                if rank.endswith(b"/"):
+                    if not _has_objects(entry.path):
+                        continue
+                    prefixes.append(prefix + entry.name + "/")
+                else:
+                    st = entry.stat(follow_symlinks=False)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    sidecar = Path(dirpath, META_DIR, entry.name)
+                    etag, _ = self._read_sidecar(sidecar, st)
+                    key = prefix if entry.name == MARKER_NAME else prefix + entry.name
+                    objects.append(
+                        ObjectInfo(key=key, size=st.st_size, etag=etag, mtime=st.st_mtime)
+                    )
+            except FileNotFoundError:
+                continue  # removed while we listed
+            if len(objects) + len(prefixes) >= page_size:
+                yield ListPage(objects=objects, prefixes=prefixes)
+                objects, prefixes = [], []
+        if objects or prefixes:
+            yield ListPage(objects=objects, prefixes=prefixes)
+
+    def head(self, key: str) -> ObjectInfo:
+        fd, st, sidecar = self._open_object("head", key)
+        os.close(fd)
+        etag, metadata = self._read_sidecar(sidecar, st)
+        return ObjectInfo(
+            key=key,
+            size=st.st_size,
+            etag=etag,
+            mtime=metadata_mtime(metadata, st.st_mtime),
+            metadata=metadata,
+        )
+
+    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+        if start < 0 or length < 0:
+            raise InvalidArgument(f"get_range {key!r}: negative start or length")
+        fd, st, sidecar = self._open_object("get_range", key)
+        try:
+            if etag:
+                current, _ = self._read_sidecar(sidecar, st)
+                if current != etag.strip().strip('"'):
+                    raise PreconditionFailed(
+                        f"get_range {self.url}/{key}: object changed (ETag no longer matches)"
+                    )
+            want = max(0, min(length, st.st_size - start))
+            chunks: list[bytes] = []
+            got = 0
+            while got < want:
+                chunk = os.pread(fd, want - got, start + got)
+                if not chunk:
+                    break  # file shrank under us: return what exists
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
+        except OSError as exc:
+            raise self._map_os_error(exc, "get_range", key) from exc
+        finally:
+            os.close(fd)
+
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
+        path, sidecar = self._paths(key)
+        meta = validate_metadata(metadata)
+        payload = bytes(data)
+        etag = hashlib.md5(payload, usedforsecurity=False).hexdigest()
+        tmp_dir = self.root / TMP_DIR
+        tmp_data = tmp_side = None
+        try:
+            self._check_inside(path)
+            if not self.root.is_dir():
+                raise BucketNotFound(f"local store directory '{self.root}' does not exist")
+            tmp_dir.mkdir(mode=0o700, exist_ok=True)
+            tmp_data = self._write_temp(tmp_dir, payload)
+            st = os.stat(tmp_data)
+            doc = {
+                "v": SIDECAR_VERSION,
+                "etag": etag,
+                "metadata": meta,
+                "fingerprint": _fingerprint(st),
+            }
+            tmp_side = self._write_temp(tmp_dir, json.dumps(doc, sort_keys=True).encode())
+            with self._lock:
+                self._make_parent(path, key)
+                sidecar.parent.mkdir(exist_ok=True)
+                os.replace(tmp_side, sidecar)
+                tmp_side = None
+                try:
+                    os.replace(tmp_data, path)
+                except IsADirectoryError:
+                    raise StoreError(
+                        f"put {self.url}/{key}: a directory of that name holds other objects; "
+                        "a local store cannot have both 'x' and 'x/...'",
+                        errno=errno.EISDIR,
+                    ) from None
+                tmp_data = None
+                if self.fsync:
+                    _fsync_dir(sidecar.parent)
+                    _fsync_dir(path.parent)
+        except OSError as exc:
+            raise self._map_os_error(exc, "put", key) from exc
+        finally:
+            for leftover in (tmp_data, tmp_side):
+                if leftover is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
+        return etag
+
+    def delete(self, key: str) -> None:
+        path, sidecar = self._paths(key)
+        try:
+            self._check_inside(path)
+        except OSError as exc:
+            raise self._map_os_error(exc, "delete", key) from exc
+        with self._lock:
+            try:
+                st = os.lstat(path)
+                if stat.S_ISDIR(st.st_mode):
+                    return  # a directory is not an object
+                os.unlink(path)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                raise self._map_os_error(exc, "delete", key) from exc
+            with contextlib.suppress(OSError):
+                os.unlink(sidecar)
+            self._prune(path.parent)
+
+    # --- write helpers ---------------------------------------------------------------
+
+    def _write_temp(self, tmp_dir: Path, payload: bytes) -> str:
+        fd, name = tempfile.mkstemp(dir=tmp_dir, prefix="w.")
+        try:
+            view = memoryview(payload)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+            raise
+        os.close(fd)
+        return name
+
+    def _make_parent(self, path: Path, key: str) -> None:
+        """Create the directories above ``path`` (caller holds the lock)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(
+                f"put {self.url}/{key}: a parent of this key is an object; "
+                "a local store cannot have both 'x' and 'x/...'",
+                errno=errno.ENOTDIR,
+            ) from None
+        if path.name != MARKER_NAME and path.is_dir() and not path.is_symlink():
+            # An empty leftover directory may be replaced by the file.
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
+    def _prune(self, directory: Path) -> None:
+        """Remove ``directory`` and its parents while they are empty (lock held)."""
+        with contextlib.suppress(OSError):
+            os.rmdir(directory / META_DIR)
+        current = directory
+        while current != self.root and self.root in current.parents:
+            try:
+                os.rmdir(current)
+            except OSError:
+                return
+            current = current.parent
+
+
+def _has_objects(top: str) -> bool:
+    """True if some object (regular file or marker) lies below ``top``.
+
+    Depth-first with an early exit: stops at the first object found.
+    """
+    stack = [top]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current) as it:
+                for entry in it:
+                    name = entry.name
+                    if name != MARKER_NAME and not _valid_name(name):
+                        continue
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            return True
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return False
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,125 @@
+"""A tier: a local directory with a capacity, holding sparse cache files.
+
+Layout: ``<tier path>/data/<ino % 256 as 2 hex digits>/<ino>``.  Block *i* of
+a file lives at offset ``i * block_size`` of its cache file, so a read that
+falls in present blocks of one tier is a single ``pread`` at the same offset,
+renames never touch cache files and S3 keys never become local paths.
+
+Invariants:
+
+* ``data/`` and its fan-out directories are mode 0700 and created by the
+  daemon; cache files are mode 0600, opened with ``O_NOFOLLOW`` relative to
+  the ``data/`` directory fd, so a symlink planted in a tier cannot redirect
+  our writes.
+* Which bytes of a cache file are valid is decided by LMDB block records only
+  (see ``tierfs.meta.db``).  A cache file may be larger or hold stale bytes.
+
+Capacity is the configured one, or the size of the filesystem holding the
+tier.  ``usable_bytes`` additionally never exceeds what statvfs says is free
+plus what we already use, so a tier on a shared filesystem does not promise
+room it does not have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+
+from tierfs.config import TierConfig
+from tierfs.errors import TierfsError
+
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class FsStats:
+    total: int
+    free: int
+
+
+class Tier:
+    """One cache tier.  Methods are synchronous and cheap, except ``remove``,
+    ``copy`` style bulk work, which callers run in threads."""
+
+    def __init__(self, index: int, config: TierConfig) -> None:
+        self.index = index
+        self.name = config.name
+        self.path = config.path
+        self.high_watermark = config.high_watermark
+        self.low_watermark = config.low_watermark
+        self._configured_capacity = config.capacity
+        data = self.path / "data"
+        try:
+            data.mkdir(mode=0o700, exist_ok=True)
+            st = data.lstat()
+            if not stat.S_ISDIR(st.st_mode):
+                raise TierfsError(f"tier {self.name}: {data} is not a directory")
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.chmod(data, 0o700)
+            self._dir_fd = os.open(data, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise TierfsError(
+                f"tier {self.name}: cannot use {self.path}: {exc.strerror}", errno=exc.errno
+            ) from exc
+        #: lowered at run time when the filesystem reports ENOSPC before the
+        #: configured capacity is reached.
+        self.enospc_at: int | None = None
+
+    # --- capacity ------------------------------------------------------------------
+
+    def fs_stats(self) -> FsStats:
+        st = os.statvfs(self._dir_fd)
+        return FsStats(total=st.f_blocks * st.f_frsize, free=st.f_bavail * st.f_frsize)
+
+    @property
+    def capacity(self) -> int:
+        cap = self._configured_capacity
+        if cap is None:
+            cap = self.fs_stats().total
+        if self.enospc_at is not None:
+            cap = min(cap, self.enospc_at)
+        return cap
+
+    def usable_bytes(self, used: int) -> int:
+        """Bytes this tier may still take, given ``used`` accounted bytes."""
+        return max(0, min(self.capacity - used, self.fs_stats().free))
+
+    # --- cache files ---------------------------------------------------------------
+
+    @staticmethod
+    def _relpath(ino: int) -> str:
+        return f"{ino % 256:02x}/{ino}"
+
+    def open_file(self, ino: int, *, create: bool) -> int | None:
+        """Open the cache file of ``ino``; None if absent and not ``create``."""
+        rel = self._relpath(ino)
+        flags = _OPEN_FLAGS | (os.O_CREAT if create else 0)
+        try:
+            return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            if not create:
+                return None
+            os.mkdir(f"{ino % 256:02x}", 0o700, dir_fd=self._dir_fd)
+            return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
+        except FileExistsError:  # fan-out dir raced into existence
+            return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
+
+    def remove_file(self, ino: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._relpath(ino), dir_fd=self._dir_fd)
+
+    def iter_cached_inodes(self) -> list[int]:
+        """Inode numbers that have a cache file on this tier (for GC at mount)."""
+        out: list[int] = []
+        for fan in os.listdir(self._dir_fd):
+            try:
+                names = os.listdir(os.path.join(str(self.path), "data", fan))
+            except NotADirectoryError:
+                continue
+            out.extend(int(n) for n in names if n.isdigit())
+        return out
+
+    def close(self) -> None:
+        os.close(self._dir_fd)
