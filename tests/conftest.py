@@ -74,9 +74,7 @@ MOTO_START_TIMEOUT = 60.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--run-slow", action="store_true", default=False, help="run tests marked slow"
-    )
+    parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -166,9 +164,7 @@ def start_moto(
 
 
 @pytest.fixture(scope="session")
-def moto_server(
-    aws_test_env: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def moto_server(aws_test_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Endpoint URL of a session-wide moto S3 server on 127.0.0.1."""
     log_path = tmp_path_factory.mktemp("moto") / "moto.log"
     proc, endpoint = start_moto(log_path)

@@ -79,11 +79,14 @@ class _Reader:
         head, self.buf = self.buf[:end], self.buf[end:]
         return head
 
-    def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self._fill()
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
+    def forward(self, n: int, dst: socket.socket) -> None:
+        """Copy exactly ``n`` bytes to ``dst`` in chunks, as they arrive."""
+        while n > 0:
+            if not self.buf:
+                self._fill()
+            chunk, self.buf = self.buf[:n], self.buf[n:]
+            dst.sendall(chunk)
+            n -= len(chunk)
 
     def rest(self) -> bytes:
         data, self.buf = self.buf, b""
@@ -203,9 +206,7 @@ class FaultProxy:
                 self.connections += 1
             methods: collections.deque[str] = collections.deque()
             for target in (self._pump_requests, self._pump_responses):
-                t = threading.Thread(
-                    target=target, args=(client, upstream, methods), daemon=True
-                )
+                t = threading.Thread(target=target, args=(client, upstream, methods), daemon=True)
                 t.start()
                 self._threads.append(t)
 
@@ -218,16 +219,19 @@ class FaultProxy:
                 head = reader.head()
                 start_line, fields = _headers(head)
                 if "chunked" in fields.get("transfer-encoding", "").lower():
-                    raise _Passthrough
+                    raise _Passthrough(head)
                 length = int(fields.get("content-length", "0") or 0)
                 methods.append(start_line.split(" ", 1)[0].upper())
-                upstream.sendall(head + reader.exactly(length))
-        except _Passthrough:
+                # Forward the head at once: with "Expect: 100-continue" the
+                # client sends the body only after the server's interim reply.
+                upstream.sendall(head)
+                reader.forward(length, upstream)
+        except _Passthrough as exc:
             methods.append("?")  # responses can no longer be matched to requests
             with contextlib.suppress(OSError, _Closed):
-                upstream.sendall(reader.rest())
+                upstream.sendall((exc.args[0] if exc.args else b"") + reader.rest())
                 _copy_raw(client, upstream)
-        except (_Closed, OSError, ValueError):
+        except (_Closed, OSError, ValueError, IndexError):
             pass
         finally:
             with contextlib.suppress(OSError):
@@ -241,11 +245,14 @@ class FaultProxy:
             while True:
                 head = reader.head()
                 status_line, fields = _headers(head)
-                method = _wait_method(methods)
                 status = int(status_line.split(" ")[1])
+                if 100 <= status < 200:  # interim reply: the final one follows
+                    client.sendall(head)
+                    continue
+                method = _wait_method(methods)
                 if method == "?" or "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
-                if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+                if method == "HEAD" or status in (204, 304):
                     length = 0
                 elif "content-length" in fields:
                     length = int(fields["content-length"])
@@ -254,18 +261,13 @@ class FaultProxy:
                 if self.delay:
                     time.sleep(self.delay)
                 fault = self._take_fault() if length >= 2 else None
+                client.sendall(head)
                 if fault is None:
-                    client.sendall(head + reader.exactly(length))
+                    reader.forward(length, client)
                     continue
                 cut = min(length - 1, max(1, int(length * self.cut_fraction)))
-                client.sendall(head + reader.exactly(cut))
-                if fault == "reset":
-                    client.setsockopt(
-                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                    )
-                else:
-                    with contextlib.suppress(OSError):
-                        client.shutdown(socket.SHUT_RDWR)
+                reader.forward(cut, client)
+                self._forget(client, rst=fault == "reset")
                 return
         except _Passthrough as exc:
             with contextlib.suppress(OSError, _Closed):

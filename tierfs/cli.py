@@ -105,7 +105,9 @@ def cmd_umount(args: argparse.Namespace) -> int:
     try:
         location = locate(mountpoint)
         if location.mount_root != mountpoint:
-            raise CliError(f"{mountpoint} is not a mount point (it is inside {location.mount_root})")
+            raise CliError(
+                f"{mountpoint} is not a mount point (it is inside {location.mount_root})"
+            )
         pid = int(request(location.socket_path, "ping", timeout=10)["pid"])
     except ControlError:
         pass  # a dead daemon: the unmount below still cleans up
@@ -161,7 +163,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     hit = status["hit_ratio"]
     counters = status["counters"]
-    print(f"dirty:    {format_size(status['dirty_bytes'])}, {status['pending_uploads']} uploads pending")
+    print(
+        f"dirty:    {format_size(status['dirty_bytes'])}, {status['pending_uploads']} uploads pending"
+    )
     print(
         f"reads:    hit ratio {'-' if hit is None else f'{hit:.1%}'}, "
         f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"
@@ -202,7 +206,11 @@ def _print_where(results: list[dict[str, Any]]) -> None:
         if "error" in item:
             continue
         if item["type"] != "file":
-            print(f"{'-':>10} {'-':>10} " + " ".join(f"{'-':>10}" for _ in tier_names) + f" {'dir':<9} {item['path']}")
+            print(
+                f"{'-':>10} {'-':>10} "
+                + " ".join(f"{'-':>10}" for _ in tier_names)
+                + f" {'dir':<9} {item['path']}"
+            )
             continue
         tiers = " ".join(f"{format_size(item['tiers'].get(n, 0)):>10}" for n in tier_names)
         print(
@@ -245,8 +253,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mount", help="mount a bucket (returns once the mount is ready)")
     p.add_argument("config", help="config file (TOML), see deploy/examples/tierfs.toml")
     p.add_argument("mountpoint", help="empty directory to mount on")
-    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (systemd Type=notify)")
-    p.add_argument("-o", dest="options", default="", metavar="OPT[,OPT]", help="mount options: allow_other, debug")
+    p.add_argument(
+        "-f",
+        "--foreground",
+        action="store_true",
+        help="stay in the foreground (systemd Type=notify)",
+    )
+    p.add_argument(
+        "-o",
+        dest="options",
+        default="",
+        metavar="OPT[,OPT]",
+        help="mount options: allow_other, debug",
+    )
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount cleanly and wait for the daemon to exit")

@@ -668,7 +668,7 @@ def _conv_endpoint(value: Any) -> str:
         parts = urlsplit(text)
         parts.port  # noqa: B018  (raises ValueError on a bad port)
     except ValueError:
-        raise ValueError("is not a valid URL; use http(s)://host[:port]") from None
+        raise ValueError("this is not a valid URL; use http(s)://host[:port]") from None
     if parts.username is not None or parts.password is not None:
         # Do not echo the value: it holds credentials.
         raise ValueError(
@@ -908,6 +908,12 @@ def _backing(report: _Report, doc: _Doc) -> BackingConfig | None:
         url = _get(report, doc, table, path, "url", _conv_backing_url, "")
     endpoint = _get(report, doc, table, path, "endpoint_url", _conv_endpoint, None)
     region = _get(report, doc, table, path, "region", _conv_region, None)
+    if endpoint is not None and url.startswith("file:"):
+        report.add(
+            doc,
+            (*path, "endpoint_url"),
+            "endpoint_url only applies to an s3:// backing url; remove it for a file:// url",
+        )
     return BackingConfig(url=url, endpoint_url=endpoint, region=region)
 
 
@@ -949,7 +955,7 @@ def _tiers(report: _Report, doc: _Doc, base: Path, check_paths: bool) -> list[Ti
             0,
             "no tiers are configured; add at least one [[tiers]] with a name and a path",
         )
-    elif not entries and isinstance(doc.data.get("tiers"), list):
+    elif doc.data.get("tiers") == []:
         report.add(doc, ("tiers",), "tiers is empty; configure at least one [[tiers]]")
     tiers: list[TierConfig] = []
     names: dict[str, int] = {}
@@ -977,13 +983,14 @@ def _tiers(report: _Report, doc: _Doc, base: Path, check_paths: bool) -> list[Ti
             _check_overlap(report, doc, path, tier_path, paths, check_paths)
             paths.setdefault(_same_key(tier_path, check_paths), (name, doc.line((*path, "path"))))
         capacity = _get(report, doc, table, path, "capacity", _conv_positive_size, None)
+        before = len(report.problems)
         high = _get(
             report, doc, table, path, "high_watermark", _conv_watermark, DEFAULT_HIGH_WATERMARK
         )
         low = _get(
             report, doc, table, path, "low_watermark", _conv_watermark, DEFAULT_LOW_WATERMARK
         )
-        if low >= high:
+        if low >= high and len(report.problems) == before:  # both values are good
             at = "low_watermark" if "low_watermark" in table else "high_watermark"
             low_text = f"{low:g}" + ("" if "low_watermark" in table else " (the default)")
             high_text = f"{high:g}" + ("" if "high_watermark" in table else " (the default)")
@@ -1044,12 +1051,13 @@ def _fetch(report: _Report, doc: _Doc) -> FetchConfig:
     path: KeyPath = ("fetch",)
     _check_keys(report, doc, table, path, _FETCH_KEYS, "[fetch]")
     defaults = FetchConfig()
+    before = len(report.problems)
     block = _get(report, doc, table, path, "block_size", _conv_block_size, defaults.block_size)
     readahead = _get(report, doc, table, path, "readahead_max", _conv_size, defaults.readahead_max)
     concurrency = _get(
         report, doc, table, path, "concurrency", _conv_int(1, MAX_CONCURRENCY), defaults.concurrency
     )
-    if readahead < block:
+    if readahead < block and len(report.problems) == before:
         at = "readahead_max" if "readahead_max" in table else "block_size"
         report.add(
             doc,
@@ -1209,7 +1217,7 @@ def _policy_files(
         display = os.path.normpath(os.path.join(display_dir, text))
         if not path.is_file():
             what = "does not exist" if not os.path.lexists(path) else "is not a regular file"
-            report.add(doc, at, f"the policy file {_q(display)} {what}")
+            report.add(doc, at, f"the policy file {_q(entry)} {what} (looked for {_q(str(path))})")
             continue
         policy = _read(path, display, report)
         if policy is not None:

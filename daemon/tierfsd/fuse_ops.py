@@ -77,7 +77,9 @@ class TierfsOperations(pyfuse3.Operations):
     # --- namespace -------------------------------------------------------------------
 
     @_errno
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: Any = None
+    ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.lookup(parent_inode, name))
 
     @_errno
@@ -105,7 +107,9 @@ class TierfsOperations(pyfuse3.Operations):
             if not entries:
                 return
             for entry in entries:
-                if not pyfuse3.readdir_reply(token, entry.name, entry_attributes(entry.attrs), entry.cookie):
+                if not pyfuse3.readdir_reply(
+                    token, entry.name, entry_attributes(entry.attrs), entry.cookie
+                ):
                     return
                 after = entry.cookie
 
@@ -183,7 +187,9 @@ class TierfsOperations(pyfuse3.Operations):
         self.fs.refuse_write()
 
     @_errno
-    async def rename(self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int, ctx: Any) -> None:
+    async def rename(
+        self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int, ctx: Any
+    ) -> None:
         self.fs.refuse_write()
 
     @_errno

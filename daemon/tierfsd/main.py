@@ -86,8 +86,10 @@ def parse_options(raw: str) -> set[str]:
     options = {o.strip() for o in raw.split(",") if o.strip()}
     unknown = options - ALLOWED_OPTIONS
     if unknown:
-        raise StartupError(f"unknown mount option(s): {', '.join(sorted(unknown))}; "
-                           f"known: {', '.join(sorted(ALLOWED_OPTIONS))}")
+        raise StartupError(
+            f"unknown mount option(s): {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(ALLOWED_OPTIONS))}"
+        )
     return options
 
 

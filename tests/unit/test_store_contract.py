@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -92,7 +91,9 @@ def test_implements_protocol(store: ObjectStore) -> None:
 
 def test_put_head_roundtrip_with_metadata(store: ObjectStore) -> None:
     data = b"hello tierfs\n" * 100
-    etag = store.put("dir/file.bin", data, {"Mode": "0100644", "uid": "1000", "mtime": "1700000000.25"})
+    etag = store.put(
+        "dir/file.bin", data, {"Mode": "0100644", "uid": "1000", "mtime": "1700000000.25"}
+    )
     assert etag == md5(data)
     assert not etag.startswith('"')
     info = store.head("dir/file.bin")
@@ -105,7 +106,9 @@ def test_put_head_roundtrip_with_metadata(store: ObjectStore) -> None:
 
 
 @pytest.mark.parametrize("meta", [None, {"mtime": "not-a-number"}, {"mtime": "nan"}])
-def test_head_mtime_falls_back_to_last_modified(store: ObjectStore, meta: dict[str, str] | None) -> None:
+def test_head_mtime_falls_back_to_last_modified(
+    store: ObjectStore, meta: dict[str, str] | None
+) -> None:
     store.put("f", b"x", meta)
     info = store.head("f")
     assert abs(info.mtime - time.time()) < 120
@@ -300,7 +303,10 @@ def test_list_byte_order_unicode_and_spaces(store: ObjectStore) -> None:
     assert flat(listing(store, "dir with space/")) == (["dir with space/file \u00fc.txt"], [])
     assert flat(listing(store, "\u65e5\u672c/")) == (["\u65e5\u672c/\u30c7\u30fc\u30bf.bin"], [])
     assert store.get_range("caf\u00e9", 0, 100) == "caf\u00e9".encode() * 3
-    assert store.head("dir with space/file \u00fc.txt").size == len("dir with space/file \u00fc.txt".encode()) * 3
+    assert (
+        store.head("dir with space/file \u00fc.txt").size
+        == len("dir with space/file \u00fc.txt".encode()) * 3
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 2, 3, 1000])
@@ -544,14 +550,21 @@ def test_local_file_dir_conflict(local_store: LocalStore) -> None:
 
 
 def test_local_non_utf8_names_are_skipped(local_store: LocalStore) -> None:
-    os.close(os.open(os.path.join(os.fsencode(local_store.root), b"bad\xff"), os.O_CREAT | os.O_WRONLY))
+    os.close(
+        os.open(os.path.join(os.fsencode(local_store.root), b"bad\xff"), os.O_CREAT | os.O_WRONLY)
+    )
     local_store.put("good", b"x")
     assert flat(listing(local_store, "")) == (["good"], [])
 
 
 def test_local_missing_root(tmp_path: Path) -> None:
     store = LocalStore((tmp_path / "nope").as_uri())
-    for call in (store.check, lambda: listing(store, ""), lambda: store.head("k"), lambda: store.put("k", b"")):
+    for call in (
+        store.check,
+        lambda: listing(store, ""),
+        lambda: store.head("k"),
+        lambda: store.put("k", b""),
+    ):
         with pytest.raises(BucketNotFound):
             call()
 
@@ -609,7 +622,11 @@ def test_stores_agree(s3_store: S3Store, local_store: LocalStore) -> None:
 def test_open_store_s3(moto_server: str) -> None:
     store = open_store(BackingConfig(url="s3://bkt/some/prefix", endpoint_url=moto_server))
     assert isinstance(store, S3Store)
-    assert (store.bucket, store.prefix, store.url) == ("bkt", "some/prefix/", "s3://bkt/some/prefix")
+    assert (store.bucket, store.prefix, store.url) == (
+        "bkt",
+        "some/prefix/",
+        "s3://bkt/some/prefix",
+    )
 
 
 def test_open_store_file(tmp_path: Path) -> None:
@@ -633,8 +650,3 @@ def test_open_store_rejects(backing: BackingConfig) -> None:
         open_store(backing, source="/etc/tierfs/main.toml")
     assert info.value.problems[0][0] == "/etc/tierfs/main.toml"
     assert "url" in str(info.value)
-
-
-def test_temp_dir_module_unused() -> None:
-    # tempfile is used by LocalStore for atomic writes; this keeps the import honest.
-    assert tempfile.gettempdir()

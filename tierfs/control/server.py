@@ -10,6 +10,7 @@ never stops the server.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -109,10 +110,8 @@ class ControlServer:
                     "error": "internal error (see the daemon log)",
                     "errno": errno.EIO,
                 }
-            try:
+            with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(encode(reply))
-            except trio.BrokenResourceError:
-                pass
 
     @staticmethod
     async def _read_line(stream: trio.SocketStream) -> bytes:

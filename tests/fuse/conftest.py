@@ -1,0 +1,409 @@
+"""Fixtures for tests that mount tierfs for real (``tests/fuse``).
+
+``mount`` is a factory: ``mount(objects={...}, nvme="16MiB", ...)`` puts the
+objects into a fresh bucket (under the prefix ``data/``), writes a config
+with two small tiers and short TTLs under ``tmp_path``, runs ``tierfs mount
+CONFIG MP`` as a new user would and returns a ``Mount``.  ``Mount.umount()``
+and ``Mount.remount()`` cycle the same config and state dir.
+
+Teardown ALWAYS unmounts every mount point the factory created: ``tierfs
+umount``, then ``fusermount3 -u``, then ``fusermount3 -uz``.  Then it stops
+the daemons it started, by PID (recorded from ``tierfs status --json`` or
+from the ``Popen`` of a foreground mount), and only if ``/proc/PID/cmdline``
+still names ``tierfsd``.  The daemon log tail is printed, so that a failing
+test shows it.
+
+Every test here is skipped with a reason when ``/dev/fuse`` or
+``fusermount3`` is missing or unusable.
+
+The daemon inherits the fake AWS credentials that ``aws_test_env`` (in
+``tests/conftest.py``) puts into the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PREFIX = "data"
+CLI_TIMEOUT = 60.0
+LOG_TAIL_CHARS = 4000
+
+
+# --- environment checks ----------------------------------------------------------------
+
+
+def fuse_unavailable_reason() -> str | None:
+    """Why real FUSE mounts cannot run here, or None if they can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _require_fuse() -> None:
+    reason = fuse_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"real FUSE mount not possible: {reason}")
+
+
+# --- running the CLI -------------------------------------------------------------------
+
+
+def tierfs_command() -> list[str]:
+    """The ``tierfs`` command of the interpreter running the tests."""
+    script = Path(sys.executable).parent / "tierfs"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "tierfs.cli"]
+
+
+def daemon_env() -> dict[str, str]:
+    """Environment for the CLI and daemon: the session's fake AWS credentials."""
+    env = dict(os.environ)
+    env.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    env.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    env.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    return env
+
+
+def run_tierfs(*args: str, timeout: float = CLI_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run ``tierfs ARGS...``; never raises on a non-zero exit."""
+    return subprocess.run(
+        [*tierfs_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=daemon_env(),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def fusermount(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["fusermount3", *args], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def is_tierfsd(pid: int) -> bool:
+    """True while ``pid`` is a live (non-zombie) tierfs daemon."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return b"tierfsd" in cmdline and state != "Z"
+
+
+def stop_daemon(pid: int) -> None:
+    """SIGTERM, then SIGKILL, one daemon we started; only if it is still ours."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if not is_tierfsd(pid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and is_tierfsd(pid):
+            time.sleep(0.05)
+
+
+def drop_page_cache() -> bool:
+    """Drop the kernel page cache (root only); True if it was dropped."""
+    if os.geteuid() != 0:
+        return False
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+# --- the mount -------------------------------------------------------------------------
+
+
+@dataclass
+class Mount:
+    """One tierfs mount made through the CLI, and the bucket behind it."""
+
+    path: Path
+    config_path: Path
+    state_dir: Path
+    tier_dirs: dict[str, Path]
+    endpoint: str
+    bucket: str
+    prefix: str
+    s3: Any
+    list_ttl: float
+    revalidate_ttl: float
+    block_size: int
+    pids: list[int] = field(default_factory=list)
+
+    # bucket side -------------------------------------------------------------------
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def put(self, name: str, body: bytes) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=self.key(name), Body=body)
+
+    def delete(self, name: str) -> None:
+        self.s3.delete_object(Bucket=self.bucket, Key=self.key(name))
+
+    # CLI side ----------------------------------------------------------------------
+
+    def mount(self) -> None:
+        """``tierfs mount CONFIG MP``; fails the test with stderr if it fails."""
+        done = run_tierfs("mount", str(self.config_path), str(self.path))
+        if done.returncode != 0:
+            pytest.fail(
+                f"tierfs mount exited {done.returncode}: {done.stderr.strip()}\n"
+                f"log tail:\n{self.log_tail()}"
+            )
+        assert os.path.ismount(self.path), "tierfs mount returned 0 but nothing is mounted"
+        self.pids.append(int(self.status()["pid"]))
+
+    def umount(self) -> None:
+        done = run_tierfs("umount", str(self.path))
+        assert done.returncode == 0, f"tierfs umount failed: {done.stderr.strip()}"
+        assert not os.path.ismount(self.path)
+
+    def remount(self) -> None:
+        self.umount()
+        self.mount()
+
+    def status(self) -> dict[str, Any]:
+        done = run_tierfs("status", str(self.path), "--json")
+        assert done.returncode == 0, f"tierfs status failed: {done.stderr.strip()}"
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def counters(self) -> dict[str, int]:
+        counters: dict[str, int] = self.status()["counters"]
+        return counters
+
+    def where(self, *names: str) -> list[dict[str, Any]]:
+        done = run_tierfs("where", "--json", *(str(self.path / n) for n in names))
+        assert done.returncode == 0, f"tierfs where failed: {done.stderr.strip()}"
+        result: list[dict[str, Any]] = json.loads(done.stdout)
+        return result
+
+    def where_one(self, name: str) -> dict[str, Any]:
+        (item,) = self.where(name)
+        return item
+
+    # daemon side -------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "tierfsd.log"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self) -> str:
+        return self.log_text()[-LOG_TAIL_CHARS:]
+
+    # teardown ----------------------------------------------------------------------
+
+    def cleanup(self) -> list[str]:
+        """Unmount by every means and stop our daemons; returns what went wrong."""
+        problems: list[str] = []
+        if os.path.ismount(self.path):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run_tierfs("umount", str(self.path))
+        if os.path.ismount(self.path):
+            fusermount("-u", str(self.path))
+        if os.path.ismount(self.path):
+            problems.append(f"{self.path} needed a lazy unmount")
+            fusermount("-uz", str(self.path))
+        for pid in self.pids:
+            if is_tierfsd(pid):
+                stop_daemon(pid)
+        return problems
+
+
+MountFactory = Callable[..., Mount]
+
+
+def write_config(
+    path: Path,
+    *,
+    endpoint: str,
+    bucket: str,
+    prefix: str,
+    state_dir: Path,
+    tier_dirs: dict[str, Path],
+    capacities: dict[str, str],
+    block_size: str,
+    readahead_max: str,
+    list_ttl: str,
+    revalidate_ttl: str,
+) -> None:
+    """A config the way an operator writes one (TOML strings via json.dumps)."""
+    lines = [
+        "[backing]",
+        f"url = {json.dumps(f's3://{bucket}/{prefix}')}",
+        f"endpoint_url = {json.dumps(endpoint)}",
+        'region = "us-east-1"',
+        "",
+        "[state]",
+        f"dir = {json.dumps(str(state_dir))}",
+        "",
+    ]
+    for name, tier_dir in tier_dirs.items():
+        lines += [
+            "[[tiers]]",
+            f"name = {json.dumps(name)}",
+            f"path = {json.dumps(str(tier_dir))}",
+            f"capacity = {json.dumps(capacities[name])}",
+            "",
+        ]
+    lines += [
+        "[fetch]",
+        f"block_size = {json.dumps(block_size)}",
+        f"readahead_max = {json.dumps(readahead_max)}",
+        "concurrency = 8",
+        "",
+        "[namespace]",
+        f"list_ttl = {json.dumps(list_ttl)}",
+        f"revalidate_ttl = {json.dumps(revalidate_ttl)}",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def put_objects(s3: Any, bucket: str, objects: dict[str, bytes], workers: int = 16) -> None:
+    """Put many objects quickly (boto3 clients are thread-safe)."""
+    if not objects:
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(objects))) as pool:
+        futures = [
+            pool.submit(s3.put_object, Bucket=bucket, Key=key, Body=body)
+            for key, body in objects.items()
+        ]
+        for future in futures:
+            future.result()
+
+
+def _parse_seconds(text: str) -> float:
+    from tierfs.units import parse_duration
+
+    return float(parse_duration(text))
+
+
+def _parse_size(text: str) -> int:
+    from tierfs.units import parse_size
+
+    return int(parse_size(text))
+
+
+@pytest.fixture
+def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[MountFactory]:
+    """Factory: put objects into a fresh bucket and mount it with ``tierfs mount``."""
+    endpoint, bucket_name = bucket
+    made: list[Mount] = []
+
+    def factory(
+        objects: dict[str, bytes] | None = None,
+        *,
+        nvme: str = "16MiB",
+        hdd: str = "64MiB",
+        block_size: str = "1MiB",
+        readahead_max: str = "4MiB",
+        list_ttl: str = "2s",
+        revalidate_ttl: str = "1s",
+        do_mount: bool = True,
+    ) -> Mount:
+        base = tmp_path / f"m{len(made)}"
+        mountpoint = base / "mnt"
+        state_dir = base / "state"
+        tier_dirs = {"nvme": base / "nvme", "hdd": base / "hdd"}
+        for d in (mountpoint, *tier_dirs.values()):
+            d.mkdir(parents=True)
+        config_path = base / "tierfs.toml"
+        write_config(
+            config_path,
+            endpoint=endpoint,
+            bucket=bucket_name,
+            prefix=PREFIX,
+            state_dir=state_dir,
+            tier_dirs=tier_dirs,
+            capacities={"nvme": nvme, "hdd": hdd},
+            block_size=block_size,
+            readahead_max=readahead_max,
+            list_ttl=list_ttl,
+            revalidate_ttl=revalidate_ttl,
+        )
+        m = Mount(
+            path=mountpoint,
+            config_path=config_path,
+            state_dir=state_dir,
+            tier_dirs=tier_dirs,
+            endpoint=endpoint,
+            bucket=bucket_name,
+            prefix=PREFIX,
+            s3=s3_client,
+            list_ttl=_parse_seconds(list_ttl),
+            revalidate_ttl=_parse_seconds(revalidate_ttl),
+            block_size=_parse_size(block_size),
+        )
+        made.append(m)
+        put_objects(s3_client, bucket_name, {m.key(k): v for k, v in (objects or {}).items()})
+        if do_mount:
+            m.mount()
+        return m
+
+    try:
+        yield factory
+    finally:
+        problems: list[str] = []
+        for m in made:
+            problems += m.cleanup()
+            tail = m.log_tail()
+            if tail:
+                print(f"--- daemon log tail of {m.path} ---\n{tail}")
+        still = [str(m.path) for m in made if os.path.ismount(m.path)]
+        assert not still, f"still mounted after teardown: {still}"
+        assert not problems, "; ".join(problems)
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return f"tierfs-missing-{uuid.uuid4().hex[:12]}"

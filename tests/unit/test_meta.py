@@ -1,0 +1,96 @@
+"""MetaDB: schema, listing merge, block accounting invariants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierfs.errors import SchemaMismatch
+from tierfs.meta import ROOT_INO, BlockRecord, ListedEntry, MetaDB
+from tierfs.meta.records import Inode, decode_inode, encode_inode
+
+IDENT = {"file_mode": 0o644, "dir_mode": 0o755, "uid": 0, "gid": 0}
+
+
+def merge(db: MetaDB, entries: list[ListedEntry], parent: int = ROOT_INO) -> None:
+    gen = db.begin_listing(parent)
+    db.merge_listing(parent, gen, entries, now=1.0, **IDENT)
+    db.finish_listing(parent, gen, now=1.0)
+
+
+def test_inode_record_round_trip() -> None:
+    inode = Inode(7, 0o100600, 1, 2, 12345, 10**18, 2 * 10**18, 3, "ü name".encode(), etag="abc-2")
+    assert decode_inode(7, encode_inode(inode)) == inode
+
+
+def test_state_dir_of_another_bucket_is_refused(tmp_path: Path) -> None:
+    MetaDB(tmp_path, "s3://one").close()
+    with pytest.raises(SchemaMismatch, match="belongs to"):
+        MetaDB(tmp_path, "s3://two")
+
+
+def test_merge_keeps_inode_numbers_and_sweeps_vanished_names(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    merge(db, [ListedEntry(b"a", False, 1, "e1"), ListedEntry(b"d", True)])
+    a = db.lookup(ROOT_INO, b"a")
+    merge(db, [ListedEntry(b"a", False, 1, "e1"), ListedEntry(b"n", False, 2, "e2")])
+    assert db.lookup(ROOT_INO, b"a") == a
+    assert db.lookup(ROOT_INO, b"d") is None
+    assert [name for _, name, _ in db.read_dir(ROOT_INO, 0, 100)] == [b"a", b"n"]
+
+
+def test_changed_etag_drops_blocks_and_usage(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    merge(db, [ListedEntry(b"a", False, 10, "e1")])
+    ino = db.lookup(ROOT_INO, b"a")
+    assert ino is not None
+    db.add_block(ino, 0, BlockRecord(tier=0, digest=1, nbytes=10))
+    assert db.tier_usage(0).bytes == 10 and db.tier_usage(0).files == 1
+    gen = db.begin_listing(ROOT_INO)
+    result = db.merge_listing(ROOT_INO, gen, [ListedEntry(b"a", False, 10, "e2")], now=2.0, **IDENT)
+    assert result.changed == [(ino, [0])]
+    assert db.get_blocks(ino) == {}
+    assert db.tier_usage(0).bytes == 0 and db.tier_usage(0).files == 0
+
+
+block_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "drop_file", "drop_tier"]),
+        st.integers(2, 5),  # ino
+        st.integers(0, 3),  # block
+        st.integers(0, 1),  # tier
+        st.integers(1, 1000),  # nbytes
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(block_ops)
+def test_usage_always_equals_the_sum_of_block_records(
+    tmp_path_factory: pytest.TempPathFactory, ops: list
+) -> None:
+    db = MetaDB(tmp_path_factory.mktemp("meta"), "s3://b")
+    try:
+        for op, ino, blockno, tier, nbytes in ops:
+            if op == "add":
+                db.add_block(ino, blockno, BlockRecord(tier=tier, digest=0, nbytes=nbytes))
+            elif op == "drop_file":
+                db.drop_blocks(ino)
+            else:
+                db.drop_blocks(ino, tier)
+        for tier in (0, 1):
+            expected_bytes = 0
+            expected_files = 0
+            for ino in range(2, 6):
+                on_tier = [r.nbytes for r in db.get_blocks(ino).values() if r.tier == tier]
+                expected_bytes += sum(on_tier)
+                expected_files += 1 if sum(on_tier) else 0
+                assert db.residency(ino).get(tier, 0) == sum(on_tier)
+            usage = db.tier_usage(tier)
+            assert (usage.bytes, usage.files) == (expected_bytes, expected_files)
+    finally:
+        db.close()
