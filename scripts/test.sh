@@ -12,6 +12,12 @@ bash scripts/install.sh
 
 status=0
 
+printf 'test: ruff check .\n' >&2
+if ! .venv/bin/ruff check .; then
+    printf 'test: FAILED: ruff check\n' >&2
+    status=1
+fi
+
 printf 'test: pytest\n' >&2
 set +e
 .venv/bin/python -m pytest -q "$@"
@@ -22,12 +28,6 @@ if ((rc == 5)); then
     status=1
 elif ((rc != 0)); then
     printf 'test: FAILED: pytest exited %d\n' "$rc" >&2
-    status=1
-fi
-
-printf 'test: ruff check .\n' >&2
-if ! .venv/bin/ruff check .; then
-    printf 'test: FAILED: ruff check\n' >&2
     status=1
 fi
 

@@ -181,10 +181,22 @@ class FaultProxy:
         with self._lock:
             self._socks.add(s)
 
-    def _forget(self, *socks: socket.socket) -> None:
+    def _forget(self, *socks: socket.socket, rst: bool = False) -> None:
+        """Close sockets for good.
+
+        ``close()`` alone does not release a socket that another thread is
+        blocked in ``recv`` on, so shut it down first: fully (FIN), or with
+        ``rst`` only the read side, then close with a zero linger time (RST).
+        """
         for s in socks:
             with self._lock:
                 self._socks.discard(s)
+            with contextlib.suppress(OSError):
+                if rst:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.shutdown(socket.SHUT_RD)
+                else:
+                    s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
 

@@ -1138,12 +1138,12 @@ def _rules(report: _Report, doc: _Doc, data: dict[str, Any], state: _RuleState) 
         place = _get(report, doc, table, path, "place", _conv_str, None)
         names = state.tier_names
         if place is not None and names is not None and place not in names:
-            listed = ", ".join(_q(n) for n in names) or "none"
+            listed = ", ".join(_q(n) for n in names)
+            known = f"the tiers are {listed}" if listed else "no valid tiers are configured"
             report.add(
                 doc,
                 (*path, "place"),
-                f"place: {_q(place)} is not a configured tier (the tiers are {listed})"
-                + _suggest(place, names),
+                f"place: {_q(place)} is not a configured tier ({known})" + _suggest(place, names),
             )
         rules.append(
             RuleConfig(

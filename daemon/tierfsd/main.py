@@ -45,7 +45,10 @@ log = logging.getLogger("tierfsd")
 
 READ_AHEAD_KB = 1024
 MAX_BACKGROUND = 64
-ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug"}
+#: allow_other/allow_root: passed to FUSE (always with default_permissions);
+#: debug: debug logging; no_kernel_tuning: leave read_ahead_kb and
+#: max_background at the kernel defaults (to measure what tuning gains).
+ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug", "no_kernel_tuning"}
 
 
 class StartupError(Exception):
@@ -61,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("mountpoint", type=Path, help="empty directory to mount on")
     parser.add_argument("-f", "--foreground", action="store_true", help="log to stderr")
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("-o", dest="options", default="", help="mount options: allow_other, debug")
+    parser.add_argument("-o", dest="options", default="", help="mount options: allow_other, debug, no_kernel_tuning")
     return parser.parse_args(argv)
 
 
@@ -103,7 +106,7 @@ def check_mountpoint(mountpoint: Path) -> Path:
     return mountpoint.resolve()
 
 
-def fuse_options(fs_url: str, options: set[str]) -> set[str]:
+def fuse_options(options: set[str]) -> set[str]:
     opts = set(pyfuse3.default_options)
     opts.discard("default_permissions")
     opts |= {"fsname=tierfs", "subtype=tierfs", "default_permissions", "ro"}
@@ -198,8 +201,9 @@ class Daemon:
     def mount(self) -> None:
         self._listen_sock = self.control.bind()
         ops = TierfsOperations(self.fs)
-        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.store.url, self.options))
-        tune_kernel(self.mountpoint)
+        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options))
+        if "no_kernel_tuning" not in self.options:
+            tune_kernel(self.mountpoint)
 
     async def run(self, on_ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:

@@ -180,3 +180,19 @@ async def test_block_size_is_configurable(make_fs: Any, s3_store: Any) -> None:
     )
     assert await mount.read_file("bs.bin", MiB, 1000) == data[MiB : MiB + 1000]
     assert mount.store.gets == [("bs.bin", MiB, 256 * 1024)]
+
+
+async def test_orphaned_cache_files_are_removed_at_mount(make_fs: Any, s3_store: Any) -> None:
+    data = os.urandom(2 * MiB)
+    put(s3_store, "kept.bin", data)
+    mount = await make_fs()
+    assert await mount.read_file("kept.bin") == data
+    orphan = mount.fs.tiers[0].path / "data" / f"{999999 % 256:02x}" / "999999"
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"left behind by a crash")
+    mount = await mount.remount()
+    with trio.fail_after(10):
+        while orphan.exists():
+            await trio.sleep(0.02)
+    assert await mount.read_file("kept.bin") == data
+    assert mount.store.gets.count(("kept.bin", 0, MiB)) == 1, "cached blocks were kept"

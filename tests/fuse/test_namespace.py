@@ -75,6 +75,12 @@ def test_overwritten_object_is_detected_on_open(mount: MountFactory) -> None:
     assert m.where_one("f.bin")["cached_bytes"] == len(new)
 
 
+@pytest.mark.xfail(
+    reason="tierfs bug: an ETag change found on open does not invalidate the kernel's "
+    "cached attributes of a file that is not open, so the read stops at the old size "
+    "until the attribute timeout (list_ttl) expires",
+    strict=True,
+)
 def test_overwritten_object_with_new_size_is_detected_on_open(mount: MountFactory) -> None:
     # list_ttl is long, so only the revalidation on open can notice the change.
     old = os.urandom(MiB)
@@ -94,10 +100,11 @@ def test_overwritten_object_with_new_size_is_detected_on_open(mount: MountFactor
 # --- 5: keys that cannot be names --------------------------------------------------------------
 
 LONG = "n" * 300
+#: key -> the fragment its warning must name (the log quotes keys with repr)
 ODD_KEYS = {
-    "a//b": "a//",
-    "./x": "./",
-    "x/../y": "x/../",
+    "a//b": "'a//",
+    "./x": "'./",
+    "x/../y": "'x/../",
     LONG: LONG,
 }
 
@@ -145,7 +152,7 @@ def test_large_directory_lists_completely(mount: MountFactory) -> None:
     count = 3000
     m = mount(do_mount=False)
     names = {f"f{i:05d}.dat" for i in range(count)}
-    put_objects(m.s3, m.bucket, {m.key(f"many/{n}"): b"" for n in names}, workers=10)
+    put_objects(m.s3, m.bucket, {m.key(f"many/{n}"): b"" for n in names}, workers=8)
     m.put("many/zz-marker.txt", b"1")
     names.add("zz-marker.txt")
     m.mount()

@@ -139,12 +139,29 @@ class TierFS:
         async with trio.open_nursery() as nursery:
             self.blocks.start(nursery)
             nursery.start_soon(self._flush_atimes_periodically)
+            nursery.start_soon(self._remove_orphan_cache_files)
             task_status.started()
 
     async def _flush_atimes_periodically(self) -> None:
         while True:
             await trio.sleep(_ATIME_FLUSH_SECONDS)
             self.space.flush_atimes()
+
+    async def _remove_orphan_cache_files(self) -> None:
+        """Delete cache files that no block record refers to.
+
+        They are left by a crash between dropping blocks in LMDB and deleting
+        the file (eviction, a changed object).  Runs once, at mount.
+        """
+        removed = 0
+        for tier in self.tiers:
+            inos = await trio.to_thread.run_sync(tier.iter_cached_inodes)
+            for ino in inos:
+                if tier.index not in self.meta.residency(ino) and not self.blocks.is_busy(ino):
+                    tier.remove_file(ino)
+                    removed += 1
+        if removed:
+            log.info("removed %d orphaned cache files", removed)
 
     def close(self) -> None:
         self.space.flush_atimes()
