@@ -145,6 +145,8 @@ class FaultProxy:
         """Stop accepting, close every connection, join the threads."""
         self._closed = True
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() does not
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             socks = list(self._socks)

@@ -5,8 +5,10 @@ Start-up order (each step fails fast with a clear sentence):
 1. config -> 2. mount point checks (exists, a directory, not mounted) ->
 3. object store ``check()`` (missing bucket, bad credentials, dead endpoint)
 -> 4. LMDB state dir, tiers -> 5. control socket bound -> 6. ``pyfuse3.init``
-(the mount exists from here) -> 7. kernel tuning (root only: bdi
-``read_ahead_kb``, fusectl ``max_background``) -> 8. readiness: a line on
+(the mount exists from here) -> 7. the first request answered (the kernel's
+INIT handshake is done; it resets the bdi readahead, so tuning must come
+after it) -> 8. kernel tuning (root only: bdi ``read_ahead_kb``, fusectl
+``max_background``) -> 9. readiness: a line on
 ``--ready-fd`` for ``tierfs mount``, ``READY=1`` to systemd's NOTIFY_SOCKET.
 
 Shutdown: the mount goes away (``tierfs umount`` runs ``fusermount3 -u``) and
@@ -64,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("mountpoint", type=Path, help="empty directory to mount on")
     parser.add_argument("-f", "--foreground", action="store_true", help="log to stderr")
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("-o", dest="options", default="", help="mount options: allow_other, debug, no_kernel_tuning")
+    parser.add_argument(
+        "-o", dest="options", default="", help="mount options: allow_other, debug, no_kernel_tuning"
+    )
     return parser.parse_args(argv)
 
 
@@ -202,8 +206,6 @@ class Daemon:
         self._listen_sock = self.control.bind()
         ops = TierfsOperations(self.fs)
         pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options))
-        if "no_kernel_tuning" not in self.options:
-            tune_kernel(self.mountpoint)
 
     async def run(self, on_ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
@@ -211,10 +213,19 @@ class Daemon:
             await nursery.start(self.fs.run_workers)
             await nursery.start(self.control.serve, self._listen_sock)
             nursery.start_soon(self._signals)
+            nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
+            # A stat of the root answers only after the kernel's INIT handshake,
+            # which resets the bdi readahead: tune after it, then announce.
+            await trio.to_thread.run_sync(os.stat, self.mountpoint)
+            if "no_kernel_tuning" not in self.options:
+                tune_kernel(self.mountpoint)
             on_ready()
-            await pyfuse3.main()
-            log.info("file system unmounted; shutting down")
-            nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _serve_fuse(scope: trio.CancelScope) -> None:
+        await pyfuse3.main()
+        log.info("file system unmounted; shutting down")
+        scope.cancel()
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

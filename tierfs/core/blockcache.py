@@ -96,6 +96,8 @@ class ReadState:
 
 @dataclass(slots=True)
 class ReadStats:
+    read_requests: int = 0
+    read_bytes: int = 0
     hit_blocks: int = 0
     miss_blocks: int = 0
     fetched_bytes: int = 0
@@ -190,6 +192,8 @@ class BlockCache:
         end = min(offset + size, cf.size)
         if offset >= end:
             return b""
+        self.stats.read_requests += 1
+        self.stats.read_bytes += end - offset
         bs = self.block_size
         first, last = offset // bs, (end - 1) // bs
         self._update_readahead(cf, state, offset, end, first, last)
@@ -390,9 +394,23 @@ class BlockCache:
         state.last_block = last
         state.window = min(state.window * 2, self.max_window)
         nblocks = (cf.size + bs - 1) // bs
+        run_tier, run_start, run_end = -1, 0, 0
         for blockno in range(last + 1, min(last + 1 + state.window, nblocks)):
             if blockno in cf.flights or blockno in cf.transient:
                 continue
-            if blockno in cf.blocks and (cf.ino, blockno) in self._verified:
+            rec = cf.blocks.get(blockno)
+            if rec is not None and (cf.ino, blockno) in self._verified:
+                # Cached: let the kernel read it into the page cache ahead of
+                # us, so the inline pread later does not wait for the disk.
+                if rec.tier == run_tier and run_end == blockno * bs:
+                    run_end += rec.nbytes
+                    continue
+                self._advise_willneed(cf, run_tier, run_start, run_end)
+                run_tier, run_start, run_end = rec.tier, blockno * bs, blockno * bs + rec.nbytes
                 continue
             self._start_flight(cf, blockno)
+        self._advise_willneed(cf, run_tier, run_start, run_end)
+
+    def _advise_willneed(self, cf: CachedFile, tier: int, start: int, end: int) -> None:
+        if tier >= 0 and end > start:
+            os.posix_fadvise(self._fd(cf, tier), start, end - start, os.POSIX_FADV_WILLNEED)

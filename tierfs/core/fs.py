@@ -338,6 +338,8 @@ class TierFS:
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
             "counters": {
+                "read_requests": stats.read_requests,
+                "read_bytes": stats.read_bytes,
                 "hit_blocks": stats.hit_blocks,
                 "miss_blocks": stats.miss_blocks,
                 "fetched_bytes": stats.fetched_bytes,

@@ -21,12 +21,20 @@ __all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
 SUPPORTED_SCHEMES = ("s3", "file")
 
 
-def open_store(backing: BackingConfig, *, source: str = "backing.url") -> ObjectStore:
+def open_store(
+    backing: BackingConfig,
+    *,
+    source: str = "backing.url",
+    max_pool_connections: int | None = None,
+) -> ObjectStore:
     """Build the store for ``backing``: S3Store for ``s3://``, LocalStore for ``file://``.
 
     Does no I/O (call ``store.check()`` for that).  A URL with another scheme,
     or one the store cannot parse, raises ConfigError with ``source`` (the
     config file name, when the caller knows it) as the file.
+    ``max_pool_connections`` sizes the S3 HTTP pool: give it at least the
+    number of S3 calls that may run at once (fetch concurrency plus uploads);
+    None keeps S3Store's default.
     """
     from tierfs.errors import InvalidArgument
 
@@ -35,7 +43,14 @@ def open_store(backing: BackingConfig, *, source: str = "backing.url") -> Object
         if scheme == "s3":
             from tierfs.store.s3 import S3Store
 
-            return S3Store(backing.url, endpoint_url=backing.endpoint_url, region=backing.region)
+            pool = (
+                {}
+                if max_pool_connections is None
+                else {"max_pool_connections": max_pool_connections}
+            )
+            return S3Store(
+                backing.url, endpoint_url=backing.endpoint_url, region=backing.region, **pool
+            )
         if scheme == "file":
             if backing.endpoint_url:
                 raise InvalidArgument("endpoint_url makes no sense with a file:// backing URL")

@@ -291,12 +291,16 @@ class S3Store:
         )
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
-        """ListObjectsV2 with Delimiter="/".  Empty pages are not yielded, so an
-        empty listing yields nothing."""
+        """ListObjectsV2 with Delimiter="/", one request per page.
+
+        Empty pages are not yielded, so an empty listing yields nothing.
+        ``page_size`` above 1000 is clamped to 1000 (S3's limit).
+        """
         if prefix and not prefix.endswith("/"):
             raise InvalidArgument(f"list prefix must be '' or end in '/': {prefix!r}")
-        if not 1 <= page_size <= 1000:
-            raise InvalidArgument(f"page_size must be 1..1000, got {page_size}")
+        if page_size < 1:
+            raise InvalidArgument(f"page_size must be >= 1, got {page_size}")
+        page_size = min(page_size, 1000)  # S3's own ceiling for MaxKeys
         full_prefix = self.prefix + prefix
         token: str | None = None
         while True:

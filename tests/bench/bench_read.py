@@ -1,0 +1,958 @@
+#!/usr/bin/env python3
+"""Read benchmark: tierfs against s5cmd, rclone mount and s3fs on one local S3 server.
+
+Run it through ``bash tests/bench/run.sh`` (installs the peers), as root:
+``drop_caches``, FUSE mounts and the kernel tuning all need it.  Not a test:
+it is never collected by pytest and never run in CI.
+
+What one run does
+-----------------
+1. Starts ``s3rver`` (npm, installed under ``tests/bench/.node``) on
+   127.0.0.1 and a free port, with a temporary directory; creates the bucket
+   and uploads one random object (``--size``, 1 GiB by default) with s5cmd.
+   moto serves only about 80 MB/s here; s3rver a few hundred.
+2. Repeats ``--repeat`` rounds (default 3), every case once per round, so that
+   the cases interleave and the machine's drift hits them all alike:
+
+   * ``dd direct``: ``dd`` of a same-size file on the tier's filesystem,
+     page cache dropped (the reference for the warm tier read);
+   * ``s5cmd cp`` (to a local file) and ``s5cmd cat`` (to /dev/null), page
+     cache dropped (references for the cold read);
+   * tierfs, once per kernel-tuning variant (``--tuning``):
+       - cold: fresh state dir, empty tier, page cache dropped, ``dd`` of
+         the object through the mount;
+       - warm: unmount, mount again (the cache survives), page cache
+         dropped, ``dd`` again: every byte comes from the tier;
+       - second read: ``dd`` again without dropping anything (kernel page
+         cache, ``keep_cache``);
+   * ``rclone mount --vfs-cache-mode full`` and ``s3fs -o use_cache``: cold
+     read (fresh cache dir, page cache dropped) and second reads.
+3. Prints the median MB/s of every case, then the ratios against the targets
+   of the read-path issue, side by side from this one run.
+
+Kernel-tuning variants of tierfs (``--tuning``, comma-separated):
+
+* ``daemon``: the mount as ``tierfs mount`` leaves it (as root the daemon
+  raises the bdi ``read_ahead_kb`` and fusectl ``max_background``);
+* ``off``: ``tierfs mount -o no_kernel_tuning``, and the bench also resets
+  both values to the kernel defaults (128 KiB, 12) right after the mount
+  (so that it also works with a daemon that does not know the option);
+* ``late`` (not run by default): the bench itself writes
+  ``read_ahead_kb=1024`` and ``max_background=64`` once the mount answers.
+  The FUSE INIT reply resets the bdi readahead, so a daemon that tunes
+  before INIT is done loses its ``read_ahead_kb``; ``late`` shows what
+  tuning gives regardless.  With a working daemon it equals ``daemon``.
+
+The values in force are read back after each read and printed under the
+table, with the mean size of the read requests tierfs saw (when its
+``status`` has the counters) and the number and mean size of its GETs.
+
+Everything it mounts is unmounted in a ``finally`` (``tierfs umount`` or
+``fusermount3 -u``, then ``-uz``); it stops only the processes it started,
+by PID; all traffic goes to 127.0.0.1.  Temporary files are removed at the
+end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VENV_BIN = Path(sys.executable).parent
+S3RVER = HERE / ".node" / "node_modules" / ".bin" / "s3rver"
+BUCKET = "bench"
+KEY = "obj"
+ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in credentials
+REGION = "us-east-1"
+
+KERNEL_DEFAULT_READ_AHEAD_KB = 128
+KERNEL_DEFAULT_MAX_BACKGROUND = 12
+TUNED_READ_AHEAD_KB = 1024
+TUNED_MAX_BACKGROUND = 64
+TUNINGS = ("daemon", "off", "late")
+
+MOUNT_TIMEOUT = 60.0
+UMOUNT_TIMEOUT = 60.0
+
+# Targets of the read-path issue: (numerator case, denominator case, minimum ratio).
+TARGETS: list[tuple[str, str, float]] = [
+    ("tierfs cold", "s5cmd cp", 0.8),
+    ("tierfs cold", "rclone cold", 1.5),
+    ("tierfs cold", "s3fs cold", 1.5),
+    ("tierfs warm", "dd direct", 0.7),
+    ("tierfs 2nd read", "rclone 2nd read", 3.0),
+    ("tierfs 2nd read", "s3fs 2nd read", 3.0),
+]
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    """A setup problem: reported as one sentence, exit 2."""
+
+
+# --- small helpers -----------------------------------------------------------------------
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 1000,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 1000**2,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 1000**3,
+}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1GiB or 256MiB)")
+    return round(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def fmt_size(n: int) -> str:
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult}{unit}"
+    return f"{n}B"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a whole process (all threads), 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def mount_device(mp: Path) -> str | None:
+    """``major:minor`` of the filesystem mounted exactly at ``mp``, or None."""
+    target = str(mp)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            path = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if path == target:
+                return fields[2]
+    return None
+
+
+def is_mounted(mp: Path) -> bool:
+    return mount_device(mp) is not None
+
+
+def read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_int(path: Path, value: int) -> None:
+    path.write_text(f"{value}\n")
+
+
+@dataclass
+class KernelKnobs:
+    dev: str
+
+    @property
+    def bdi(self) -> Path:
+        return Path(f"/sys/class/bdi/{self.dev}/read_ahead_kb")
+
+    @property
+    def conn(self) -> Path:
+        return Path(f"/sys/fs/fuse/connections/{self.dev.split(':')[1]}")
+
+    def read(self) -> tuple[int | None, int | None]:
+        return read_int(self.bdi), read_int(self.conn / "max_background")
+
+    def set(self, read_ahead_kb: int, max_background: int) -> None:
+        write_int(self.bdi, read_ahead_kb)
+        write_int(self.conn / "max_background", max_background)
+        write_int(self.conn / "congestion_threshold", max_background * 3 // 4)
+
+
+class FuseWaitingSampler:
+    """Samples ``/sys/fs/fuse/connections/N/waiting`` (requests in flight) every 5 ms."""
+
+    def __init__(self, knobs: KernelKnobs | None) -> None:
+        self.path = knobs.conn / "waiting" if knobs else None
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> FuseWaitingSampler:
+        if self.path is not None and self.path.exists():
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        assert self.path is not None
+        while not self._stop.wait(0.005):
+            value = read_int(self.path)
+            if value is not None:
+                self.samples.append(value)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.samples) if self.samples else None
+
+
+# --- results -------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    mbps: float
+    seconds: float
+    daemon_cpu: float = 0.0  # CPU seconds of the FUSE daemon (or s5cmd) during the read
+    server_cpu: float = 0.0  # CPU seconds of s3rver during the read
+    fuse_waiting: float | None = None  # mean FUSE requests in flight
+
+
+@dataclass
+class Results:
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def add(self, case: str, sample: Sample) -> None:
+        self.samples.setdefault(case, []).append(sample)
+        extra = f", daemon CPU {sample.daemon_cpu:.2f}s" if sample.daemon_cpu else ""
+        extra += f", s3rver CPU {sample.server_cpu:.2f}s" if sample.server_cpu else ""
+        if sample.fuse_waiting is not None:
+            extra += f", FUSE waiting {sample.fuse_waiting:.1f}"
+        log(f"  {case}: {sample.mbps:,.0f} MB/s ({sample.seconds:.2f}s{extra})")
+
+    def median(self, case: str) -> float | None:
+        values = [s.mbps for s in self.samples.get(case, [])]
+        return statistics.median(values) if values else None
+
+
+# --- the bench ------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.size: int = args.size
+        self.work = work
+        self.results = Results()
+        self.port = args.port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = self._child_env()
+        self.s3rver: subprocess.Popen[bytes] | None = None
+        self.ref = work / "tier-fs" / "reference.bin"  # same filesystem as the tiers
+        self.tierfs_bin = self._tool("tierfs", VENV_BIN / "tierfs")
+        self.s5cmd_bin = self._tool("s5cmd", VENV_BIN / "s5cmd")
+        self.cases = set(args.cases)
+        self.mount_option_ok = True  # tierfs mount -o no_kernel_tuning
+
+    # --- environment and tools ---
+
+    def _child_env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            # No AWS settings of the machine (a CA bundle breaks rclone's
+            # plain-HTTP client), no proxies: everything goes to 127.0.0.1.
+            if not k.startswith("AWS_") and "proxy" not in k.lower()
+        }
+        env.update(
+            AWS_ACCESS_KEY_ID=ACCESS_KEY,
+            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+            AWS_REGION=REGION,
+            AWS_DEFAULT_REGION=REGION,
+            AWS_EC2_METADATA_DISABLED="true",
+            NO_PROXY="127.0.0.1,localhost",
+            no_proxy="127.0.0.1,localhost",
+        )
+        return env
+
+    @staticmethod
+    def _tool(name: str, preferred: Path | None = None) -> str:
+        if preferred is not None and os.access(preferred, os.X_OK):
+            return str(preferred)
+        found = shutil.which(name)
+        if found is None:
+            raise BenchError(f"{name} not found: run `bash tests/bench/run.sh`, which installs it")
+        return found
+
+    def check_prerequisites(self) -> None:
+        if os.geteuid() != 0:
+            raise BenchError("run as root: the bench drops the page cache and tunes FUSE mounts")
+        if not Path("/dev/fuse").exists():
+            raise BenchError("/dev/fuse is missing: run `bash scripts/install.sh`")
+        self._tool("fusermount3")
+        self._tool("dd")
+        if not os.access(S3RVER, os.X_OK):
+            raise BenchError(f"s3rver not installed under {S3RVER.parent}: run tests/bench/run.sh")
+        if "rclone" in self.cases:
+            self._tool("rclone")
+        if "s3fs" in self.cases:
+            self._tool("s3fs")
+        if self.args.py_spy:
+            self._tool("py-spy", VENV_BIN / "py-spy")
+
+    def run_quiet(self, cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+        if done.returncode != 0:
+            raise BenchError(
+                f"{' '.join(cmd)} exited {done.returncode}: {(done.stderr or done.stdout).strip()}"
+            )
+        return done
+
+    # --- the S3 server ---
+
+    @contextlib.contextmanager
+    def s3_server(self) -> Iterator[None]:
+        data = self.work / "s3rver"
+        data.mkdir()
+        logf = open(self.work / "s3rver.log", "wb")  # noqa: SIM115 (closed in finally)
+        cmd = [str(S3RVER), "--address", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--directory", str(data), "--silent"]
+        log(f"starting s3rver on {self.endpoint}")
+        self.s3rver = subprocess.Popen(
+            cmd, env=self.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                if self.s3rver.poll() is not None:
+                    raise BenchError(f"s3rver exited {self.s3rver.returncode}: see s3rver.log")
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    break
+                if time.monotonic() > deadline:
+                    raise BenchError("s3rver did not listen within 30s")
+                time.sleep(0.1)
+            yield
+        finally:
+            stop_process(self.s3rver, "s3rver", grace=0.0)
+            logf.close()
+
+    def s5cmd(self, *args: str) -> list[str]:
+        return [self.s5cmd_bin, "--endpoint-url", self.endpoint, "--log", "error", *args]
+
+    def upload(self) -> None:
+        self.ref.parent.mkdir()
+        log(f"writing {fmt_size(self.size)} of random bytes to the tier filesystem")
+        chunk = 16 << 20
+        with open(self.ref, "wb") as f:
+            left = self.size
+            while left:
+                n = min(chunk, left)
+                f.write(os.urandom(n))
+                left -= n
+        self.run_quiet(self.s5cmd("mb", f"s3://{BUCKET}"))
+        t0 = time.perf_counter()
+        self.run_quiet(self.s5cmd("cp", str(self.ref), f"s3://{BUCKET}/{KEY}"))
+        dt = time.perf_counter() - t0
+        log(f"uploaded s3://{BUCKET}/{KEY} in {dt:.1f}s ({self.size / dt / 1e6:,.0f} MB/s)")
+
+    # --- measuring ---
+
+    def dd(self, path: Path) -> float:
+        """Seconds to read ``path`` with dd bs=1M into /dev/null; checks the byte count."""
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            ["dd", f"if={path}", "of=/dev/null", "bs=1M"], capture_output=True, text=True
+        )
+        dt = time.perf_counter() - t0
+        m = re.search(r"^(\d+) bytes", done.stderr, re.M)
+        if done.returncode != 0 or not m or int(m.group(1)) != self.size:
+            raise BenchError(f"dd of {path} failed: {done.stderr.strip()}")
+        return dt
+
+    def measure(
+        self,
+        case: str,
+        read: Callable[[], float],
+        *,
+        daemon_pid: int | None = None,
+        knobs: KernelKnobs | None = None,
+    ) -> Sample:
+        server_pid = self.s3rver.pid if self.s3rver else None
+        d0, s0 = cpu_seconds(daemon_pid), cpu_seconds(server_pid)
+        with FuseWaitingSampler(knobs) as sampler:
+            dt = read()
+        sample = Sample(
+            mbps=self.size / dt / 1e6,
+            seconds=dt,
+            daemon_cpu=cpu_seconds(daemon_pid) - d0,
+            server_cpu=cpu_seconds(server_pid) - s0,
+            fuse_waiting=sampler.mean,
+        )
+        self.results.add(case, sample)
+        return sample
+
+    # --- reference cases ---
+
+    def case_dd_direct(self) -> None:
+        drop_caches()
+        self.measure("dd direct", lambda: self.dd(self.ref))
+
+    def case_s5cmd(self) -> None:
+        dest = self.work / "s5cmd-download"
+        drop_caches()
+
+        def cp() -> float:
+            t0 = time.perf_counter()
+            self.run_quiet(self.s5cmd("cp", f"s3://{BUCKET}/{KEY}", str(dest)))
+            return time.perf_counter() - t0
+
+        self.measure("s5cmd cp", cp)
+        if dest.stat().st_size != self.size:
+            raise BenchError("s5cmd cp downloaded the wrong number of bytes")
+        dest.unlink()
+        drop_caches()
+
+        def cat() -> float:
+            t0 = time.perf_counter()
+            done = subprocess.run(
+                self.s5cmd("cat", f"s3://{BUCKET}/{KEY}"),
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            if done.returncode != 0:
+                raise BenchError(f"s5cmd cat failed: {done.stderr.strip()}")
+            return time.perf_counter() - t0
+
+        self.measure("s5cmd cat", cat)
+
+    # --- tierfs ---
+
+    def tierfs_config(self) -> Path:
+        cfg = self.work / "tierfs.toml"
+        a = self.args
+        cfg.write_text(
+            "\n".join(
+                [
+                    "[backing]",
+                    f'url = "s3://{BUCKET}"',
+                    f'endpoint_url = "{self.endpoint}"',
+                    f'region = "{REGION}"',
+                    "[state]",
+                    f'dir = "{self.work / "tierfs-state"}"',
+                    "[[tiers]]",
+                    'name = "nvme"',
+                    f'path = "{self.work / "tier-fs" / "nvme"}"',
+                    "[fetch]",
+                    f'block_size = "{fmt_size(a.block_size)}"',
+                    f'readahead_max = "{fmt_size(a.readahead_max)}"',
+                    f"concurrency = {a.concurrency}",
+                    "",
+                ]
+            )
+        )
+        return cfg
+
+    def tierfs_reset_cache(self) -> None:
+        for d in (self.work / "tierfs-state", self.work / "tier-fs" / "nvme"):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+
+    @contextlib.contextmanager
+    def tierfs_mount(self, tuning: str) -> Iterator[tuple[Path, int | None, KernelKnobs | None]]:
+        mp = self.work / "mnt-tierfs"
+        mp.mkdir(exist_ok=True)
+        cfg = self.work / "tierfs.toml"
+        cmd = [self.tierfs_bin, "mount", str(cfg), str(mp)]
+        if tuning == "off" and self.mount_option_ok:
+            cmd += ["-o", "no_kernel_tuning"]
+        done = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=MOUNT_TIMEOUT
+        )
+        if done.returncode != 0 and "no_kernel_tuning" in done.stderr and not is_mounted(mp):
+            log("this tierfs has no -o no_kernel_tuning: resetting the values by hand only")
+            self.mount_option_ok = False
+            cmd = cmd[:4]
+            done = subprocess.run(
+                cmd, env=self.env, capture_output=True, text=True, timeout=MOUNT_TIMEOUT
+            )
+        pid: int | None = None
+        try:
+            if done.returncode != 0:
+                raise BenchError(f"tierfs mount failed: {done.stderr.strip()}")
+            status = json.loads(
+                self.run_quiet([self.tierfs_bin, "status", str(mp), "--json"]).stdout
+            )
+            pid = int(status["pid"])
+            dev = mount_device(mp)
+            knobs = KernelKnobs(dev) if dev else None
+            if knobs is not None:
+                if tuning == "off":
+                    knobs.set(KERNEL_DEFAULT_READ_AHEAD_KB, KERNEL_DEFAULT_MAX_BACKGROUND)
+                elif tuning == "late":
+                    os.stat(mp / KEY)  # the FUSE INIT reply has surely been processed now
+                    knobs.set(TUNED_READ_AHEAD_KB, TUNED_MAX_BACKGROUND)
+            yield mp, pid, knobs
+        finally:
+            self.unmount_tierfs(mp, pid)
+
+    def unmount_tierfs(self, mp: Path, pid: int | None) -> None:
+        if is_mounted(mp):
+            done = subprocess.run(
+                [self.tierfs_bin, "umount", str(mp)],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=UMOUNT_TIMEOUT + 10,
+            )
+            if done.returncode != 0:
+                log(f"tierfs umount {mp}: {done.stderr.strip()}; falling back to fusermount3")
+        fusermount_unmount(mp)
+        if pid is not None:
+            wait_pid_gone(pid, "tierfsd")
+
+    def case_tierfs(self, tuning: str, round_no: int) -> None:
+        tag = "" if tuning == "daemon" else f" [{tuning}]"
+        spy = self.args.py_spy if (round_no == 0 and tuning == "daemon") else None
+        self.tierfs_reset_cache()
+        with self.tierfs_mount(tuning) as (mp, pid, knobs):
+            drop_caches()
+            with py_spy(spy, pid, "tierfs-cold"):
+                self.measure(
+                    f"tierfs cold{tag}", lambda: self.dd(mp / KEY), daemon_pid=pid, knobs=knobs
+                )
+            if round_no == 0:
+                self.note_tierfs(mp, knobs, f"[{tuning}] cold")
+        with self.tierfs_mount(tuning) as (mp, pid, knobs):
+            drop_caches()
+            with py_spy(spy, pid, "tierfs-warm"):
+                self.measure(
+                    f"tierfs warm{tag}", lambda: self.dd(mp / KEY), daemon_pid=pid, knobs=knobs
+                )
+            for _ in range(self.args.second_reads):
+                self.measure(
+                    f"tierfs 2nd read{tag}", lambda: self.dd(mp / KEY), daemon_pid=pid, knobs=knobs
+                )
+            if round_no == 0:
+                self.note_tierfs(mp, knobs, f"[{tuning}] warm + 2nd")
+            if round_no == self.args.repeat - 1 and tuning == self.args.tuning[0]:
+                self.check_content(mp / KEY)
+
+    def note_tierfs(self, mp: Path, knobs: KernelKnobs | None, what: str) -> None:
+        """Kernel knobs in force after the read, and the daemon's counters."""
+        parts = []
+        if knobs is not None:
+            ra, bg = knobs.read()
+            parts.append(f"read_ahead_kb={ra} max_background={bg}")
+        status = json.loads(self.run_quiet([self.tierfs_bin, "status", str(mp), "--json"]).stdout)
+        c = status.get("counters", {})
+        if c.get("read_requests"):
+            mean = c.get("read_bytes", 0) / c["read_requests"] / 1024
+            parts.append(f"{c['read_requests']} read requests of {mean:.0f} KiB on average")
+        if c.get("gets"):
+            mean = c.get("fetched_bytes", 0) / c["gets"] / (1 << 20)
+            parts.append(f"{c['gets']} GETs of {mean:.1f} MiB on average")
+        self.results.notes[f"tierfs {what}"] = "; ".join(parts)
+
+    def check_content(self, path: Path) -> None:
+        done = subprocess.run(["cmp", str(self.ref), str(path)], capture_output=True, text=True)
+        ok = done.returncode == 0
+        self.results.notes["content check (cmp tierfs file vs uploaded file)"] = (
+            "identical" if ok else f"DIFFERENT: {done.stdout.strip() or done.stderr.strip()}"
+        )
+        if not ok:
+            raise BenchError(f"tierfs returned different bytes: {done.stdout.strip()}")
+
+    # --- rclone and s3fs ---
+
+    @contextlib.contextmanager
+    def peer_mount(self, name: str, cmd: list[str], mp: Path) -> Iterator[int]:
+        logf = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 (closed in finally)
+        proc = subprocess.Popen(
+            cmd, env=self.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + MOUNT_TIMEOUT
+            while not is_mounted(mp):
+                if proc.poll() is not None:
+                    raise BenchError(
+                        f"{name} exited {proc.returncode} before mounting: see {name}.log"
+                    )
+                if time.monotonic() > deadline:
+                    raise BenchError(f"{name} did not mount within {MOUNT_TIMEOUT:.0f}s")
+                time.sleep(0.05)
+            # The mount is in mountinfo before the daemon answers: wait for a lookup.
+            while True:
+                with contextlib.suppress(OSError):
+                    if (mp / KEY).stat().st_size == self.size:
+                        break
+                if time.monotonic() > deadline:
+                    raise BenchError(f"{name} does not show s3://{BUCKET}/{KEY}")
+                time.sleep(0.1)
+            dev = mount_device(mp)
+            if dev:
+                ra, bg = KernelKnobs(dev).read()
+                self.results.notes[f"{name} read_ahead_kb/max_background"] = f"{ra}/{bg}"
+            yield proc.pid
+        finally:
+            fusermount_unmount(mp)
+            stop_process(proc, name)
+            logf.close()
+
+    def rclone_mount(self, cache: Path) -> contextlib.AbstractContextManager[int]:
+        mp = self.work / "mnt-rclone"
+        mp.mkdir(exist_ok=True)
+        conf = self.work / "rclone.conf"
+        conf.touch()
+        # An on-the-fly remote "bench:" from the environment.
+        self.env.update(
+            RCLONE_CONFIG_BENCH_TYPE="s3",
+            RCLONE_CONFIG_BENCH_PROVIDER="Other",
+            RCLONE_CONFIG_BENCH_ENDPOINT=self.endpoint,
+            RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=ACCESS_KEY,
+            RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=SECRET_KEY,
+            RCLONE_CONFIG_BENCH_REGION=REGION,
+            RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE="true",
+        )
+        cmd = ["rclone", "mount", f"bench:{BUCKET}", str(mp), "--config", str(conf)]
+        cmd += ["--vfs-cache-mode", "full", "--cache-dir", str(cache), "--read-only"]
+        return self.peer_mount("rclone", cmd, mp)
+
+    def s3fs_mount(self, cache: Path) -> contextlib.AbstractContextManager[int]:
+        mp = self.work / "mnt-s3fs"
+        mp.mkdir(exist_ok=True)
+        passwd = self.work / "s3fs.passwd"
+        passwd.write_text(f"{ACCESS_KEY}:{SECRET_KEY}\n")
+        passwd.chmod(0o600)
+        opts = [
+            f"url={self.endpoint}",
+            "use_path_request_style",
+            f"passwd_file={passwd}",
+            f"use_cache={cache}",
+            f"endpoint={REGION}",
+            "ro",
+        ]
+        cmd = ["s3fs", BUCKET, str(mp), "-f", "-o", ",".join(opts)]
+        return self.peer_mount("s3fs", cmd, mp)
+
+    def case_peer(
+        self, name: str, mount: Callable[[Path], contextlib.AbstractContextManager[int]]
+    ) -> None:
+        cache = self.work / f"{name}-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        mp = self.work / f"mnt-{name}"
+        with mount(cache) as pid:
+            drop_caches()
+            self.measure(f"{name} cold", lambda: self.dd(mp / KEY), daemon_pid=pid)
+            for _ in range(self.args.second_reads):
+                self.measure(f"{name} 2nd read", lambda: self.dd(mp / KEY), daemon_pid=pid)
+
+    # --- the run ---
+
+    def run(self) -> None:
+        self.check_prerequisites()
+        with self.s3_server():
+            self.upload()
+            if "tierfs" in self.cases:
+                self.tierfs_config()
+            for r in range(self.args.repeat):
+                log(f"round {r + 1} of {self.args.repeat}")
+                if "dd" in self.cases:
+                    self.case_dd_direct()
+                if "s5cmd" in self.cases:
+                    self.case_s5cmd()
+                if "tierfs" in self.cases:
+                    for tuning in self.args.tuning:
+                        self.case_tierfs(tuning, r)
+                if "rclone" in self.cases:
+                    self.case_peer("rclone", self.rclone_mount)
+                if "s3fs" in self.cases:
+                    self.case_peer("s3fs", self.s3fs_mount)
+
+
+# --- process and mount cleanup -----------------------------------------------------------------
+
+
+def fusermount_unmount(mp: Path) -> None:
+    """``fusermount3 -u`` (a few tries while busy), then ``-uz`` if still mounted."""
+    for attempt in range(5):
+        if not is_mounted(mp):
+            return
+        done = subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True, text=True)
+        if done.returncode == 0 and not is_mounted(mp):
+            return
+        time.sleep(0.2 * (attempt + 1))
+    if is_mounted(mp):
+        log(f"{mp} still busy: lazy unmount")
+        subprocess.run(["fusermount3", "-uz", str(mp)], capture_output=True, text=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, name: str, grace: float = 10.0) -> None:
+    """Stop a process this script started, by PID: wait ``grace`` s, then SIGTERM, then SIGKILL."""
+    if proc is None:
+        return
+    for sig, wait in ((None, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+    if proc.poll() is None:
+        log(f"{name} (pid {proc.pid}) did not stop")
+
+
+def wait_pid_gone(pid: int, name: str) -> None:
+    """A daemon that `tierfs mount` started for us: it exits after its unmount."""
+    deadline = time.monotonic() + 30
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            log(f"{name} (pid {pid}) still running after unmount: SIGTERM")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(2)
+            return
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def py_spy(outdir: Path | None, pid: int | None, name: str) -> Iterator[None]:
+    """Record a py-spy flame graph of the daemon around a read, if asked to."""
+    if outdir is None or pid is None:
+        yield
+        return
+    outdir.mkdir(parents=True, exist_ok=True)
+    out = outdir / f"{name}.svg"
+    spy = shutil.which("py-spy", path=str(VENV_BIN)) or "py-spy"
+    proc = subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--rate", "200", "--threads", "--output", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log(f"py-spy flame graph: {out}")
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def report(bench: Bench) -> str:
+    res = bench.results
+    a = bench.args
+    lines: list[str] = []
+    lines.append(
+        f"object {fmt_size(a.size)}, {a.repeat} rounds (median), tierfs [fetch] "
+        f"block_size={fmt_size(a.block_size)} readahead_max={fmt_size(a.readahead_max)} "
+        f"concurrency={a.concurrency}; {os.cpu_count()} CPUs"
+    )
+    lines.append("")
+    header = f"{'case':<28} {'MB/s':>7} {'min':>7} {'max':>7} {'n':>2} {'daemon CPU s':>12} {'s3rver CPU s':>12}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for case, samples in res.samples.items():
+        mb = [s.mbps for s in samples]
+        dcpu = statistics.median(s.daemon_cpu for s in samples)
+        scpu = statistics.median(s.server_cpu for s in samples)
+        lines.append(
+            f"{case:<28} {statistics.median(mb):>7,.0f} {min(mb):>7,.0f} {max(mb):>7,.0f} "
+            f"{len(mb):>2} {dcpu:>12.2f} {scpu:>12.2f}"
+        )
+    lines.append("")
+
+    rows: list[tuple[str, str, float | None, str, str]] = []
+    variants = [("", "daemon")] + [(f" [{t}]", t) for t in a.tuning if t != "daemon"]
+    if "daemon" not in a.tuning:
+        variants = [(f" [{t}]", t) for t in a.tuning]
+    for tag, _t in variants:
+        for num, den, target in TARGETS:
+            n, d = res.median(num + tag), res.median(den)
+            if n is None or d is None:
+                continue
+            ratio = n / d
+            rows.append(
+                (f"{num}{tag}", den, ratio, f">= {target:g}", "PASS" if ratio >= target else "FAIL")
+            )
+        n, d = res.median("tierfs cold" + tag), res.median("s5cmd cat")
+        if n is not None and d is not None:
+            rows.append((f"tierfs cold{tag}", "s5cmd cat", n / d, "info", ""))
+    if "off" in a.tuning:
+        for tag, _t in variants:
+            if tag == " [off]":
+                continue
+            for kind in ("cold", "warm", "2nd read"):
+                n, d = res.median(f"tierfs {kind}{tag}"), res.median(f"tierfs {kind} [off]")
+                if n is not None and d is not None:
+                    rows.append((f"tierfs {kind}{tag}", f"tierfs {kind} [off]", n / d, "info", ""))
+    header = (
+        f"{'case':<28} {'MB/s':>7}  {'vs':<22} {'MB/s':>7} {'ratio':>6} {'target':>7} {'result':>6}"
+    )
+    lines.append(header)
+    lines.append("-" * len(header))
+    for num, den, ratio, target, result in rows:
+        n, d = res.median(num), res.median(den)
+        assert n is not None and d is not None and ratio is not None
+        lines.append(
+            f"{num:<28} {n:>7,.0f}  {den:<22} {d:>7,.0f} {ratio:>6.2f} {target:>7} {result:>6}"
+        )
+    passed = sum(1 for r in rows if r[4] == "PASS")
+    total = sum(1 for r in rows if r[4])
+    lines.append("")
+    lines.append(f"targets met: {passed} of {total}")
+    if res.notes:
+        lines.append("")
+        for k, v in res.notes.items():
+            lines.append(f"{k}: {v}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench_read.py",
+        description="Read benchmark: tierfs vs s5cmd, rclone mount and s3fs on a local s3rver.",
+    )
+    p.add_argument("--size", type=parse_size, default=parse_size("1GiB"), help="object size (1GiB)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported (3)")
+    p.add_argument("--second-reads", type=int, default=2, help="page-cache reads per round (2)")
+    p.add_argument("--block-size", type=parse_size, default=parse_size("4MiB"))
+    p.add_argument("--readahead-max", type=parse_size, default=parse_size("256MiB"))
+    p.add_argument("--concurrency", type=int, default=32, help="tierfs [fetch] concurrency (32)")
+    p.add_argument(
+        "--tuning",
+        default="daemon,off",
+        type=lambda s: [t for t in s.split(",") if t],
+        help="tierfs kernel-tuning variants: daemon, off, late (daemon,off)",
+    )
+    p.add_argument(
+        "--cases",
+        default="dd,s5cmd,tierfs,rclone,s3fs",
+        type=lambda s: [c for c in s.split(",") if c],
+        help="cases to run (dd,s5cmd,tierfs,rclone,s3fs)",
+    )
+    p.add_argument("--port", type=int, default=0, help="s3rver port (a free one)")
+    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")
+    p.add_argument("--py-spy", type=Path, default=None, help="record py-spy flame graphs here")
+    args = p.parse_args(argv)
+    bad = [t for t in args.tuning if t not in TUNINGS] or [
+        c for c in args.cases if c not in ("dd", "s5cmd", "tierfs", "rclone", "s3fs")
+    ]
+    if bad:
+        p.error(f"unknown variant or case: {', '.join(bad)}")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="tierfs-bench-", dir=args.workdir))
+    else:
+        work = Path(tempfile.mkdtemp(prefix="tierfs-bench-"))
+    log(f"work directory {work}")
+    bench: Bench | None = None
+    code = 0
+    try:
+        bench = Bench(args, work)
+        bench.run()
+    except BenchError as exc:
+        log(f"ERROR: {exc}")
+        code = 2
+    except KeyboardInterrupt:
+        log("interrupted")
+        code = 130
+    finally:
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    if bench is not None and bench.results.samples:
+        if code:
+            print("(incomplete run)")
+        print(report(bench))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "args": {k: str(v) for k, v in vars(args).items()},
+                        "samples": {
+                            c: [s.__dict__ for s in v] for c, v in bench.results.samples.items()
+                        },
+                        "notes": bench.results.notes,
+                    },
+                    indent=2,
+                )
+            )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

