@@ -172,7 +172,11 @@ class Daemon:
         self.config = config
         self.mountpoint = mountpoint
         self.options = options
-        self.store = open_store(config.backing)
+        self.store = open_store(
+            config.backing,
+            source=str(config.source),
+            max_pool_connections=config.fetch.concurrency + 16,
+        )
         self.store.check()
         self.meta = MetaDB(
             config.state.dir / "meta",
@@ -186,20 +190,18 @@ class Daemon:
         self.fs = TierFS(config, self.meta, self.store, self.tiers, control_socket=str(sock_path))
         self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
         self.fs.invalidate_kernel_cache = self._invalidate
-        self._nursery: trio.Nursery | None = None
-
-    def _invalidate(self, ino: int) -> None:
-        # Never from inside a request handler: the kernel may hold locks that
-        # the notification waits for.  A thread of its own is safe.
-        if self._nursery is not None:
-            self._nursery.start_soon(self._invalidate_in_thread, ino)
 
     @staticmethod
-    async def _invalidate_in_thread(ino: int) -> None:
+    async def _invalidate(ino: int, data: bool) -> None:
+        """Drop the kernel's cached attributes (and pages) of an inode.
+
+        In a thread: the notification may wait for kernel locks that an
+        in-flight request holds, and the loop must keep answering requests.
+        """
         try:
-            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, not data)
         except OSError as exc:
-            if exc.errno != errno.ENOENT:
+            if exc.errno != errno.ENOENT:  # the kernel had forgotten it: fine
                 log.warning("invalidating inode %d: %s", ino, exc)
 
     def mount(self) -> None:
@@ -209,7 +211,6 @@ class Daemon:
 
     async def run(self, on_ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
             await nursery.start(self.fs.run_workers)
             await nursery.start(self.control.serve, self._listen_sock)
             nursery.start_soon(self._signals)

@@ -773,10 +773,11 @@ def py_spy(outdir: Path | None, pid: int | None, name: str) -> Iterator[None]:
         yield
         return
     outdir.mkdir(parents=True, exist_ok=True)
-    out = outdir / f"{name}.svg"
+    out = outdir / f"{name}.txt"
     spy = shutil.which("py-spy", path=str(VENV_BIN)) or "py-spy"
+    cmd = [spy, "record", "--pid", str(pid), "--rate", "100", "--threads", "--format", "raw"]
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--rate", "200", "--threads", "--output", str(out)],
+        [*cmd, "--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -790,7 +791,7 @@ def py_spy(outdir: Path | None, pid: int | None, name: str) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log(f"py-spy flame graph: {out}")
+        log(f"py-spy samples (collapsed stacks, flamegraph.pl input): {out}")
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -892,7 +893,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")
-    p.add_argument("--py-spy", type=Path, default=None, help="record py-spy flame graphs here")
+    p.add_argument(
+        "--py-spy", type=Path, default=None, help="record py-spy profiles of tierfsd here"
+    )
     args = p.parse_args(argv)
     bad = [t for t in args.tuning if t not in TUNINGS] or [
         c for c in args.cases if c not in ("dd", "s5cmd", "tierfs", "rclone", "s3fs")

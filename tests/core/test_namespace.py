@@ -79,7 +79,7 @@ async def test_keys_that_cannot_be_names_are_skipped_with_one_warning(
             assert await names(mount, "y") == set()
             assert await names(mount, "long") == set()
     assert top == {"a", "ok.txt", "y", "long"}
-    warnings = [r.getMessage() for r in caplog.records if "cannot be a file name" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping")]
     assert len(warnings) == 4, warnings
 
 

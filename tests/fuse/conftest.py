@@ -116,6 +116,23 @@ def is_tierfsd(pid: int) -> bool:
     return b"tierfsd" in cmdline and state != "Z"
 
 
+def daemons_using(config_path: Path) -> list[int]:
+    """PIDs of live tierfs daemons started with ``config_path``."""
+    needle = os.fsencode(str(config_path.resolve()))
+    pids: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in argv and is_tierfsd(int(entry)):
+            pids.append(int(entry))
+    return pids
+
+
 def stop_daemon(pid: int) -> None:
     """SIGTERM, then SIGKILL, one daemon we started; only if it is still ours."""
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuse.conftest import MountFactory, daemon_env, run_tierfs, tierfs_command, wait_until
+from tests.fuse.conftest import (
+    MountFactory,
+    daemon_env,
+    daemons_using,
+    run_tierfs,
+    tierfs_command,
+    wait_until,
+)
 
 pytestmark = pytest.mark.fuse
 
@@ -28,6 +35,10 @@ def test_mount_of_missing_bucket_fails_fast(mount: MountFactory, unique_name: st
     assert unique_name in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not os.path.ismount(m.path)
+    # The daemon that found the bucket missing is gone too.
+    leftover = daemons_using(m.config_path)
+    m.pids += leftover  # teardown stops them if the check below fails
+    assert wait_until(lambda: not daemons_using(m.config_path), 5), leftover
 
 
 def test_mount_on_busy_mount_point_fails(mount: MountFactory) -> None:

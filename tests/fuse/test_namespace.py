@@ -75,12 +75,6 @@ def test_overwritten_object_is_detected_on_open(mount: MountFactory) -> None:
     assert m.where_one("f.bin")["cached_bytes"] == len(new)
 
 
-@pytest.mark.xfail(
-    reason="tierfs bug: an ETag change found on open does not invalidate the kernel's "
-    "cached attributes of a file that is not open, so the read stops at the old size "
-    "until the attribute timeout (list_ttl) expires",
-    strict=True,
-)
 def test_overwritten_object_with_new_size_is_detected_on_open(mount: MountFactory) -> None:
     # list_ttl is long, so only the revalidation on open can notice the change.
     old = os.urandom(MiB)

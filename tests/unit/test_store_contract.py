@@ -629,6 +629,30 @@ def test_open_store_s3(moto_server: str) -> None:
     )
 
 
+def test_open_store_pool_size(moto_server: str) -> None:
+    store = open_store(
+        BackingConfig(url="s3://bkt", endpoint_url=moto_server), max_pool_connections=7
+    )
+    assert isinstance(store, S3Store)
+    assert store.client.meta.config.max_pool_connections == 7
+    assert store.client.meta.config.retries["total_max_attempts"] == 1
+
+
+def test_s3_page_size_above_limit_is_clamped(s3_store: S3Store) -> None:
+    put_all(s3_store, ["big/a", "big/b"])
+    assert flat(listing(s3_store, "big/", page_size=5000)) == (["big/a", "big/b"], [])
+
+
+def test_local_planted_meta_symlink_cannot_escape(local_store: LocalStore, tmp_path: Path) -> None:
+    outside = tmp_path / "outside-meta"
+    outside.mkdir()
+    (local_store.root / "d").mkdir()
+    os.symlink(outside, local_store.root / "d" / ".tierfs-meta")
+    with pytest.raises(InvalidArgument):
+        local_store.put("d/f", b"x", {"uid": "1"})
+    assert os.listdir(outside) == []
+
+
 def test_open_store_file(tmp_path: Path) -> None:
     store = open_store(BackingConfig(url=tmp_path.as_uri()))
     assert isinstance(store, LocalStore)

@@ -20,7 +20,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -36,6 +36,11 @@ from .namespace import Identity, Namespace
 from .space import SpaceManager
 
 log = logging.getLogger(__name__)
+
+
+async def _no_kernel(ino: int, data: bool) -> None:
+    return None
+
 
 #: Read-only virtual xattr on the mount root: the control socket's path.
 CONTROL_XATTR = b"user.tierfs.control_socket"
@@ -127,8 +132,10 @@ class TierFS:
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._stale_page_cache: set[int] = set()
-        #: Set by the daemon: drop the kernel's cached pages of an inode.
-        self.invalidate_kernel_cache: Callable[[int], None] = lambda ino: None
+        #: Set by the daemon: drop the kernel's cached attributes of an inode
+        #: and, if the flag is true, its cached pages too.
+        self.invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel
+        self._nursery: trio.Nursery | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -137,6 +144,7 @@ class TierFS:
     ) -> None:
         """Background work of the core; runs until cancelled."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             self.blocks.start(nursery)
             nursery.start_soon(self._flush_atimes_periodically)
             nursery.start_soon(self._remove_orphan_cache_files)
@@ -218,6 +226,10 @@ class TierFS:
         if inode.is_dir:
             raise IsADirectory(f"inode {ino} is a directory")
         inode, changed = await self.namespace.revalidate(inode)
+        if changed:
+            # The kernel still holds the old size: reads past it would stop
+            # short.  Attributes only: the pages go with keep_cache=False.
+            await self.invalidate_kernel_cache(ino, False)
         keep_cache = not changed and ino not in self._stale_page_cache
         self._stale_page_cache.discard(ino)
         cached = self.blocks.acquire(ino, self.namespace.key_of(inode), inode.etag, inode.size)
@@ -252,8 +264,8 @@ class TierFS:
             key, etag, size = "", "", 0
             self.space.forget(ino)
         self.blocks.content_changed(ino, tiers, key, etag, size)
-        if ino in self.blocks.files:
-            self.invalidate_kernel_cache(ino)
+        if still_exists and self._nursery is not None:
+            self._nursery.start_soon(self.invalidate_kernel_cache, ino, True)
 
     # --- extended attributes ---------------------------------------------------------------
 

@@ -207,7 +207,16 @@ class Namespace:
 
     def _prefix_entry(self, prefix: str, common: str) -> ListedEntry | None:
         name = common[len(prefix) : -1]
-        if not self._name_ok(common, name):
+        problem = name_problem(name)
+        if problem is not None:
+            self._warn_once(
+                common,
+                "skipping all keys under {key!r}: '"
+                + name
+                + "' cannot be a directory name ("
+                + problem
+                + ")",
+            )
             return None
         return ListedEntry(name=name.encode(), is_dir=True)
 

@@ -390,6 +390,7 @@ class LocalStore:
         tmp_data = tmp_side = None
         try:
             self._check_inside(path)
+            self._check_inside(sidecar)  # a planted .tierfs-meta symlink must not escape either
             if not self.root.is_dir():
                 raise BucketNotFound(f"local store directory '{self.root}' does not exist")
             tmp_dir.mkdir(mode=0o700, exist_ok=True)
@@ -432,6 +433,7 @@ class LocalStore:
         path, sidecar = self._paths(key)
         try:
             self._check_inside(path)
+            self._check_inside(sidecar)
         except OSError as exc:
             raise self._map_os_error(exc, "delete", key) from exc
         with self._lock:
