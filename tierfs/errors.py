@@ -60,6 +60,10 @@ class PermissionDenied(TierfsError):
     errno = _errno.EACCES
 
 
+class NotPermitted(TierfsError):
+    errno = _errno.EPERM
+
+
 class InvalidArgument(TierfsError):
     errno = _errno.EINVAL
 

@@ -41,6 +41,7 @@ from tierfs.errors import TierfsError
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
 from tierfs.tiers.tier import Tier
+from tierfs.workers.uploader import run_uploader
 from tierfsd.fuse_ops import TierfsOperations
 
 log = logging.getLogger("tierfsd")
@@ -212,6 +213,7 @@ class Daemon:
     async def run(self, on_ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.fs.run_workers)
+            await nursery.start(run_uploader, self.fs)
             await nursery.start(self.control.serve, self._listen_sock)
             nursery.start_soon(self._signals)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)

@@ -10,6 +10,7 @@ a new TierFS on the same state and tiers, as a daemon restart would.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,14 @@ from tierfs.config import (
     NamespaceConfig,
     StateConfig,
     TierConfig,
+    WriteConfig,
 )
 from tierfs.core import TierFS
+from tierfs.errors import NotFound
 from tierfs.meta import MetaDB
 from tierfs.store import ListPage, ObjectInfo
 from tierfs.tiers.tier import Tier
+from tierfs.workers.uploader import run_uploader
 
 MiB = 1024 * 1024
 
@@ -56,11 +60,9 @@ class CountingStore:
         self.gets.append((key, start, length))
         return self.inner.get_range(key, start, length, etag)
 
-    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
-        return self.inner.put(key, data, metadata)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
+    def __getattr__(self, name: str) -> Any:
+        # put, put_multipart, copy, delete, ...: straight to the real store.
+        return getattr(self.inner, name)
 
 
 @dataclasses.dataclass
@@ -71,6 +73,7 @@ class CoreMount:
     nursery: trio.Nursery
     cancel: trio.CancelScope
     registry: list[CoreMount]
+    stopped: trio.Event
     closed: bool = False
 
     async def read_file(self, path: str, offset: int = 0, size: int | None = None) -> bytes:
@@ -90,9 +93,39 @@ class CoreMount:
         finally:
             await self.fs.release(opened.fh)
 
+    async def write_file(self, path: str, data: bytes, *, fsync: bool = True) -> int:
+        """Create (or truncate) ``path`` and write ``data``, as open/write/close would."""
+        parent_path, _, name = path.rpartition("/")
+        parent = await self.fs.namespace.resolve(parent_path)
+        try:
+            inode = await self.fs.namespace.lookup(parent.ino, name.encode())
+            opened = await self.fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC)
+            ino = inode.ino
+        except NotFound:
+            opened, attrs = await self.fs.create(
+                parent.ino, name.encode(), 0o644, os.O_WRONLY, 0, 0
+            )
+            ino = attrs.ino
+        for offset in range(0, len(data), 1 << 20):
+            await self.fs.write(opened.fh, offset, data[offset : offset + (1 << 20)])
+        if fsync:
+            await self.fs.fsync(opened.fh, False)
+        await self.fs.release(opened.fh)
+        return ino
+
+    async def flush(self, path: str = "") -> None:
+        with trio.fail_after(30):
+            await self.fs.flush_path(path)
+
     async def remount(self) -> CoreMount:
-        self.close()
+        await self.aclose()
         return await _start(self.config, self.store, self.nursery, self.registry)
+
+    async def aclose(self) -> None:
+        """Stop the workers, wait until they are gone, then close LMDB."""
+        self.cancel.cancel()
+        await self.stopped.wait()
+        self.close()
 
     def close(self) -> None:
         if self.closed:
@@ -123,6 +156,7 @@ def make_config(tmp_path: Path, store_url: str, **overrides: Any) -> Config:
             "fetch", FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=8)
         ),
         namespace=overrides.pop("namespace", NamespaceConfig(list_ttl=60, revalidate_ttl=60)),
+        write=overrides.pop("write", WriteConfig(mode="back", upload_delay=0.05)),
     )
 
 
@@ -133,13 +167,20 @@ async def _start(
     tiers = [Tier(i, t) for i, t in enumerate(config.tiers)]
     fs = TierFS(config, meta, store, tiers)
     cancel = trio.CancelScope()
+    stopped = trio.Event()
 
     async def workers(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        with cancel:
-            await fs.run_workers(task_status=task_status)
+        try:
+            with cancel:
+                async with trio.open_nursery() as inner:
+                    await inner.start(fs.run_workers)
+                    await inner.start(run_uploader, fs)
+                    task_status.started()
+        finally:
+            stopped.set()
 
     await nursery.start(workers)
-    mount = CoreMount(fs, store, config, nursery, cancel, registry)
+    mount = CoreMount(fs, store, config, nursery, cancel, registry, stopped)
     registry.append(mount)
     return mount
 
@@ -156,7 +197,8 @@ async def make_fs(s3_store: Any, tmp_path: Path) -> AsyncIterator[Callable[..., 
 
         yield factory
         for mount in mounts:
-            mount.close()
+            if not mount.closed:
+                await mount.aclose()
         nursery.cancel_scope.cancel()
 
 

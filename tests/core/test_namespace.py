@@ -150,6 +150,9 @@ class SyntheticBucket:
     def delete(self, key: str) -> None:
         raise NotImplementedError
 
+    def list_uploads(self, prefix: str = "") -> list[Any]:
+        return []
+
 
 async def test_listing_100k_objects_streams_pages_into_lmdb(tmp_path: Path) -> None:
     from tests.core.conftest import _start, make_config
@@ -171,5 +174,5 @@ async def test_listing_100k_objects_streams_pages_into_lmdb(tmp_path: Path) -> N
         assert peak < 8 * 1024 * 1024, f"listing peaked at {peak / 2**20:.1f} MiB"
         assert mount.fs.meta.count_children(inode.ino) == 100_000
         assert (await mount.fs.lookup(inode.ino, b"00099999.jpg")).size == 1000
-        mount.close()
+        await mount.aclose()
         nursery.cancel_scope.cancel()

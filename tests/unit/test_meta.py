@@ -17,8 +17,8 @@ IDENT = {"file_mode": 0o644, "dir_mode": 0o755, "uid": 0, "gid": 0}
 
 def merge(db: MetaDB, entries: list[ListedEntry], parent: int = ROOT_INO) -> None:
     gen = db.begin_listing(parent)
-    db.merge_listing(parent, gen, entries, now=1.0, **IDENT)
-    db.finish_listing(parent, gen, now=1.0)
+    db.merge_listing(parent, gen, entries, now=1.0, prefix="", **IDENT)
+    db.finish_listing(parent, gen, now=1.0, prefix="")
 
 
 def test_inode_record_round_trip() -> None:
@@ -50,7 +50,7 @@ def test_changed_etag_drops_blocks_and_usage(tmp_path: Path) -> None:
     db.add_block(ino, 0, BlockRecord(tier=0, digest=1, nbytes=10))
     assert db.tier_usage(0).bytes == 10 and db.tier_usage(0).files == 1
     gen = db.begin_listing(ROOT_INO)
-    result = db.merge_listing(ROOT_INO, gen, [ListedEntry(b"a", False, 10, "e2")], now=2.0, **IDENT)
+    result = db.merge_listing(ROOT_INO, gen, [ListedEntry(b"a", False, 10, "e2")], now=2.0, prefix="", **IDENT)
     assert result.changed == [(ino, [0])]
     assert db.get_blocks(ino) == {}
     assert db.tier_usage(0).bytes == 0 and db.tier_usage(0).files == 0

@@ -1,16 +1,29 @@
-"""The read path: cached blocks, block-level fetch, single-flight, readahead.
+"""The data path: cached blocks, block-level fetch, single-flight, readahead,
+and writes.
 
 A file's bytes are cut into blocks of ``block_size``.  Per block, the states:
 
-    absent --fetch (ranged GET, pwrite, xxh3)--> present+verified
-    present (from an earlier mount) --first read: xxh3 ok--> present+verified
-    present --first read: xxh3 mismatch--> absent (refetched; never served)
-    present --bucket ETag changed / evicted--> absent
+    absent, below origin_size --fetch (ranged GET, pwrite, xxh3)--> clean+verified
+    absent, at/after origin_size: a hole, reads as zeros (nothing stored)
+    clean (from an earlier mount) --first read: xxh3 ok--> clean+verified
+    clean --first read: xxh3 mismatch--> absent (refetched; never served)
+    clean --bucket ETag changed / evicted--> absent
+    any --write--> dirty (uncommitted) --commit (fsync/close)--> dirty (in LMDB)
+    dirty --upload done, content unchanged--> clean (digest from the upload)
+
+A write to an absent block that holds origin bytes it does not fully cover
+fetches the block first (read-modify-write).  Dirty blocks carry no digest
+until they are uploaded: hashing every write would cost more than it
+protects, and a dirty block cannot be refetched anyway.  They are never
+evicted.
 
 ``CachedFile`` is the in-memory state of one inode while it is open or has a
-fetch in flight: its block map (loaded from LMDB once), the fds of its cache
-files, and the in-flight fetches.  A busy CachedFile is never evicted, so its
-fds always name the live cache files.
+fetch or upload in flight: the live ``Inode`` (size, origin, sync state),
+its block map (loaded from LMDB once), the fds of its cache files, the
+in-flight fetches and the writes not yet committed.  While a CachedFile
+exists it, not LMDB, is the truth about the file; ``commit`` writes it
+back.  A busy CachedFile is never evicted, so its fds always name the live
+cache files.
 
 Concurrency rules:
 
@@ -39,13 +52,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
 import xxhash
 
-from tierfs.errors import ChecksumMismatch, PreconditionFailed, StoreError, TierfsError
-from tierfs.meta import BlockRecord, MetaDB
+from tierfs.errors import NoSpace, PreconditionFailed, StoreError, TierfsError
+from tierfs.meta import BlockRecord, Inode, MetaDB, MetaTxn, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers.tier import Tier
 
@@ -55,6 +69,10 @@ log = logging.getLogger(__name__)
 
 #: Blocks kept in memory per file when no tier had room for them.
 _TRANSIENT_BLOCKS = 8
+
+
+async def _nothing() -> None:
+    return None
 
 
 def block_digest(data: bytes | memoryview) -> int:
@@ -73,16 +91,30 @@ class _Flight:
 
 @dataclass(slots=True)
 class CachedFile:
-    ino: int
-    key: str
-    etag: str
-    size: int
+    inode: Inode
     blocks: dict[int, BlockRecord]
-    generation: int = 0
+    generation: int = 0  # bumped when the origin changes under us
+    version: int = 0  # bumped by every change of content
     refs: int = 0
     fds: dict[int, int] = field(default_factory=dict)
     flights: dict[int, _Flight] = field(default_factory=dict)
     transient: dict[int, bytes] = field(default_factory=dict)
+    uncommitted: set[int] = field(default_factory=set)  # dirty blocks not yet in LMDB
+    reserved: dict[int, tuple[int, int]] = field(default_factory=dict)  # block -> tier, bytes
+    truncated_from: int | None = None  # first block dropped by a truncate, not yet committed
+    inode_dirty: bool = False  # size/times changed since the last commit
+
+    @property
+    def ino(self) -> int:
+        return self.inode.ino
+
+    @property
+    def size(self) -> int:
+        return self.inode.size
+
+    @property
+    def key(self) -> str:
+        return self.inode.origin_key
 
 
 @dataclass(slots=True)
@@ -106,6 +138,37 @@ class ReadStats:
     uncached_blocks: int = 0
 
 
+class UploadSource:
+    """Reads a file's bytes from its cache files, from any thread, and
+    records the xxh3 digest of every whole block it reads."""
+
+    def __init__(self, block_size: int, size: int, blocks: dict[int, tuple[int, int]]) -> None:
+        self.block_size = block_size
+        self.size = size
+        self.blocks = blocks
+        self.digests: dict[int, int] = {}
+
+    def read(self, offset: int, length: int) -> bytes:
+        bs = self.block_size
+        out = bytearray()
+        pos, end = offset, min(offset + length, self.size)
+        while pos < end:
+            blockno = pos // bs
+            block_end = min(end, (blockno + 1) * bs)
+            where = self.blocks.get(blockno)
+            if where is None:
+                chunk = bytes(block_end - pos)  # a hole
+            else:
+                chunk = os.pread(where[0], block_end - pos, pos)
+                if len(chunk) < block_end - pos:
+                    chunk += bytes(block_end - pos - len(chunk))
+            if pos == blockno * bs and (block_end - pos == bs or block_end == self.size):
+                self.digests[blockno] = block_digest(chunk)
+            out += chunk
+            pos = block_end
+        return bytes(out)
+
+
 class BlockCache:
     def __init__(
         self,
@@ -127,6 +190,12 @@ class BlockCache:
         self.fetch_limiter = trio.CapacityLimiter(fetch_concurrency)
         self.io_limiter = trio.CapacityLimiter(4)
         self.files: dict[int, CachedFile] = {}
+        self.write_space_timeout = 60.0
+        #: Set by TierFS: the key (and ETag for If-Match, if known) to read an
+        #: inode's origin bytes from right now.
+        self.read_origin: Callable[[Inode], tuple[str, str]] = lambda i: (i.origin_key, i.etag)
+        #: Set by TierFS: ask the uploader to hurry (space is short).
+        self.on_space_pressure: Callable[[], Awaitable[None]] = _nothing
         self._verified: set[tuple[int, int]] = set()
         self.stats = ReadStats()
         self._nursery: trio.Nursery | None = None
@@ -136,13 +205,12 @@ class BlockCache:
 
     # --- CachedFile lifetime -------------------------------------------------------
 
-    def acquire(self, ino: int, key: str, etag: str, size: int) -> CachedFile:
-        cf = self.files.get(ino)
+    def acquire(self, inode: Inode) -> CachedFile:
+        """The CachedFile of ``inode`` (created from LMDB on first use)."""
+        cf = self.files.get(inode.ino)
         if cf is None:
-            cf = CachedFile(
-                ino=ino, key=key, etag=etag, size=size, blocks=self.meta.get_blocks(ino)
-            )
-            self.files[ino] = cf
+            cf = CachedFile(inode=inode, blocks=self.meta.get_blocks(inode.ino))
+            self.files[inode.ino] = cf
         cf.refs += 1
         return cf
 
@@ -161,11 +229,11 @@ class BlockCache:
     def is_busy(self, ino: int) -> bool:
         return ino in self.files
 
-    def content_changed(self, ino: int, tiers: list[int], key: str, etag: str, size: int) -> None:
+    def content_changed(self, ino: int, tiers: list[int], inode: Inode | None) -> None:
         """The bucket's object changed (or vanished): LMDB already forgot the blocks.
 
-        A busy file keeps its cache files (open fds point at them) and just
-        forgets its block map; an idle file's cache files are deleted.
+        A busy file keeps its cache files (open fds point at them), empties
+        them and forgets its block map; an idle file's cache files are deleted.
         """
         cf = self.files.get(ino)
         self._verified = {v for v in self._verified if v[0] != ino}
@@ -173,10 +241,20 @@ class BlockCache:
             cf.generation += 1
             cf.blocks.clear()
             cf.transient.clear()
-            cf.key, cf.etag, cf.size = key, etag, size
+            for fd in cf.fds.values():
+                os.ftruncate(fd, 0)
+            if inode is not None:
+                cf.inode = inode
             return
         for tier in tiers:
             self.tiers[tier].remove_file(ino)
+
+    def mark_verified(self, ino: int, blockno: int) -> None:
+        self._verified.add((ino, blockno))
+
+    def _ready(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
+        """May this present block be served without a check?"""
+        return rec.dirty or (cf.ino, blockno) in self._verified
 
     def _fd(self, cf: CachedFile, tier: int) -> int:
         fd = cf.fds.get(tier)
@@ -215,7 +293,7 @@ class BlockCache:
         for blockno in range(first, last + 1):
             rec = cf.blocks.get(blockno)
             block_end = min(end, (blockno + 1) * bs)
-            if rec is not None and (cf.ino, blockno) in self._verified:
+            if rec is not None and self._ready(cf, blockno, rec):
                 if rec.tier != run_tier:
                     if run_tier >= 0:
                         pieces.append(self._pread(cf, run_tier, run_start, pos))
@@ -225,6 +303,10 @@ class BlockCache:
                 if run_tier >= 0:
                     pieces.append(self._pread(cf, run_tier, run_start, pos))
                     run_tier = -1
+                if blockno * bs >= cf.inode.origin_size:
+                    pieces.append(bytes(block_end - pos))  # a hole
+                    pos = block_end
+                    continue
                 buf = cf.transient.get(blockno)
                 if buf is None:
                     return None
@@ -235,16 +317,21 @@ class BlockCache:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _pread(self, cf: CachedFile, tier: int, start: int, end: int) -> bytes:
-        return os.pread(self._fd(cf, tier), end - start, start)
+        data = os.pread(self._fd(cf, tier), end - start, start)
+        if len(data) < end - start:  # past the cache file's end: never written, zeros
+            data += bytes(end - start - len(data))
+        return data
 
-    async def _ensure(self, cf: CachedFile, blocknos: range) -> None:
+    async def _ensure(self, cf: CachedFile, blocknos: Iterable[int]) -> None:
         """Make every block present and verified (or transient)."""
         waits: list[_Flight] = []
         for blockno in blocknos:
             if blockno in cf.transient:
                 continue
             rec = cf.blocks.get(blockno)
-            if rec is not None and (cf.ino, blockno) in self._verified:
+            if rec is None and blockno * self.block_size >= cf.inode.origin_size:
+                continue  # a hole
+            if rec is not None and self._ready(cf, blockno, rec):
                 continue
             waits.append(self._start_flight(cf, blockno))
         for flight in waits:
@@ -267,7 +354,7 @@ class BlockCache:
     async def _run_flight(self, cf: CachedFile, blockno: int, flight: _Flight) -> None:
         try:
             rec = cf.blocks.get(blockno)
-            if rec is not None and not await self._verify(cf, blockno, rec):
+            if rec is not None and not rec.dirty and not await self._verify(cf, blockno, rec):
                 rec = None
             if rec is None:
                 await self._fetch(cf, blockno)
@@ -298,8 +385,6 @@ class BlockCache:
             cf.key,
             self.tiers[rec.tier].name,
         )
-        if rec.dirty:
-            raise ChecksumMismatch(f"{cf.key}: dirty block {blockno} failed its checksum")
         self.meta.drop_block_list(cf.ino, [blockno])
         cf.blocks.pop(blockno, None)
         return False
@@ -307,7 +392,8 @@ class BlockCache:
     async def _fetch(self, cf: CachedFile, blockno: int) -> None:
         offset = blockno * self.block_size
         nbytes = min(self.block_size, cf.size - offset)
-        if nbytes <= 0:
+        from_origin = min(nbytes, cf.inode.origin_size - offset)
+        if nbytes <= 0 or from_origin <= 0:
             return
         generation = cf.generation
         self.stats.miss_blocks += 1
@@ -315,11 +401,13 @@ class BlockCache:
             tier = self.space.reserve(nbytes)
             fd = self._fd(cf, tier) if tier is not None else None
             try:
+                key, etag = self.read_origin(cf.inode)
                 digest, data = await trio.to_thread.run_sync(
                     self._get_and_store,
-                    cf.key,
-                    cf.etag,
+                    key,
+                    etag,
                     offset,
+                    from_origin,
                     nbytes,
                     fd,
                     limiter=self.fetch_limiter,
@@ -343,7 +431,7 @@ class BlockCache:
                     self.space.release(tier, nbytes)
                 raise
             self.stats.gets += 1
-            self.stats.fetched_bytes += nbytes
+            self.stats.fetched_bytes += from_origin
             if generation != cf.generation:  # the object changed meanwhile
                 if tier is not None:
                     self.space.release(tier, nbytes)
@@ -355,22 +443,30 @@ class BlockCache:
                 cf.transient[blockno] = data
                 return
             rec = BlockRecord(tier=tier, digest=digest, nbytes=nbytes)
-            self.meta.add_block(cf.ino, blockno, rec)
+            if cf.inode.state == SyncState.CLEAN:
+                self.meta.add_block(cf.ino, blockno, rec)
+            else:  # part of a dirty file: committed with the file's writes
+                cf.uncommitted.add(blockno)
+                cf.reserved[blockno] = (tier, 0)
             self.space.release(tier, nbytes)
             cf.blocks[blockno] = rec
             self._verified.add((cf.ino, blockno))
             return
 
     def _get_and_store(
-        self, key: str, etag: str, offset: int, nbytes: int, fd: int | None
+        self, key: str, etag: str, offset: int, length: int, nbytes: int, fd: int | None
     ) -> tuple[int, bytes]:
-        """Thread: ranged GET, write to the cache file, digest."""
-        data = self.store.get_range(key, offset, nbytes, etag or None)
-        if len(data) != nbytes:
+        """Thread: ranged GET of ``length`` bytes, zero-padded to ``nbytes``,
+        written to the cache file; returns the digest (or the bytes, if
+        there is no cache file to write them to)."""
+        data = self.store.get_range(key, offset, length, etag or None)
+        if len(data) != length:
             raise StoreError(
-                f"{key}: expected {nbytes} bytes at offset {offset}, got {len(data)}; "
+                f"{key}: expected {length} bytes at offset {offset}, got {len(data)}; "
                 "the object is shorter than its listing said"
             )
+        if nbytes > length:
+            data += bytes(nbytes - length)
         if fd is not None:
             view = memoryview(data)
             written = 0
@@ -378,6 +474,165 @@ class BlockCache:
                 written += os.pwrite(fd, view[written:], offset + written)
             return block_digest(data), b""
         return 0, data
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def write(self, cf: CachedFile, offset: int, data: bytes) -> int:
+        """Write ``data`` at ``offset`` into the cache files; the caller has
+        already marked the file dirty.  Nothing is written if space cannot be
+        found (NoSpace), so a failed write never leaves a torn block."""
+        if not data:
+            return 0
+        bs = self.block_size
+        end = offset + len(data)
+        first, last = offset // bs, (end - 1) // bs
+        origin = cf.inode.origin_size
+        rmw = sorted(
+            b
+            for b in {first, last}
+            if b not in cf.blocks
+            and b * bs < origin
+            and not (offset <= b * bs and end >= min((b + 1) * bs, origin))
+        )
+        if rmw:
+            await self._ensure(cf, rmw)
+        for blockno in range(first, last + 1):
+            if blockno not in cf.blocks:
+                tier = await self._reserve_for_write(bs)
+                cf.reserved[blockno] = (tier, bs)
+                cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
+        view = memoryview(data)
+        pos = offset
+        while pos < end:
+            blockno = pos // bs
+            chunk_end = min(end, (blockno + 1) * bs)
+            fd = self._fd(cf, cf.blocks[blockno].tier)
+            self._pwrite_all(fd, view[pos - offset : chunk_end - offset], pos)
+            pos = chunk_end
+        old_size = cf.inode.size
+        new_size = max(old_size, end)
+        touched = set(range(first, last + 1))
+        if new_size > old_size and old_size:
+            touched.add((old_size - 1) // bs)  # the old last block grows (with zeros)
+        self._mark_dirty_blocks(cf, touched, new_size)
+        cf.inode.size = new_size
+        cf.version += 1
+        cf.inode_dirty = True
+        return len(data)
+
+    async def truncate(self, cf: CachedFile, new_size: int) -> None:
+        bs = self.block_size
+        old_size = cf.inode.size
+        if new_size < old_size:
+            first_gone = (new_size + bs - 1) // bs
+            for blockno in [b for b in cf.blocks if b >= first_gone]:
+                del cf.blocks[blockno]
+                cf.uncommitted.discard(blockno)
+                self._release_reservation(cf, blockno)
+                self._verified.discard((cf.ino, blockno))
+            cf.transient.clear()
+            cf.truncated_from = min(first_gone, cf.truncated_from or first_gone)
+            # Bytes past the new end must read as zeros if the file grows again.
+            for tier in self.tiers:
+                fd = self._fd_if_exists(cf, tier.index)
+                if fd is not None and os.fstat(fd).st_size > new_size:
+                    os.ftruncate(fd, new_size)
+            cf.inode.origin_size = min(cf.inode.origin_size, new_size)
+            touched = {(new_size - 1) // bs} if new_size % bs else set()
+        else:
+            touched = {(old_size - 1) // bs} if old_size else set()
+        self._mark_dirty_blocks(cf, {b for b in touched if b in cf.blocks}, new_size)
+        cf.inode.size = new_size
+        cf.version += 1
+        cf.inode_dirty = True
+
+    def _mark_dirty_blocks(self, cf: CachedFile, blocknos: Iterable[int], size: int) -> None:
+        bs = self.block_size
+        for blockno in blocknos:
+            rec = cf.blocks.get(blockno)
+            if rec is None:
+                continue
+            nbytes = max(0, min(bs, size - blockno * bs))
+            cf.blocks[blockno] = BlockRecord(tier=rec.tier, digest=0, nbytes=nbytes, dirty=True)
+            cf.uncommitted.add(blockno)
+
+    @staticmethod
+    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+        written = 0
+        while written < len(view):
+            written += os.pwrite(fd, view[written:], offset + written)
+
+    async def _reserve_for_write(self, nbytes: int) -> int:
+        """A tier for a new dirty block; waits for uploads to free space.
+
+        Dirty data is never evicted, so when every tier is full of it the
+        writer waits (backpressure) while ``on_space_pressure`` asks the
+        uploader to hurry; after ``write_space_timeout`` it gives up with
+        ENOSPC.
+        """
+        deadline = trio.current_time() + self.write_space_timeout
+        while True:
+            tier = self.space.reserve(nbytes)
+            if tier is not None:
+                return tier
+            if trio.current_time() >= deadline:
+                raise NoSpace("no tier has room for new data, and nothing can be freed")
+            await self.on_space_pressure()
+            await trio.sleep(0.05)
+
+    def _release_reservation(self, cf: CachedFile, blockno: int) -> None:
+        tier_bytes = cf.reserved.pop(blockno, None)
+        if tier_bytes is not None:
+            self.space.release(*tier_bytes)
+
+    def _fd_if_exists(self, cf: CachedFile, tier: int) -> int | None:
+        fd = cf.fds.get(tier)
+        if fd is None:
+            fd = self.tiers[tier].open_file(cf.ino, create=False)
+            if fd is not None:
+                cf.fds[tier] = fd
+        return fd
+
+    async def sync_data(self, cf: CachedFile) -> None:
+        """fdatasync every cache file of ``cf`` (in a thread)."""
+        for fd in list(cf.fds.values()):
+            await trio.to_thread.run_sync(os.fdatasync, fd, limiter=self.io_limiter)
+
+    def commit_records(self, cf: CachedFile, tx: MetaTxn) -> None:
+        """Write uncommitted block changes into ``tx`` (the caller's
+        transaction, which also writes the inode and the journal)."""
+        if cf.truncated_from is not None:
+            tx.drop_blocks_from(cf.ino, cf.truncated_from)
+        for blockno in sorted(cf.uncommitted):
+            rec = cf.blocks.get(blockno)
+            if rec is not None:
+                tx.add_block(cf.ino, blockno, rec)
+
+    def committed(self, cf: CachedFile) -> None:
+        """After the caller's transaction committed: release reservations."""
+        for blockno in list(cf.uncommitted):
+            self._release_reservation(cf, blockno)
+        cf.uncommitted.clear()
+        cf.truncated_from = None
+        cf.inode_dirty = False
+
+    # --- upload support ---------------------------------------------------------------------
+
+    async def make_local(self, cf: CachedFile) -> None:
+        """Fetch every block that still lives only in the origin object."""
+        bs = self.block_size
+        nblocks = (min(cf.inode.origin_size, cf.inode.size) + bs - 1) // bs
+        for start in range(0, nblocks, 64):
+            await self._ensure(cf, range(start, min(nblocks, start + 64)))
+
+    def upload_source(self, cf: CachedFile) -> UploadSource:
+        """A thread-safe reader of the file's current bytes, for the uploader.
+
+        Built on the loop: it snapshots the block map and opens the fds, so
+        the worker threads touch no shared state but the fds (which stay
+        open: the caller holds a reference to ``cf``)."""
+        blocks = {b: (self._fd(cf, rec.tier), rec.nbytes) for b, rec in cf.blocks.items()}
+        return UploadSource(self.block_size, cf.inode.size, blocks)
 
     # --- readahead -------------------------------------------------------------------------
 
@@ -399,7 +654,7 @@ class BlockCache:
             if blockno in cf.flights or blockno in cf.transient:
                 continue
             rec = cf.blocks.get(blockno)
-            if rec is not None and (cf.ino, blockno) in self._verified:
+            if rec is not None and self._ready(cf, blockno, rec):
                 # Cached: let the kernel read it into the page cache ahead of
                 # us, so the inline pread later does not wait for the disk.
                 if rec.tier == run_tier and run_end == blockno * bs:

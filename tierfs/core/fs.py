@@ -10,8 +10,8 @@ drops it.  Directory handles carry nothing: ``readdir`` resumes from the
 cookie of the last entry returned, which stays valid while entries come and
 go (see ``MetaDB`` dirseq).
 
-Until the write path lands (next issue) every mutation raises ReadOnly
-(EROFS), and an open for writing does too.
+Mutations live in ``writes`` (WriteOps) and the journal's execution in
+``sync`` (SyncOps), both mixed into TierFS.
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ from dataclasses import dataclass
 import trio
 
 from tierfs.config import Config
-from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, ReadOnly
+from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers.tier import Tier
 
 from .blockcache import BlockCache, CachedFile, ReadState
+from .journal import Journal
 from .namespace import Identity, Namespace
 from .space import SpaceManager
+from .sync import SyncOps
+from .writes import WriteOps
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +93,10 @@ class Handle:
     inode: Inode
     cached: CachedFile
     read_state: ReadState
+    writable: bool
 
 
-class TierFS:
+class TierFS(WriteOps, SyncOps):
     def __init__(
         self,
         config: Config,
@@ -115,8 +119,15 @@ class TierFS:
             dir_mode=ns.dir_mode,
         )
         self.store_limiter = trio.CapacityLimiter(max(4, config.fetch.concurrency))
+        self.upload_limiter = trio.CapacityLimiter(4)
+        self.upload_part_concurrency = 8
+        self.flush_max_failures = 5
+        self.last_sync_error = ""
+        self.stats_uploaded_bytes = 0
+        self.control_xattr = CONTROL_XATTR
+        self.journal = Journal(meta)
         self.blocks: BlockCache
-        self.space = SpaceManager(tiers, meta, is_busy=lambda ino: self.blocks.is_busy(ino))
+        self.space = SpaceManager(tiers, meta, is_busy=self._not_evictable)
         self.blocks = BlockCache(
             meta,
             store,
@@ -126,16 +137,48 @@ class TierFS:
             readahead_max=config.fetch.readahead_max,
             fetch_concurrency=config.fetch.concurrency,
         )
+        self.blocks.on_space_pressure = self._space_pressure
+        self.blocks.read_origin = self._read_origin
         self.namespace = Namespace(
             meta, store, ns, self.identity, self.store_limiter, on_drop=self._blocks_dropped
         )
+        self.namespace.live_inode = self._live_inode
+        self.namespace.being_deleted = self.journal.being_deleted
+        self.namespace.protects = self.journal.protects
         self._handles: dict[int, Handle] = {}
+        self._writers: dict[int, int] = {}
+        self._orphans: set[int] = set()
         self._next_fh = 1
         self._stale_page_cache: set[int] = set()
         #: Set by the daemon: drop the kernel's cached attributes of an inode
         #: and, if the flag is true, its cached pages too.
         self.invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel
         self._nursery: trio.Nursery | None = None
+
+    def _read_origin(self, inode: Inode) -> tuple[str, str]:
+        moving_from = self.journal.read_origin(inode.ino)
+        if moving_from is not None:
+            return moving_from, ""  # the ETag may change with a multipart copy
+        return inode.origin_key, inode.etag
+
+    def _live_inode(self, ino: int) -> Inode | None:
+        cf = self.blocks.files.get(ino)
+        return cf.inode if cf is not None else None
+
+    def _not_evictable(self, ino: int) -> bool:
+        if self.blocks.is_busy(ino) or self.journal.pending_upload(ino):
+            return True
+        inode = self.meta.get_inode(ino)
+        return inode is not None and inode.state != SyncState.CLEAN
+
+    async def _space_pressure(self) -> None:
+        self.journal.hurry()
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise InvalidArgument(f"unknown file handle {fh}") from None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -220,33 +263,62 @@ class TierFS:
     # --- files ---------------------------------------------------------------------------
 
     async def open(self, ino: int, flags: int) -> OpenResult:
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            raise ReadOnly("tierfs is read-only until the write path lands")
         inode = self.namespace.get(ino)
         if inode.is_dir:
             raise IsADirectory(f"inode {ino} is a directory")
-        inode, changed = await self.namespace.revalidate(inode)
+        if not inode.is_file:
+            raise InvalidArgument(f"inode {ino} is not a regular file")
+        changed = False
+        if not self.blocks.is_busy(ino):
+            inode, changed = await self.namespace.revalidate(inode)
         if changed:
             # The kernel still holds the old size: reads past it would stop
             # short.  Attributes only: the pages go with keep_cache=False.
             await self.invalidate_kernel_cache(ino, False)
-        keep_cache = not changed and ino not in self._stale_page_cache
+        result = await self._open_inode(inode, flags, keep_cache=not changed)
+        if flags & os.O_TRUNC and self._open_flags_writable(flags) and inode.size:
+            await self._truncate(self._handles[result.fh].cached.inode, 0)
+        return result
+
+    async def _open_inode(self, inode: Inode, flags: int, *, keep_cache: bool = True) -> OpenResult:
+        ino = inode.ino
+        keep_cache = keep_cache and ino not in self._stale_page_cache
         self._stale_page_cache.discard(ino)
-        cached = self.blocks.acquire(ino, self.namespace.key_of(inode), inode.etag, inode.size)
+        cached = self.blocks.acquire(inode)
+        writable = self._open_flags_writable(flags)
+        if writable:
+            self._writers[ino] = self._writers.get(ino, 0) + 1
+            self.journal.hold(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = Handle(inode, cached, ReadState())
+        self._handles[fh] = Handle(cached.inode, cached, ReadState(), writable)
         self.space.touch(ino)
         return OpenResult(fh=fh, keep_cache=keep_cache)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
-        handle = self._handles[fh]
-        self.space.touch(handle.inode.ino)
+        handle = self._handle(fh)
+        self.space.touch(handle.cached.ino)
         return await self.blocks.read(handle.cached, offset, size, handle.read_state)
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        self.blocks.release(handle.cached)
+        cf = handle.cached
+        ino = cf.ino
+        try:
+            if handle.writable:
+                if ino not in self._orphans:
+                    await self._commit(cf, sync=False)
+                self._writers[ino] -= 1
+                if not self._writers[ino]:
+                    del self._writers[ino]
+                    self.journal.schedule(ino, self.config.write.upload_delay)
+        finally:
+            self.blocks.release(cf)
+            if ino in self._orphans and not self.blocks.is_busy(ino):
+                self._orphans.discard(ino)
+                with self.meta.write() as tx:
+                    tiers = tx.delete_inode(ino)
+                self._remove_cache_files(ino, tiers)
 
     async def readlink(self, ino: int) -> bytes:
         inode = self.namespace.get(ino)
@@ -256,14 +328,12 @@ class TierFS:
 
     def _blocks_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
         """Namespace callback: the bucket changed a file, or it vanished."""
+        inode = self.meta.get_inode(ino) if still_exists else None
         if still_exists:
-            inode = self.namespace.get(ino)
-            key, etag, size = self.namespace.key_of(inode), inode.etag, inode.size
             self._stale_page_cache.add(ino)
         else:
-            key, etag, size = "", "", 0
             self.space.forget(ino)
-        self.blocks.content_changed(ino, tiers, key, etag, size)
+        self.blocks.content_changed(ino, tiers, inode)
         if still_exists and self._nursery is not None:
             self._nursery.start_soon(self.invalidate_kernel_cache, ino, True)
 
@@ -273,16 +343,15 @@ class TierFS:
         if ino == ROOT_INO and name == CONTROL_XATTR and self.control_socket:
             return self.control_socket.encode()
         self.namespace.get(ino)
-        raise NoData(name.decode(errors="replace"))
+        value = self.meta.get_xattr(ino, name)
+        if value is None:
+            raise NoData(name.decode(errors="replace"))
+        return value
 
     async def listxattr(self, ino: int) -> list[bytes]:
         self.namespace.get(ino)
-        return [CONTROL_XATTR] if ino == ROOT_INO and self.control_socket else []
-
-    # --- mutations: not yet ------------------------------------------------------------------
-
-    def refuse_write(self) -> None:
-        raise ReadOnly("tierfs is read-only until the write path lands")
+        names = self.meta.list_xattrs(ino)
+        return [CONTROL_XATTR, *names] if ino == ROOT_INO and self.control_socket else names
 
     # --- statfs ----------------------------------------------------------------------------------
 
@@ -307,7 +376,10 @@ class TierFS:
             return {"path": relpath, "type": "directory"}
         residency = self.meta.residency(inode.ino)
         open_file = self.blocks.files.get(inode.ino)
-        state = "clean" if inode.state == SyncState.CLEAN else inode.state.name.lower()
+        if self.journal.uploading(inode.ino):
+            state = "uploading"
+        else:
+            state = "clean" if inode.state == SyncState.CLEAN else "dirty"
         bs = self.config.fetch.block_size
         blocks = self.meta.get_blocks(inode.ino)
         return {
@@ -321,6 +393,14 @@ class TierFS:
             "state": state,
             "fetching_blocks": len(open_file.flights) if open_file else 0,
         }
+
+    def _dirty_bytes(self) -> int:
+        total = 0
+        for ino in self.journal.upload_seq:
+            inode = self._linked_inode(ino)
+            if inode is not None:
+                total += inode.size
+        return total
 
     def status(self) -> dict[str, object]:
         tiers = []
@@ -345,8 +425,10 @@ class TierFS:
             "backing": self.store.url,
             "block_size": self.config.fetch.block_size,
             "tiers": tiers,
-            "dirty_bytes": 0,
-            "pending_uploads": 0,
+            "dirty_bytes": self._dirty_bytes(),
+            "pending_uploads": len(self.journal),
+            "uploading": len(self.journal.running),
+            "last_sync_error": self.last_sync_error,
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
             "counters": {
@@ -361,6 +443,7 @@ class TierFS:
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,
+                "uploaded_bytes": self.stats_uploaded_bytes,
             },
             "time": time.time(),
         }

@@ -86,6 +86,14 @@ class Namespace:
         self.identity = identity
         self._limiter = store_limiter
         self._on_drop = on_drop
+        #: Set by TierFS: the in-memory inode of an open file, if any.
+        self.live_inode: Callable[[int], Inode | None] = lambda ino: None
+        #: Set by TierFS: is a delete of this key (or a key under this
+        #: prefix) still owed to the bucket?  Such names are not re-created
+        #: by a listing.
+        self.being_deleted: Callable[[str], bool] = lambda key: False
+        #: Set by TierFS: must a listing leave this inode alone?
+        self.protects: Callable[[int], bool] = lambda ino: False
         self._listing: dict[int, trio.Event] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
@@ -93,6 +101,9 @@ class Namespace:
     # --- inodes and keys -----------------------------------------------------------
 
     def get(self, ino: int) -> Inode:
+        live = self.live_inode(ino)
+        if live is not None:
+            return live
         inode = self.meta.get_inode(ino)
         if inode is None:
             raise NotFound(f"inode {ino} does not exist")
@@ -169,6 +180,11 @@ class Namespace:
                 dir_inode.ino,
                 gen,
                 entries,
+                prefix=prefix,
+                protects=self.protects,
+                skip_new=lambda name, is_dir: self.being_deleted(
+                    prefix + name.decode() + ("/" if is_dir else "")
+                ),
                 file_mode=ident.file_mode,
                 dir_mode=ident.dir_mode,
                 uid=ident.uid,
@@ -176,15 +192,26 @@ class Namespace:
                 now=time.time(),
             )
             self._after_merge(prefix, result)
-        self._after_merge(prefix, self.meta.finish_listing(dir_inode.ino, gen, time.time()))
+        swept = self.meta.finish_listing(
+            dir_inode.ino, gen, time.time(), prefix=prefix, protects=self.protects
+        )
+        self._after_merge(prefix, swept)
         self.listings_done += 1
 
     def _after_merge(self, prefix: str, result: MergeResult) -> None:
         for name in result.conflicts:
+            key = prefix + name.decode()
             self._warn_once(
-                prefix + name.decode(),
-                "both the object {key!r} and objects under {key!r}/ exist: "
+                key,
+                f"both the object {key!r} and objects under {key + '/'!r} exist: "
                 "showing the directory, the object is hidden",
+            )
+        for name in result.dirty_overwritten:
+            key = prefix + name.decode()
+            self._warn_once(
+                "conflict:" + key,
+                f"object {key!r} changed in the bucket while the local copy has changes not yet "
+                "uploaded: the local version wins and will overwrite it",
             )
         for ino, tiers in result.changed:
             self._on_drop(ino, tiers, True)
@@ -224,13 +251,15 @@ class Namespace:
         problem = name_problem(name)
         if problem is None:
             return True
-        self._warn_once(key, "skipping key {key!r}: it cannot be a file name (" + problem + ")")
+        self._warn_once(key, f"skipping key {key!r}: it cannot be a file name ({problem})")
         return False
 
-    def _warn_once(self, key: str, template: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(template.format(key=key))
+    def _warn_once(self, dedup_key: str, message: str) -> None:
+        """Log ``message`` once per mount for ``dedup_key`` (keys may hold any
+        character, so messages are built by the caller, never formatted)."""
+        if dedup_key not in self._warned:
+            self._warned.add(dedup_key)
+            log.warning("%s", message)
 
     # --- revalidation ------------------------------------------------------------------
 
@@ -245,7 +274,7 @@ class Namespace:
         now = time.time()
         if now - inode.validated_at < self.config.revalidate_ttl:
             return inode, False
-        key = self.key_of(inode)
+        key = inode.origin_key
         try:
             info = await trio.to_thread.run_sync(self.store.head, key, limiter=self._limiter)
         except ObjectNotFound:
@@ -257,6 +286,7 @@ class Namespace:
             self._on_drop(inode.ino, tiers, True)
             log.info("object %r changed in the bucket; dropped its cached blocks", key)
             inode.etag = info.etag
+            inode.origin_size = info.size
             inode.size = info.size
             inode.mtime_ns = int(info.mtime * 1e9)
             inode.ctime_ns = time.time_ns()
@@ -286,5 +316,7 @@ class Namespace:
                 inode.uid = int(metadata["uid"])
             if "gid" in metadata:
                 inode.gid = int(metadata["gid"])
+            if "mtime" in metadata:
+                inode.mtime_ns = int(float(metadata["mtime"]) * 1e9)
         except ValueError:
             log.debug("ignoring malformed user metadata on inode %d", inode.ino)

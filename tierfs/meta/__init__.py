@@ -1,6 +1,6 @@
 """Persistent metadata in LMDB.  The only package that imports lmdb."""
 
-from tierfs.meta.db import ListedEntry, MergeResult, MetaDB, TierUsage
+from tierfs.meta.db import ListedEntry, MergeResult, MetaDB, MetaTxn, TierUsage
 from tierfs.meta.records import ROOT_INO, BlockRecord, Inode, SyncState
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "ListedEntry",
     "MergeResult",
     "MetaDB",
+    "MetaTxn",
     "SyncState",
     "TierUsage",
 ]

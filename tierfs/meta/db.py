@@ -13,10 +13,12 @@ name           key                                     value
 ``residency``  ino + tier                              bytes of the file on that tier
 ``usage``      tier                                    bytes and files on that tier
 ``atimes``     ino                                     last access, float seconds
+``journal``    sequence number                         one S3 mutation still owed (JSON)
+``xattrs``     ino + name                              value of a ``user.*`` attribute
 =============  ======================================  ===============================
 
-Invariants (each public method is ONE write transaction, so they hold after
-every commit and after a crash):
+Invariants (each public method, and each ``with db.write() as tx`` block, is
+ONE write transaction, so they hold after every commit and after a crash):
 
 * Every dentry has a ``dirseq`` twin with the same cookie, and vice versa.
 * ``residency[(ino, t)]`` is the sum of ``nbytes`` of ino's blocks on tier t;
@@ -29,6 +31,9 @@ every commit and after a crash):
   cache file may hold bytes that no record mentions (a crash between write and
   commit); they are never served and are freed when the file is dropped.
 * Inode numbers are never reused: ``next_ino`` only grows.
+* A namespace change and the journal entries that carry it to the bucket
+  commit in the same transaction: after a crash the bucket is behind, never
+  silently different.
 
 The environment is opened with ``metasync=False``: each commit still fsyncs
 its data pages (about 170 us here), and a system crash can at worst undo the
@@ -41,11 +46,15 @@ atomic with respect to other trio tasks.  Read transactions are cheap
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
@@ -72,7 +81,7 @@ from tierfs.meta.records import (
     unpack_residency_key,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _USAGE = struct.Struct(">QQ")  # bytes, files
 _F64 = struct.Struct(">d")
 
@@ -102,6 +111,7 @@ class MergeResult:
     changed: list[tuple[int, list[int]]]
     removed: list[tuple[int, list[int]]]
     conflicts: list[bytes]
+    dirty_overwritten: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +150,8 @@ class MetaDB:
         self._residency = self.env.open_db(b"residency")
         self._usage = self.env.open_db(b"usage")
         self._atimes = self.env.open_db(b"atimes")
+        self._journal = self.env.open_db(b"journal")
+        self._xattrs = self.env.open_db(b"xattrs")
         self._init_schema(path, backing_url, default_dir_mode, uid, gid)
 
     # --- lifecycle -----------------------------------------------------------------
@@ -182,6 +194,12 @@ class MetaDB:
     def close(self) -> None:
         self.env.sync(True)
         self.env.close()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[MetaTxn]:
+        """One write transaction; commits when the block ends without error."""
+        with self.env.begin(write=True) as txn:
+            yield MetaTxn(self, txn)
 
     def sync(self) -> None:
         self.env.sync(True)
@@ -248,6 +266,9 @@ class MetaDB:
         gen: int,
         entries: Iterable[ListedEntry],
         *,
+        prefix: str,
+        skip_new: Callable[[bytes, bool], bool] = lambda name, is_dir: False,
+        protects: Callable[[int], bool] = lambda ino: False,
         file_mode: int,
         dir_mode: int,
         uid: int,
@@ -280,13 +301,22 @@ class MetaDB:
                         raw = None
                     else:
                         txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
-                        if not entry.is_dir and (
+                        if not entry.is_dir and protects(ino):
+                            pass  # its object is being moved or replaced: not the truth
+                        elif not entry.is_dir and (
                             inode.etag != entry.etag or inode.size != entry.size
                         ):
-                            if inode.state == SyncState.CLEAN:  # the bucket is the truth
+                            if inode.state != SyncState.CLEAN:
+                                # The local write wins when it is uploaded.
+                                if inode.origin_key == prefix + entry.name.decode():
+                                    result.dirty_overwritten.append(entry.name)
+                            elif inode.origin_key in ("", prefix + entry.name.decode()):
+                                # Clean: the bucket is the truth.
                                 tiers = self._drop_blocks_txn(txn, ino, None)
                                 result.changed.append((ino, tiers))
                                 inode.etag = entry.etag
+                                inode.origin_key = prefix + entry.name.decode()
+                                inode.origin_size = entry.size
                                 inode.size = entry.size
                                 inode.mtime_ns = entry.mtime_ns
                                 inode.ctime_ns = time.time_ns()
@@ -297,6 +327,8 @@ class MetaDB:
                             txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
                         continue
                 if raw is None:
+                    if skip_new(entry.name, entry.is_dir):
+                        continue
                     ino = self._alloc_ino(txn)
                     cookie = parent.next_cookie
                     parent.next_cookie += 1
@@ -312,6 +344,8 @@ class MetaDB:
                         parent=dir_ino,
                         name=entry.name,
                         etag=entry.etag,
+                        origin_key="" if entry.is_dir else prefix + entry.name.decode(),
+                        origin_size=0 if entry.is_dir else entry.size,
                         validated_at=now,
                     )
                     txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
@@ -320,29 +354,37 @@ class MetaDB:
             txn.put(ino_key(dir_ino), encode_inode(parent), db=self._inodes)
         return result
 
-    def finish_listing(self, dir_ino: int, gen: int, now: float) -> MergeResult:
+    def finish_listing(
+        self,
+        dir_ino: int,
+        gen: int,
+        now: float,
+        *,
+        prefix: str,
+        protects: Callable[[int], bool] = lambda ino: False,
+    ) -> MergeResult:
         """Drop names not seen in listing ``gen`` and stamp the directory listed.
 
-        Only CLEAN entries are swept: local-only data (later issues) stays.
+        A vanished name is swept only if nothing local depends on it: see
+        ``_holds_local_data``.
         The sweep reads the dentries in pages, so a huge directory is never in
         memory whole.
         """
         result = MergeResult(changed=[], removed=[], conflicts=[])
-        prefix = U64.pack(dir_ino)
+        dir_key = U64.pack(dir_ino)
         stale: list[tuple[bytes, int, int]] = []
         with self.env.begin(db=self._dentries) as txn:
             cur = txn.cursor()
-            if cur.set_range(prefix):
+            if cur.set_range(dir_key):
                 for key, raw in cur:
-                    if not key.startswith(prefix):
+                    if not key.startswith(dir_key):
                         break
                     ino, cookie, seen_gen = decode_dentry(raw)
                     if seen_gen != gen:
                         stale.append((key[8:], ino, cookie))
         with self.env.begin(write=True) as txn:
             for name, ino, cookie in stale:
-                inode = self._get_inode_txn(txn, ino)
-                if inode.state != SyncState.CLEAN and not inode.is_dir:
+                if self._holds_local_data(txn, ino, prefix + name.decode(), protects):
                     continue
                 self._remove_subtree(txn, ino, result)
                 self._unlink_dentry(txn, dir_ino, name, cookie)
@@ -350,6 +392,34 @@ class MetaDB:
             parent.listed_at = now
             txn.put(ino_key(dir_ino), encode_inode(parent), db=self._inodes)
         return result
+
+    def _holds_local_data(
+        self, txn: lmdb.Transaction, top: int, key: str, protects: Callable[[int], bool]
+    ) -> bool:
+        """True if ``top`` (at ``key``) or anything below it is not simply a
+        clean copy of the bucket object at its own key: dirty files, local
+        directories not yet in the bucket, files whose origin is still at
+        another key (a rename whose copy is pending)."""
+        pending = [(top, key)]
+        while pending:
+            ino, path = pending.pop()
+            inode = self._get_inode_txn(txn, ino)
+            if inode.state != SyncState.CLEAN or protects(ino):
+                return True
+            if not inode.is_dir:
+                if inode.origin_key != path:
+                    return True
+                continue
+            prefix = U64.pack(ino)
+            cur = txn.cursor(db=self._dentries)
+            if cur.set_range(prefix):
+                for child_key, raw in cur:
+                    if not child_key.startswith(prefix):
+                        break
+                    pending.append(
+                        (decode_dentry(raw)[0], path + "/" + bytes(child_key[8:]).decode())
+                    )
+        return False
 
     def _remove_subtree(self, txn: lmdb.Transaction, top: int, result: MergeResult) -> None:
         """Delete inode ``top`` and everything below it (not its own dentry)."""
@@ -450,6 +520,19 @@ class MetaDB:
             tiers.add(rec.tier)
         return sorted(tiers)
 
+    def _drop_blocks_from_txn(self, txn: lmdb.Transaction, ino: int, first: int) -> None:
+        cur = txn.cursor(db=self._blocks)
+        victims: list[tuple[bytes, BlockRecord]] = []
+        if cur.set_range(block_key(ino, first)):
+            prefix = U64.pack(ino)
+            for key, raw in cur:
+                if not key.startswith(prefix):
+                    break
+                victims.append((bytes(key), decode_block(raw)))
+        for key, rec in victims:
+            txn.delete(key, db=self._blocks)
+            self._account(txn, ino, rec, -1)
+
     def _account(self, txn: lmdb.Transaction, ino: int, rec: BlockRecord, sign: int) -> None:
         rkey = residency_key(ino, rec.tier)
         raw = txn.get(rkey, db=self._residency)
@@ -503,3 +586,139 @@ class MetaDB:
     def get_atimes(self) -> dict[int, float]:
         with self.env.begin(db=self._atimes) as txn:
             return {U64.unpack(k)[0]: _F64.unpack(v)[0] for k, v in txn.cursor()}
+
+    # --- extended attributes ----------------------------------------------------------------
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        with self.env.begin(db=self._xattrs) as txn:
+            return txn.get(U64.pack(ino) + name)
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        prefix = U64.pack(ino)
+        out: list[bytes] = []
+        with self.env.begin(db=self._xattrs) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    out.append(bytes(key[8:]))
+        return out
+
+    # --- journal -------------------------------------------------------------------------------
+
+    def journal_entries(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every S3 mutation still owed, oldest first."""
+        with self.env.begin(db=self._journal) as txn:
+            return [(U64.unpack(k)[0], json.loads(v)) for k, v in txn.cursor()]
+
+
+class MetaTxn:
+    """Typed operations inside one write transaction (see ``MetaDB.write``)."""
+
+    def __init__(self, db: MetaDB, txn: lmdb.Transaction) -> None:
+        self.db = db
+        self.txn = txn
+
+    # inodes
+    def get_inode(self, ino: int) -> Inode | None:
+        raw = self.txn.get(ino_key(ino), db=self.db._inodes)
+        return None if raw is None else decode_inode(ino, raw)
+
+    def put_inode(self, inode: Inode) -> None:
+        self.txn.put(ino_key(inode.ino), encode_inode(inode), db=self.db._inodes)
+
+    def alloc_ino(self) -> int:
+        return self.db._alloc_ino(self.txn)
+
+    def delete_inode(self, ino: int) -> list[int]:
+        """Forget an inode, its blocks, access time and xattrs; returns the
+        tiers that held blocks (the caller deletes the cache files)."""
+        tiers = self.db._drop_blocks_txn(self.txn, ino, None)
+        self.txn.delete(ino_key(ino), db=self.db._inodes)
+        self.txn.delete(ino_key(ino), db=self.db._atimes)
+        for name in self._xattr_names(ino):
+            self.txn.delete(U64.pack(ino) + name, db=self.db._xattrs)
+        return tiers
+
+    # dentries
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        raw = self.txn.get(dentry_key(parent, name), db=self.db._dentries)
+        return None if raw is None else decode_dentry(raw)[0]
+
+    def link(self, parent: Inode, name: bytes, ino: int) -> None:
+        """Add the dentry ``name`` -> ino under ``parent`` (whose inode record,
+        with its bumped cookie counter, is written too)."""
+        cookie = parent.next_cookie
+        parent.next_cookie += 1
+        gen = parent.list_gen
+        self.txn.put(
+            dentry_key(parent.ino, name), encode_dentry(ino, cookie, gen), db=self.db._dentries
+        )
+        self.txn.put(dirseq_key(parent.ino, cookie), name, db=self.db._dirseq)
+        self.put_inode(parent)
+
+    def unlink(self, parent: int, name: bytes) -> int | None:
+        raw = self.txn.get(dentry_key(parent, name), db=self.db._dentries)
+        if raw is None:
+            return None
+        ino, cookie, _gen = decode_dentry(raw)
+        self.db._unlink_dentry(self.txn, parent, name, cookie)
+        return ino
+
+    def children(self, parent: int) -> list[tuple[bytes, int]]:
+        prefix = U64.pack(parent)
+        out: list[tuple[bytes, int]] = []
+        cur = self.txn.cursor(db=self.db._dentries)
+        if cur.set_range(prefix):
+            for key, raw in cur:
+                if not key.startswith(prefix):
+                    break
+                out.append((bytes(key[8:]), decode_dentry(raw)[0]))
+        return out
+
+    # blocks
+    def add_block(self, ino: int, blockno: int, rec: BlockRecord) -> None:
+        key = block_key(ino, blockno)
+        old = self.txn.get(key, db=self.db._blocks)
+        if old is not None:
+            self.db._account(self.txn, ino, decode_block(old), -1)
+        self.txn.put(key, encode_block(rec), db=self.db._blocks)
+        self.db._account(self.txn, ino, rec, +1)
+
+    def drop_blocks_from(self, ino: int, first: int) -> None:
+        self.db._drop_blocks_from_txn(self.txn, ino, first)
+
+    # journal
+    def journal_append(self, entry: dict[str, Any]) -> int:
+        raw = self.txn.get(b"next_seq", db=self.db._meta)
+        seq = U64.unpack(raw)[0] if raw is not None else 1
+        self.txn.put(b"next_seq", U64.pack(seq + 1), db=self.db._meta)
+        self.journal_put(seq, entry)
+        return seq
+
+    def journal_put(self, seq: int, entry: dict[str, Any]) -> None:
+        self.txn.put(
+            U64.pack(seq), json.dumps(entry, separators=(",", ":")).encode(), db=self.db._journal
+        )
+
+    def journal_delete(self, seq: int) -> None:
+        self.txn.delete(U64.pack(seq), db=self.db._journal)
+
+    # xattrs
+    def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        self.txn.put(U64.pack(ino) + name, value, db=self.db._xattrs)
+
+    def remove_xattr(self, ino: int, name: bytes) -> bool:
+        return bool(self.txn.delete(U64.pack(ino) + name, db=self.db._xattrs))
+
+    def _xattr_names(self, ino: int) -> list[bytes]:
+        prefix = U64.pack(ino)
+        names: list[bytes] = []
+        cur = self.txn.cursor(db=self.db._xattrs)
+        if cur.set_range(prefix):
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(prefix):
+                    break
+                names.append(bytes(key[8:]))
+        return names

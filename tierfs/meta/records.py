@@ -19,9 +19,8 @@ ROOT_INO = 1
 class SyncState(enum.IntEnum):
     """How a file's local content relates to its object in the bucket."""
 
-    CLEAN = 0  # content == the object with `etag` (or no content cached at all)
-    DIRTY = 1  # local content is newer than the bucket (write path, later issue)
-    UPLOADING = 2
+    CLEAN = 0  # content == the origin object at the file's own key
+    DIRTY = 1  # local content or metadata is newer than the bucket
 
 
 @dataclass(slots=True)
@@ -32,7 +31,12 @@ class Inode:
     each inode has exactly one dentry); the S3 key is derived from that chain,
     never stored, so renaming a directory rewrites one dentry.
 
-    ``etag`` is the ETag of the object whose bytes are cached (files).
+    The *origin* of a file is the bucket object its unchanged bytes come
+    from: ``origin_key`` (relative to the store prefix; "" = no origin, the
+    file exists only locally), ``etag`` and ``origin_size``.  Bytes at offsets
+    ``>= origin_size`` that no local block holds read as zeros.  For a clean
+    file the origin is the object at the file's own path; during a pending
+    rename it is the old key until the server-side copy completes.
     ``validated_at`` is when LIST or HEAD last confirmed that ETag.
     ``listed_at`` (directories) is when the last complete listing finished;
     0 means never listed.  ``list_gen`` counts listings (for the sweep of
@@ -49,6 +53,8 @@ class Inode:
     parent: int
     name: bytes
     etag: str = ""
+    origin_key: str = ""
+    origin_size: int = 0
     state: SyncState = SyncState.CLEAN
     validated_at: float = 0.0
     listed_at: float = 0.0
@@ -65,12 +71,13 @@ class Inode:
         return stat.S_ISREG(self.mode)
 
 
-_INODE_FORMAT = 1
-_INODE_HEAD = struct.Struct(">BBIIIQqqQddQQHHH")
+_INODE_FORMAT = 2
+_INODE_HEAD = struct.Struct(">BBIIIQqqQddQQQHHHH")
 
 
 def encode_inode(inode: Inode) -> bytes:
     etag = inode.etag.encode()
+    origin = inode.origin_key.encode()
     return (
         _INODE_HEAD.pack(
             _INODE_FORMAT,
@@ -86,13 +93,16 @@ def encode_inode(inode: Inode) -> bytes:
             inode.listed_at,
             inode.list_gen,
             inode.next_cookie,
+            inode.origin_size,
             len(etag),
             len(inode.name),
             len(inode.symlink_target),
+            len(origin),
         )
         + etag
         + inode.name
         + inode.symlink_target
+        + origin
     )
 
 
@@ -111,9 +121,11 @@ def decode_inode(ino: int, raw: bytes) -> Inode:
         listed_at,
         list_gen,
         next_cookie,
+        origin_size,
         etag_len,
         name_len,
         target_len,
+        origin_len,
     ) = _INODE_HEAD.unpack_from(raw)
     if fmt != _INODE_FORMAT:
         raise ValueError(f"inode {ino}: unknown record format {fmt}")
@@ -123,6 +135,8 @@ def decode_inode(ino: int, raw: bytes) -> Inode:
     name = bytes(raw[pos : pos + name_len])
     pos += name_len
     target = bytes(raw[pos : pos + target_len])
+    pos += target_len
+    origin = bytes(raw[pos : pos + origin_len]).decode()
     return Inode(
         ino=ino,
         mode=mode,
@@ -134,6 +148,8 @@ def decode_inode(ino: int, raw: bytes) -> Inode:
         parent=parent,
         name=name,
         etag=etag,
+        origin_key=origin,
+        origin_size=origin_size,
         state=SyncState(state),
         validated_at=validated_at,
         listed_at=listed_at,

@@ -1,0 +1,281 @@
+"""The write-back journal: S3 mutations still owed, durable in LMDB.
+
+Entries (JSON in the ``journal`` sub-database, keyed by a growing sequence
+number):
+
+=============================================  ==========================================
+``{"op": "upload", "ino": N}``                 put the file's current bytes at its
+                                               current key (multipart when large);
+                                               ``upload_id``/``upload_key`` are added
+                                               while a multipart upload is open
+``{"op": "copy", "src": K, "dst": K2, "ino"}``  server-side copy.  The rename that
+                                               queues it sets the inode's origin
+                                               to K2 at once; reads use K (see
+                                               ``read_origin``) until it is done
+``{"op": "delete", "key": K}``                 delete one object (or ``dir/`` marker)
+``{"op": "mkdir", "key": "dir/", "ino": N}``   put an empty directory marker
+``{"op": "setmeta", "ino": N}``                rewrite a clean object's metadata
+=============================================  ==========================================
+
+Invariants:
+
+* An entry is appended in the same LMDB transaction as the namespace change
+  it carries (``Journal.write``), and deleted in the same transaction as the
+  state change its completion causes.  A crash therefore replays it: every
+  op is idempotent (a PUT, COPY or DELETE repeated gives the same bucket).
+* At most one upload entry per inode (``upload_seq``): writing a dirty file
+  again does not add entries.
+* Ordering: two entries that touch the same key run in sequence order; an
+  entry never overtakes an earlier one on a shared key (``runnable``).  A
+  rename moves the file's upload entry behind the rename's copy/delete.
+* Upload entries become due ``upload_delay`` after the last close or fsync
+  (``schedule``); an open file that was never fsynced is not uploaded yet.
+  After a remount everything is due at once.
+
+The uploader worker (``tierfs.workers.uploader``) picks runnable entries and
+calls ``TierFS.run_entry``; this module holds no I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from tierfs.meta import MetaDB, MetaTxn
+
+Entry = dict[str, Any]
+
+#: How far into the queue the scheduler looks for runnable entries.
+SCAN_WINDOW = 2000
+
+
+@dataclass(slots=True)
+class JournalWriter:
+    """Stages journal changes inside one metadata transaction."""
+
+    tx: MetaTxn
+    journal: Journal
+    added: list[tuple[int, Entry]] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+    def append(self, entry: Entry) -> int:
+        seq = self.tx.journal_append(entry)
+        self.added.append((seq, entry))
+        return seq
+
+    def remove(self, seq: int) -> None:
+        self.tx.journal_delete(seq)
+        self.removed.append(seq)
+
+    def ensure_upload(self, ino: int) -> None:
+        """Queue an upload of ``ino`` unless one is queued (or staged) already."""
+        if ino in self.journal.upload_seq or any(
+            e["op"] == "upload" and e["ino"] == ino for _, e in self.added
+        ):
+            return
+        self.append({"op": "upload", "ino": ino})
+
+    def cancel_upload(self, ino: int) -> None:
+        seq = self.journal.upload_seq.get(ino)
+        if seq is not None and seq not in self.journal.running:
+            self.remove(seq)
+
+    def requeue_upload(self, ino: int) -> None:
+        """Move the upload of ``ino`` behind entries appended so far."""
+        seq = self.journal.upload_seq.get(ino)
+        if seq is not None and seq not in self.journal.running:
+            self.remove(seq)
+            self.append({"op": "upload", "ino": ino})
+
+
+class Journal:
+    def __init__(self, meta: MetaDB) -> None:
+        self.meta = meta
+        self.entries: dict[int, Entry] = dict(meta.journal_entries())
+        self.upload_seq: dict[int, int] = {
+            e["ino"]: seq for seq, e in self.entries.items() if e["op"] == "upload"
+        }
+        #: ino -> its pending copy entries, oldest first.
+        self.copies: dict[int, list[int]] = {}
+        for seq, entry in self.entries.items():
+            if entry["op"] == "copy":
+                self.copies.setdefault(entry["ino"], []).append(seq)
+        #: seq -> time (trio clock) before which the entry must not run.
+        self.not_before: dict[int, float] = {}
+        #: inodes whose upload waits for a close or fsync.
+        self.held: set[int] = set()
+        self.running: set[int] = set()
+        self.failures: dict[int, int] = {}
+        self._deleting: dict[str, int] = {}
+        for entry in self.entries.values():
+            self._count_delete(entry, +1)
+        self._changed = trio.Event()
+        self._done = trio.Event()
+
+    # --- writing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[JournalWriter]:
+        """A metadata transaction that may also add or remove entries."""
+        with self.meta.write() as tx:
+            writer = JournalWriter(tx, self)
+            yield writer
+        self._publish(writer)
+
+    def _publish(self, writer: JournalWriter) -> None:
+        for seq in writer.removed:
+            self._forget(seq)
+        for seq, entry in writer.added:
+            self.entries[seq] = entry
+            if entry["op"] == "upload":
+                self.upload_seq[entry["ino"]] = seq
+            elif entry["op"] == "copy":
+                self.copies.setdefault(entry["ino"], []).append(seq)
+            self._count_delete(entry, +1)
+        if writer.added or writer.removed:
+            self.wake()
+
+    def _forget(self, seq: int) -> None:
+        entry = self.entries.pop(seq, None)
+        if entry is None:
+            return
+        if entry["op"] == "upload" and self.upload_seq.get(entry["ino"]) == seq:
+            del self.upload_seq[entry["ino"]]
+        elif entry["op"] == "copy":
+            pending = self.copies.get(entry["ino"], [])
+            if seq in pending:
+                pending.remove(seq)
+            if not pending:
+                self.copies.pop(entry["ino"], None)
+        self.not_before.pop(seq, None)
+        self.failures.pop(seq, None)
+        self._count_delete(entry, -1)
+        self._done.set()
+        self._done = trio.Event()
+
+    def _count_delete(self, entry: Entry, sign: int) -> None:
+        if entry["op"] != "delete":
+            return
+        key: str = entry["key"]
+        parts = key.rstrip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i]) + ("/" if i < len(parts) or key.endswith("/") else "")
+            count = self._deleting.get(prefix, 0) + sign
+            if count:
+                self._deleting[prefix] = count
+            else:
+                self._deleting.pop(prefix, None)
+
+    # --- queries ----------------------------------------------------------------------
+
+    def being_deleted(self, key_or_prefix: str) -> bool:
+        """Is a delete pending for this key, or for a key under this prefix?
+
+        The namespace uses it so that a re-listing does not bring back a name
+        that was deleted or renamed away locally before the bucket caught up.
+        """
+        return key_or_prefix in self._deleting
+
+    def read_origin(self, ino: int) -> str | None:
+        """Where the bytes of ``ino``'s origin are *now*, if a rename moved
+        its origin key ahead of the server-side copy: the source of the
+        oldest pending copy.  None: at the inode's ``origin_key``."""
+        pending = self.copies.get(ino)
+        return self.entries[pending[0]]["src"] if pending else None
+
+    def protects(self, ino: int) -> bool:
+        """Must a listing leave this inode alone (its bucket object is not
+        where the namespace says, yet)?"""
+        return ino in self.copies or ino in self.upload_seq
+
+    def pending_upload(self, ino: int) -> bool:
+        return ino in self.upload_seq
+
+    def uploading(self, ino: int) -> bool:
+        seq = self.upload_seq.get(ino)
+        return seq is not None and seq in self.running
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # --- scheduling --------------------------------------------------------------------
+
+    def hold(self, ino: int) -> None:
+        """The file is open for writing: do not upload it yet."""
+        self.held.add(ino)
+
+    def schedule(self, ino: int, delay: float) -> None:
+        """Upload ``ino`` after ``delay`` seconds (after a close or fsync)."""
+        self.held.discard(ino)
+        seq = self.upload_seq.get(ino)
+        if seq is not None:
+            self.not_before[seq] = trio.current_time() + delay
+            self.wake()
+
+    def hurry(self, seqs: set[int] | None = None) -> None:
+        """Make entries (all, or ``seqs``) due now, held files included."""
+        for seq, entry in self.entries.items():
+            if seqs is None or seq in seqs:
+                self.not_before[seq] = 0.0
+                if entry["op"] == "upload":
+                    self.held.discard(entry["ino"])
+        self.wake()
+
+    def retry_later(self, seq: int, delay: float) -> None:
+        self.failures[seq] = self.failures.get(seq, 0) + 1
+        self.not_before[seq] = trio.current_time() + delay
+
+    def runnable(
+        self, keys_of: Callable[[int, Entry], list[str] | None]
+    ) -> tuple[list[int], float]:
+        """Entries that may start now, in order, and when to look again.
+
+        ``keys_of(seq, entry)`` returns the keys an entry touches (None: the
+        entry is obsolete and may run at once, to be dropped).  An entry runs
+        only if no earlier pending or running entry shares a key with it.
+        """
+        now = trio.current_time()
+        blocked: set[str] = set()
+        ready: list[int] = []
+        next_due = math.inf
+        for i, (seq, entry) in enumerate(self.entries.items()):
+            if i >= SCAN_WINDOW:
+                break
+            keys = keys_of(seq, entry)
+            if seq in self.running:
+                blocked.update(keys or ())
+                continue
+            if keys is None:
+                ready.append(seq)
+                continue
+            due = self.not_before.get(seq, 0.0)
+            if entry["op"] == "upload" and entry["ino"] in self.held:
+                due = math.inf
+            if blocked.isdisjoint(keys) and due <= now:
+                ready.append(seq)
+            elif due > now:
+                next_due = min(next_due, due)
+            blocked.update(keys)
+        return ready, next_due
+
+    # --- waiting -----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def wait_changed(self, timeout: float) -> None:
+        event = self._changed
+        with trio.move_on_after(timeout):
+            await event.wait()
+        if event is self._changed and event.is_set():
+            self._changed = trio.Event()
+
+    async def wait_done(self, seqs: set[int]) -> None:
+        """Wait until every entry in ``seqs`` has completed."""
+        while seqs & self.entries.keys():
+            await self._done.wait()

@@ -1,0 +1,486 @@
+"""POSIX mutations of TierFS: create, write, truncate, unlink, rename, ...
+
+State of a file (``Inode.state``):
+
+    CLEAN --first write/truncate/create--> DIRTY  (inode + upload entry
+          committed at once, before any byte changes)
+    DIRTY --commit (fsync: fdatasync + LMDB; close: LMDB)--> DIRTY, durable
+          locally; the upload entry becomes due upload_delay later
+    DIRTY --upload done, no change meanwhile--> CLEAN (see ``sync``)
+
+Every namespace change commits its LMDB change and the journal entries that
+carry it to the bucket in ONE transaction (``Journal.write``).  The bucket
+side of each change:
+
+* create/write/truncate/chmod of a dirty file: one upload entry per file;
+* mkdir: a ``dir/`` marker; rmdir: delete of the marker;
+* unlink: delete of the file's origin object (and of the key an in-flight
+  upload is writing, which would otherwise be left behind);
+* rename of a file: server-side copy of its origin to the new key, then a
+  delete of the origin (a dirty file whose bytes are all local skips the
+  copy), and its pending upload moves behind them;
+* rename of a directory: the same for every file below it, plus markers.
+  The whole subtree is listed first so that every key is known.
+* chmod/chown/utimens of a clean file: the object's metadata is rewritten
+  in place (``setmeta``), without downloading it.
+
+Hard links are refused with EPERM.  Extended attributes: ``user.*`` only,
+kept in LMDB on this node (not in the bucket).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from typing import TYPE_CHECKING, Any
+
+from tierfs.errors import (
+    DirectoryNotEmpty,
+    Exists,
+    InvalidArgument,
+    IsADirectory,
+    NameTooLong,
+    NoData,
+    NotADirectory,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    PermissionDenied,
+)
+from tierfs.meta import ROOT_INO, Inode, SyncState
+
+from .journal import JournalWriter
+from .namespace import NAME_MAX
+
+if TYPE_CHECKING:
+    from .blockcache import CachedFile
+    from .fs import TierFS
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+XATTR_VALUE_MAX = 64 * 1024
+
+
+def check_name(name: bytes) -> None:
+    if len(name) > NAME_MAX:
+        raise NameTooLong(f"name longer than {NAME_MAX} bytes")
+    if name in (b"", b".", b"..") or b"/" in name or b"\0" in name:
+        raise InvalidArgument(f"invalid name {name!r}")
+
+
+def child_key(parent_key: str, name: bytes) -> str:
+    return (parent_key + "/" if parent_key else "") + name.decode()
+
+
+class WriteOps:
+    """Mixed into TierFS; see the module docstring."""
+
+    # --- helpers ------------------------------------------------------------------------
+
+    async def _parent_for_change(self: TierFS, parent: int) -> Inode:
+        inode = self.namespace.get(parent)
+        if not inode.is_dir:
+            raise NotADirectory(f"inode {parent} is not a directory")
+        await self.namespace.ensure_listed(inode)
+        return inode
+
+    def _new_inode(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        now = time.time_ns()
+        return Inode(
+            ino=0,
+            mode=mode,
+            uid=uid,
+            gid=gid,
+            size=0,
+            mtime_ns=now,
+            ctime_ns=now,
+            parent=parent,
+            name=name,
+            state=SyncState.DIRTY,
+            listed_at=time.time() if stat.S_ISDIR(mode) else 0.0,
+        )
+
+    def _link_new(self: TierFS, w: JournalWriter, inode: Inode) -> Inode:
+        parent = w.tx.get_inode(inode.parent)
+        assert parent is not None
+        inode.ino = w.tx.alloc_ino()
+        w.tx.put_inode(inode)
+        self._touch_dir(parent)
+        w.tx.link(parent, inode.name, inode.ino)
+        return inode
+
+    @staticmethod
+    def _touch_dir(parent: Inode) -> None:
+        parent.mtime_ns = parent.ctime_ns = time.time_ns()
+
+    def _existing_child(self: TierFS, parent: int, name: bytes) -> Inode:
+        ino = self.meta.lookup(parent, name)
+        if ino is None:
+            raise NotFound(name.decode(errors="replace"))
+        return self.namespace.get(ino)
+
+    # --- creating ----------------------------------------------------------------------------
+
+    async def create(
+        self: TierFS, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+    ) -> tuple[Any, Any]:
+        check_name(name)
+        await self._parent_for_change(parent)
+        if self.meta.lookup(parent, name) is not None:
+            raise Exists(name.decode(errors="replace"))
+        inode = self._new_inode(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        with self.journal.write() as w:
+            self._link_new(w, inode)
+            w.ensure_upload(inode.ino)
+        opened = await self._open_inode(inode, flags)
+        return opened, self.attributes(self.namespace.get(inode.ino))
+
+    async def mkdir(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Any:
+        check_name(name)
+        dir_inode = await self._parent_for_change(parent)
+        if self.meta.lookup(parent, name) is not None:
+            raise Exists(name.decode(errors="replace"))
+        inode = self._new_inode(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        key = child_key(self.namespace.key_of(dir_inode), name)
+        with self.journal.write() as w:
+            self._link_new(w, inode)
+            w.append({"op": "mkdir", "key": key + "/", "ino": inode.ino})
+        return self.attributes(inode)
+
+    async def symlink(
+        self: TierFS, parent: int, name: bytes, target: bytes, uid: int, gid: int
+    ) -> Any:
+        check_name(name)
+        await self._parent_for_change(parent)
+        if self.meta.lookup(parent, name) is not None:
+            raise Exists(name.decode(errors="replace"))
+        inode = self._new_inode(parent, name, stat.S_IFLNK | 0o777, uid, gid)
+        inode.symlink_target = target
+        inode.size = len(target)
+        with self.journal.write() as w:
+            self._link_new(w, inode)
+            w.ensure_upload(inode.ino)
+        self.journal.schedule(inode.ino, self.config.write.upload_delay)
+        return self.attributes(inode)
+
+    async def link(self: TierFS, ino: int, new_parent: int, new_name: bytes) -> Any:
+        raise NotPermitted("tierfs does not support hard links")
+
+    # --- removing -------------------------------------------------------------------------------
+
+    async def unlink(self: TierFS, parent: int, name: bytes) -> None:
+        dir_inode = await self._parent_for_change(parent)
+        inode = self._existing_child(parent, name)
+        if inode.is_dir:
+            raise IsADirectory(name.decode(errors="replace"))
+        key = child_key(self.namespace.key_of(dir_inode), name)
+        busy = self.blocks.is_busy(inode.ino)
+        tiers: list[int] = []
+        with self.journal.write() as w:
+            parent_inode = w.tx.get_inode(parent)
+            assert parent_inode is not None
+            self._touch_dir(parent_inode)
+            w.tx.put_inode(parent_inode)
+            w.tx.unlink(parent, name)
+            self._queue_removal(w, inode, key)
+            if not busy:
+                tiers = w.tx.delete_inode(inode.ino)
+        if busy:
+            self._orphans.add(inode.ino)  # deleted when the last handle closes
+        else:
+            self._remove_cache_files(inode.ino, tiers)
+
+    def _queue_removal(self: TierFS, w: JournalWriter, inode: Inode, key: str) -> None:
+        """Bucket side of removing a file from the namespace."""
+        w.cancel_upload(inode.ino)
+        if inode.origin_key:
+            w.append({"op": "delete", "key": inode.origin_key})
+        if self.journal.uploading(inode.ino) and key != inode.origin_key:
+            w.append({"op": "delete", "key": key})
+
+    def _remove_cache_files(self: TierFS, ino: int, tiers: list[int]) -> None:
+        for tier in tiers:
+            self.tiers[tier].remove_file(ino)
+        self.space.forget(ino)
+
+    async def rmdir(self: TierFS, parent: int, name: bytes) -> None:
+        dir_inode = await self._parent_for_change(parent)
+        inode = self._existing_child(parent, name)
+        if not inode.is_dir:
+            raise NotADirectory(name.decode(errors="replace"))
+        await self.namespace.ensure_listed(inode)
+        if self.meta.count_children(inode.ino):
+            raise DirectoryNotEmpty(name.decode(errors="replace"))
+        key = child_key(self.namespace.key_of(dir_inode), name)
+        with self.journal.write() as w:
+            parent_inode = w.tx.get_inode(parent)
+            assert parent_inode is not None
+            self._touch_dir(parent_inode)
+            w.tx.put_inode(parent_inode)
+            w.tx.unlink(parent, name)
+            w.tx.delete_inode(inode.ino)
+            w.append({"op": "delete", "key": key + "/"})
+
+    # --- rename ----------------------------------------------------------------------------------
+
+    async def rename(
+        self: TierFS, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
+    ) -> None:
+        if flags & RENAME_EXCHANGE:
+            raise InvalidArgument("RENAME_EXCHANGE is not supported")
+        check_name(new_name)
+        src_dir = await self._parent_for_change(old_parent)
+        dst_dir = await self._parent_for_change(new_parent)
+        inode = self._existing_child(old_parent, old_name)
+        target_ino = self.meta.lookup(new_parent, new_name)
+        if target_ino == inode.ino:
+            return
+        target = self.namespace.get(target_ino) if target_ino is not None else None
+        if target is not None:
+            if flags & RENAME_NOREPLACE:
+                raise Exists(new_name.decode(errors="replace"))
+            if inode.is_dir and not target.is_dir:
+                raise NotADirectory(new_name.decode(errors="replace"))
+            if not inode.is_dir and target.is_dir:
+                raise IsADirectory(new_name.decode(errors="replace"))
+            if target.is_dir:
+                await self.namespace.ensure_listed(target)
+                if self.meta.count_children(target.ino):
+                    raise DirectoryNotEmpty(new_name.decode(errors="replace"))
+        if inode.is_dir:
+            probe = dst_dir
+            while True:
+                if probe.ino == inode.ino:
+                    raise InvalidArgument("cannot move a directory into itself")
+                if probe.ino == ROOT_INO:
+                    break
+                probe = self.namespace.get(probe.parent)
+            await self._list_subtree(inode)
+        old_key = child_key(self.namespace.key_of(src_dir), old_name)
+        new_key = child_key(self.namespace.key_of(dst_dir), new_name)
+        target_tiers: list[int] = []
+        target_busy = target is not None and self.blocks.is_busy(target.ino)
+        with self.journal.write() as w:
+            if target is not None:
+                w.tx.unlink(new_parent, new_name)
+                if target.is_dir:
+                    w.tx.delete_inode(target.ino)
+                    w.append({"op": "delete", "key": new_key + "/"})
+                else:
+                    self._queue_removal(w, target, new_key)
+                    if not target_busy:
+                        target_tiers = w.tx.delete_inode(target.ino)
+            w.tx.unlink(old_parent, old_name)
+            inode.parent, inode.name = new_parent, new_name
+            inode.ctime_ns = time.time_ns()
+            w.tx.put_inode(inode)
+            for dir_ino in {old_parent, new_parent}:
+                parent_inode = w.tx.get_inode(dir_ino)
+                assert parent_inode is not None
+                self._touch_dir(parent_inode)
+                if dir_ino == new_parent:
+                    w.tx.link(parent_inode, new_name, inode.ino)
+                else:
+                    w.tx.put_inode(parent_inode)
+            if inode.is_dir:
+                self._queue_dir_move(w, inode, old_key, new_key)
+            else:
+                self._queue_file_move(w, inode, old_key, new_key)
+        if target is not None and not target.is_dir:
+            if target_busy:
+                self._orphans.add(target.ino)
+            else:
+                self._remove_cache_files(target.ino, target_tiers)
+
+    async def _list_subtree(self: TierFS, top: Inode) -> None:
+        """List every directory below ``top`` so that every key is known."""
+        pending = [top]
+        while pending:
+            inode = pending.pop()
+            await self.namespace.ensure_listed(inode)
+            for _cookie, _name, child in self.meta.read_dir(inode.ino, 0, 1 << 30):
+                child_inode = self.namespace.get(child)
+                if child_inode.is_dir:
+                    pending.append(child_inode)
+
+    def _queue_file_move(
+        self: TierFS, w: JournalWriter, inode: Inode, old_key: str, new_key: str
+    ) -> None:
+        live = self.namespace.get(inode.ino)  # the open file's inode, if open
+        if live.origin_key:
+            if live.state == SyncState.DIRTY and self._fully_local(live):
+                w.append({"op": "delete", "key": live.origin_key})
+                live.origin_key, live.etag, live.origin_size = "", "", 0
+                w.tx.put_inode(live)
+            elif live.origin_key != new_key:
+                w.append({"op": "copy", "src": live.origin_key, "dst": new_key, "ino": live.ino})
+                w.append({"op": "delete", "key": live.origin_key})
+                live.origin_key = new_key  # reads use the copy's source until it is done
+                w.tx.put_inode(live)
+        if self.journal.uploading(live.ino) and old_key != live.origin_key:
+            w.append({"op": "delete", "key": old_key})
+        w.requeue_upload(live.ino)
+
+    def _queue_dir_move(
+        self: TierFS, w: JournalWriter, top: Inode, old_key: str, new_key: str
+    ) -> None:
+        pending = [(top, old_key, new_key)]
+        while pending:
+            inode, old, new = pending.pop()
+            w.append({"op": "mkdir", "key": new + "/", "ino": inode.ino})
+            w.append({"op": "delete", "key": old + "/"})
+            if inode.state == SyncState.CLEAN:
+                inode.state = SyncState.DIRTY  # until its marker exists
+                w.tx.put_inode(inode)
+            for name, child in w.tx.children(inode.ino):
+                child_inode = self.namespace.get(child)
+                old_child, new_child = child_key(old, name), child_key(new, name)
+                if child_inode.is_dir:
+                    pending.append((child_inode, old_child, new_child))
+                else:
+                    self._queue_file_move(w, child_inode, old_child, new_child)
+
+    def _fully_local(self: TierFS, inode: Inode) -> bool:
+        """Are all bytes the origin still provides present locally?"""
+        bs = self.config.fetch.block_size
+        needed = (min(inode.origin_size, inode.size) + bs - 1) // bs
+        cf = self.blocks.files.get(inode.ino)
+        blocks = cf.blocks if cf is not None else self.meta.get_blocks(inode.ino)
+        return all(b in blocks for b in range(needed))
+
+    # --- data --------------------------------------------------------------------------------------
+
+    async def _make_dirty(self: TierFS, cf: CachedFile) -> None:
+        """CLEAN -> DIRTY, committed before the first byte changes."""
+        if cf.inode.state != SyncState.CLEAN:
+            return
+        cf.inode.state = SyncState.DIRTY
+        with self.journal.write() as w:
+            w.tx.put_inode(cf.inode)
+            w.ensure_upload(cf.ino)
+        if self._writers.get(cf.ino):
+            self.journal.hold(cf.ino)
+
+    async def write(self: TierFS, fh: int, offset: int, data: bytes) -> int:
+        handle = self._handle(fh)
+        if not handle.writable:
+            raise PermissionDenied("file handle is not open for writing")
+        cf = handle.cached
+        await self._make_dirty(cf)
+        written = await self.blocks.write(cf, offset, data)
+        cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
+        return written
+
+    async def _truncate(self: TierFS, inode: Inode, size: int) -> None:
+        if inode.is_dir:
+            raise IsADirectory(f"inode {inode.ino} is a directory")
+        if not inode.is_file:
+            raise InvalidArgument(f"inode {inode.ino} is not a regular file")
+        cf = self.blocks.acquire(inode)
+        try:
+            await self._make_dirty(cf)
+            await self.blocks.truncate(cf, size)
+            cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
+            await self._commit(cf, sync=False)
+        finally:
+            self.blocks.release(cf)
+
+    async def _commit(self: TierFS, cf: CachedFile, *, sync: bool) -> None:
+        """Make the file's writes durable on the local tier (``sync``: also
+        fdatasync), and its upload owed in the journal."""
+        if sync:
+            await self.blocks.sync_data(cf)
+        if not (cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None):
+            return
+        with self.journal.write() as w:
+            self.blocks.commit_records(cf, w.tx)
+            w.tx.put_inode(cf.inode)
+            if cf.inode.state != SyncState.CLEAN:
+                w.ensure_upload(cf.ino)
+        self.blocks.committed(cf)
+
+    async def fsync(self: TierFS, fh: int, datasync: bool) -> None:
+        handle = self._handle(fh)
+        await self._commit(handle.cached, sync=True)
+        if handle.cached.inode.state != SyncState.CLEAN:
+            await self._after_durable_point(handle.cached.ino)
+
+    async def flush(self: TierFS, fh: int) -> None:
+        handle = self._handle(fh)
+        if handle.writable:
+            await self._commit(handle.cached, sync=False)
+            if self._write_through(handle.inode) and handle.cached.inode.state != SyncState.CLEAN:
+                await self._after_durable_point(handle.cached.ino)
+
+    async def _after_durable_point(self: TierFS, ino: int) -> None:
+        """After fsync (or close in write-through mode): start the upload
+        clock, or wait for S3 in write-through mode."""
+        inode = self.namespace.get(ino)
+        if self._write_through(inode):
+            self.journal.schedule(ino, 0.0)
+            await self.wait_uploaded(ino)
+        else:
+            self.journal.schedule(ino, self.config.write.upload_delay)
+
+    def _write_through(self: TierFS, inode: Inode) -> bool:
+        return self.config.write.mode == "through"
+
+    # --- attributes ------------------------------------------------------------------------------
+
+    async def setattr(
+        self: TierFS,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Any:
+        inode = self.namespace.get(ino)
+        if size is not None and size != inode.size:
+            await self._truncate(inode, size)
+            inode = self.namespace.get(ino)
+        if mode is None and uid is None and gid is None and mtime_ns is None and atime_ns is None:
+            return self.attributes(inode)
+        if mode is not None:
+            inode.mode = stat.S_IFMT(inode.mode) | (mode & 0o7777)
+        if uid is not None:
+            inode.uid = uid
+        if gid is not None:
+            inode.gid = gid
+        if mtime_ns is not None:
+            inode.mtime_ns = mtime_ns
+        inode.ctime_ns = time.time_ns()
+        with self.journal.write() as w:
+            w.tx.put_inode(inode)
+            if not inode.is_dir and inode.state == SyncState.CLEAN and inode.origin_key:
+                w.append({"op": "setmeta", "ino": ino})
+        return self.attributes(inode)
+
+    # --- extended attributes ---------------------------------------------------------------------
+
+    async def setxattr(self: TierFS, ino: int, name: bytes, value: bytes) -> None:
+        self.namespace.get(ino)
+        if name == self.control_xattr:
+            raise NotPermitted("this attribute is read-only")
+        if not name.startswith(b"user."):
+            raise NotSupported("only user.* extended attributes are supported")
+        if len(value) > XATTR_VALUE_MAX:
+            raise InvalidArgument("extended attribute value too large")
+        with self.meta.write() as tx:
+            tx.set_xattr(ino, name, value)
+
+    async def removexattr(self: TierFS, ino: int, name: bytes) -> None:
+        self.namespace.get(ino)
+        with self.meta.write() as tx:
+            removed = tx.remove_xattr(ino, name)
+        if not removed:
+            raise NoData(name.decode(errors="replace"))
+
+    # --- open files ------------------------------------------------------------------------------
+
+    def _open_flags_writable(self: TierFS, flags: int) -> bool:
+        return (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
