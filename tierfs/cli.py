@@ -109,8 +109,12 @@ def cmd_umount(args: argparse.Namespace) -> int:
                 f"{mountpoint} is not a mount point (it is inside {location.mount_root})"
             )
         pid = int(request(location.socket_path, "ping", timeout=10)["pid"])
-    except ControlError:
-        pass  # a dead daemon: the unmount below still cleans up
+        if args.flush:
+            request(location.socket_path, "flush", {"paths": [""]}, timeout=None)
+    except ControlError as exc:
+        if args.flush:
+            raise CliError(f"cannot flush before unmounting: {exc}") from None
+        # a dead daemon: the unmount below still cleans up
     fusermount = shutil.which("fusermount3") or "fusermount3"
     done = subprocess.run([fusermount, "-u", str(mountpoint)], capture_output=True, text=True)
     if done.returncode != 0:
@@ -219,6 +223,18 @@ def _print_where(results: list[dict[str, Any]]) -> None:
         )
 
 
+def cmd_flush(args: argparse.Namespace) -> int:
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for path in args.paths:
+        location = locate(path)
+        groups.setdefault(str(location.mount_root), (location.socket_path, []))[1].append(
+            location.relpath
+        )
+    for sock, relpaths in groups.values():
+        request(sock, "flush", {"paths": relpaths}, timeout=None)
+    return 0
+
+
 # --- policy check ------------------------------------------------------------------------
 
 
@@ -268,8 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_mount)
 
-    p = sub.add_parser("umount", help="unmount cleanly and wait for the daemon to exit")
+    p = sub.add_parser(
+        "umount",
+        help="unmount cleanly and wait for the daemon to exit",
+        description="Unmount. Uploads still pending stay in the journal and resume at the "
+        "next mount, unless --flush is given.",
+    )
     p.add_argument("mountpoint")
+    p.add_argument(
+        "--flush",
+        action="store_true",
+        help="wait until every pending upload is in the bucket first",
+    )
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser("status", help="per tier: capacity, used, watermarks, files; hit ratio")
@@ -281,6 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_where)
+
+    p = sub.add_parser(
+        "flush",
+        help="wait until PATH is durable in the bucket",
+        description="Block until every change under each PATH (a file, a directory, or the "
+        "mount root) is in the bucket. Fails, instead of waiting forever, if the bucket keeps "
+        "refusing the uploads.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_flush)
 
     p = sub.add_parser("policy", help="config and policy files")
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")

@@ -68,7 +68,9 @@ def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
 
 
 class TierfsOperations(pyfuse3.Operations):
-    enable_writeback_cache = False
+    # The kernel merges small writes into large ones and keeps i_size and
+    # mtime itself; we see page-sized writes at most max_write each.
+    enable_writeback_cache = True
 
     def __init__(self, fs: TierFS) -> None:
         super().__init__()
@@ -147,8 +149,9 @@ class TierfsOperations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         await self.fs.release(fh)
 
+    @_errno
     async def flush(self, fh: int) -> None:
-        return None
+        await self.fs.flush(fh)
 
     # --- extended attributes ---------------------------------------------------------------
 
@@ -160,55 +163,91 @@ class TierfsOperations(pyfuse3.Operations):
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
         return await self.fs.listxattr(inode)
 
-    # --- mutations: EROFS until the write path lands -----------------------------------------
+    # --- mutations ---------------------------------------------------------------------------
 
     @_errno
-    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
-        self.fs.refuse_write()
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: Any,
+        ctx: Any,
+    ) -> pyfuse3.EntryAttributes:
+        attrs = await self.fs.setattr(
+            inode,
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=attr.st_size if fields.update_size else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+        )
+        return entry_attributes(attrs)
 
     @_errno
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
-        self.fs.refuse_write()
+        raise pyfuse3.FUSEError(errno.EPERM)  # device nodes and FIFOs have no place in a bucket
 
     @_errno
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
-        self.fs.refuse_write()
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return entry_attributes(await self.fs.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
 
     @_errno
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self.fs.refuse_write()
+        await self.fs.unlink(parent_inode, name)
 
     @_errno
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self.fs.refuse_write()
+        await self.fs.rmdir(parent_inode, name)
 
     @_errno
-    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
-        self.fs.refuse_write()
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return entry_attributes(await self.fs.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
 
     @_errno
     async def rename(
-        self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int, ctx: Any
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: Any,
     ) -> None:
-        self.fs.refuse_write()
+        await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
     @_errno
-    async def link(self, inode: int, new_parent: int, new_name: bytes, ctx: Any) -> Any:
-        self.fs.refuse_write()
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        return await self.fs.link(inode, new_parent_inode, new_name)
 
     @_errno
-    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
-        self.fs.refuse_write()
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        opened, attrs = await self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        return pyfuse3.FileInfo(fh=opened.fh, keep_cache=opened.keep_cache), entry_attributes(attrs)
 
     @_errno
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        self.fs.refuse_write()
-        return 0
+        return await self.fs.write(fh, off, buf)
+
+    @_errno
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.fs.fsync(fh, datasync)
+
+    @_errno
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        self.fs.meta.sync()
 
     @_errno
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        self.fs.refuse_write()
+        await self.fs.setxattr(inode, name, value)
 
     @_errno
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        self.fs.refuse_write()
+        await self.fs.removexattr(inode, name)

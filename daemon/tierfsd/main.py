@@ -114,7 +114,7 @@ def check_mountpoint(mountpoint: Path) -> Path:
 def fuse_options(options: set[str]) -> set[str]:
     opts = set(pyfuse3.default_options)
     opts.discard("default_permissions")
-    opts |= {"fsname=tierfs", "subtype=tierfs", "default_permissions", "ro"}
+    opts |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
     # allow_other is only ever given together with default_permissions (above):
     # the kernel then checks modes, so other users cannot bypass them.
     opts |= options & {"allow_other", "allow_root"}

@@ -40,6 +40,7 @@ class ControlServer:
             "ping": self._ping,
             "status": self._status,
             "where": self._where,
+            "flush": self._flush,
         }
 
     def bind(self) -> trio.socket.SocketType:
@@ -147,3 +148,12 @@ class ControlServer:
             except TierfsError as exc:
                 results.append({"path": path, "error": str(exc), "errno": exc.errno})
         return results
+
+    async def _flush(self, args: dict[str, Any]) -> Any:
+        paths = args.get("paths")
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise InvalidArgument("'flush' needs a list of paths relative to the mount root")
+        waited = 0
+        for path in paths:
+            waited += await self.fs.flush_path(path)
+        return {"entries": waited}
