@@ -1,0 +1,67 @@
+"""Bucket faults during write-back: uploads retry, finish, and corrupt nothing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tests.core.conftest import MiB
+from tests.unit.test_store_faults import Injector, error_response
+
+
+def _only(ops: set[str], injector: Injector) -> Any:
+    """A before-send hook that injects faults only into the named S3 operations."""
+
+    def hook(request: Any, **kwargs: Any) -> Any:
+        url = request.url
+        op = (
+            "UploadPart" if "partNumber=" in url
+            else "CompleteMultipartUpload" if "uploadId=" in url and request.method == "POST"
+            else "CreateMultipartUpload" if url.endswith("?uploads") or "?uploads&" in url
+            else "PutObject" if request.method == "PUT" and "x-amz-copy-source" not in request.headers
+            else "Other"
+        )
+        return injector(request) if op in ops else None
+
+    return hook
+
+
+async def test_uploads_survive_503_and_slowdown(make_fs: Any, s3_store: Any) -> None:
+    mount = await make_fs(capacities=(64 * MiB, 64 * MiB))
+    slowdown = Injector(3, error_response(503, "SlowDown"))
+    errors = Injector(2, error_response(500, "InternalError"))
+    s3_store.client.meta.events.register("before-send.s3.*", _only({"UploadPart"}, slowdown))
+    s3_store.client.meta.events.register(
+        "before-send.s3.*", _only({"PutObject", "CompleteMultipartUpload"}, errors)
+    )
+    big = os.urandom(18 * MiB)
+    small = os.urandom(1000)
+    await mount.write_file("big.bin", big)
+    await mount.write_file("small.bin", small)
+    await mount.flush()
+    assert slowdown.injected == 3 and errors.injected == 2, "the faults must really have happened"
+    assert s3_store.get_range("big.bin", 0, len(big)) == big
+    assert s3_store.get_range("small.bin", 0, len(small)) == small
+    assert s3_store.list_uploads("") == [], "no multipart upload may leak"
+    assert (await mount.fs.where("big.bin"))["state"] == "clean"
+
+
+async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(make_fs: Any, s3_store: Any) -> None:
+    import pytest
+    import trio
+
+    from tierfs.errors import StoreError
+
+    mount = await make_fs()
+    mount.fs.flush_max_failures = 2
+    always = Injector(10**6, error_response(503, "SlowDown"))
+    s3_store.client.meta.events.register("before-send.s3.*", _only({"PutObject"}, always))
+    await mount.write_file("stuck.bin", b"data")
+    with trio.fail_after(60), pytest.raises(StoreError, match="keeps refusing"):
+        await mount.fs.flush_path("")
+    # Nothing was lost: the upload is still owed and goes through once the bucket recovers.
+    assert (await mount.fs.where("stuck.bin"))["state"] == "dirty"
+    always.remaining = 0
+    mount.fs.flush_max_failures = 100
+    await mount.flush()
+    assert s3_store.get_range("stuck.bin", 0, 4) == b"data"
