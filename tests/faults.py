@@ -7,6 +7,12 @@ Use it between an S3 client and a loopback S3 server::
     proxy.reset_next(2)      # the next 2 responses with a body: RST mid-body
     proxy.truncate_next(1)   # the next response with a body: FIN mid-body
     proxy.delay = 0.05       # seconds before each response is forwarded
+    # the next 2 requests whose request line contains "partNumber=": RST
+    # while their body is being sent (the server never gets all of it)
+    proxy.fail_requests(2, kind="reset", match="partNumber=")
+    # the next response to a matching request: the server did the work, the
+    # client gets nothing (RST) or half of the response head then FIN
+    proxy.fail_responses(1, kind="truncate", match=lambda line: line.startswith("POST"))
     ...
     proxy.close()
 
@@ -23,8 +29,22 @@ Invariants:
   and part of the body (``cut_fraction`` of it, at least 1 byte and at least
   1 byte short), then either a TCP RST (``reset``) or a clean FIN
   (``truncate``); the upstream connection is closed too.
-- ``faults_injected`` counts the faults actually delivered, so a test can
-  prove that the faults happened.
+- Request faults (``fail_requests``) hit requests with a body of at least 2
+  bytes whose request line matches: the head and ``cut_fraction`` of the
+  body reach the server, then the client connection is reset (``reset``) or
+  closed (``truncate``) and the upstream connection dropped, so the server
+  never sees a complete request.
+- Response faults (``fail_responses``) hit the final response to a matching
+  request, whatever its body: the server has already processed the request
+  (its answer head arrived), the client gets nothing and an RST
+  (``reset``), or half of the response head and a FIN (``truncate``).  This
+  is the "did my request happen?" case that non-idempotent requests must
+  survive.
+- A rule's ``match`` is a substring of the request line (``"PUT /bkt/key?
+  partNumber=1&uploadId=... HTTP/1.1"``) or a predicate on it; None matches
+  every request.  Rules are consumed in the order they were added.
+- ``faults_injected`` counts the faults actually delivered (all kinds), so a
+  test can prove that the faults happened.
 """
 
 from __future__ import annotations
@@ -36,6 +56,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 _HEAD_LIMIT = 64 * 1024
 
@@ -103,6 +125,26 @@ def _headers(head: bytes) -> tuple[str, dict[str, str]]:
     return lines[0], fields
 
 
+Match = str | Callable[[str], bool] | None
+FAULT_KINDS = ("reset", "truncate")
+
+
+@dataclass
+class _Rule:
+    """``remaining`` more faults of ``kind`` for request lines that ``match``."""
+
+    remaining: int
+    kind: str
+    match: Match
+
+    def matches(self, request_line: str) -> bool:
+        if self.match is None:
+            return True
+        if isinstance(self.match, str):
+            return self.match in request_line
+        return bool(self.match(request_line))
+
+
 class FaultProxy:
     """Loopback TCP proxy with injectable resets, truncations and latency."""
 
@@ -118,6 +160,8 @@ class FaultProxy:
         self.connections = 0
         self._resets = 0
         self._truncates = 0
+        self._request_rules: list[_Rule] = []
+        self._response_rules: list[_Rule] = []
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -140,6 +184,27 @@ class FaultProxy:
         """Close (FIN) mid-body for the next ``n`` responses with a body."""
         with self._lock:
             self._truncates = n
+
+    def fail_requests(self, n: int, *, kind: str = "reset", match: Match = None) -> None:
+        """Break the next ``n`` matching requests while their body is being sent."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"kind must be one of {FAULT_KINDS}, not {kind!r}")
+        with self._lock:
+            self._request_rules.append(_Rule(n, kind, match))
+
+    def fail_responses(self, n: int, *, kind: str = "reset", match: Match = None) -> None:
+        """Lose the answers to the next ``n`` matching requests (after the server acted)."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"kind must be one of {FAULT_KINDS}, not {kind!r}")
+        with self._lock:
+            self._response_rules.append(_Rule(n, kind, match))
+
+    def clear_faults(self) -> None:
+        """Drop every pending fault of every kind."""
+        with self._lock:
+            self._resets = self._truncates = 0
+            self._request_rules.clear()
+            self._response_rules.clear()
 
     def close(self) -> None:
         """Stop accepting, close every connection, join the threads."""
@@ -177,6 +242,15 @@ class FaultProxy:
                 self._truncates -= 1
                 self.faults_injected += 1
                 return "truncate"
+        return None
+
+    def _take_rule(self, rules: list[_Rule], request_line: str) -> str | None:
+        with self._lock:
+            for rule in rules:
+                if rule.remaining > 0 and rule.matches(request_line):
+                    rule.remaining -= 1
+                    self.faults_injected += 1
+                    return rule.kind
         return None
 
     def _track(self, s: socket.socket) -> None:
@@ -225,7 +299,10 @@ class FaultProxy:
                 self._threads.append(t)
 
     def _pump_requests(
-        self, client: socket.socket, upstream: socket.socket, methods: collections.deque[str]
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        methods: collections.deque[tuple[str, str]],
     ) -> None:
         reader = _Reader(client)
         try:
@@ -235,13 +312,21 @@ class FaultProxy:
                 if "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
                 length = int(fields.get("content-length", "0") or 0)
-                methods.append(start_line.split(" ", 1)[0].upper())
+                fault = self._take_rule(self._request_rules, start_line) if length >= 2 else None
+                methods.append((start_line.split(" ", 1)[0].upper(), start_line))
                 # Forward the head at once: with "Expect: 100-continue" the
                 # client sends the body only after the server's interim reply.
                 upstream.sendall(head)
-                reader.forward(length, upstream)
+                if fault is None:
+                    reader.forward(length, upstream)
+                    continue
+                cut = min(length - 1, max(1, int(length * self.cut_fraction)))
+                reader.forward(cut, upstream)
+                self._forget(client, rst=fault == "reset")
+                self._forget(upstream)
+                return
         except _Passthrough as exc:
-            methods.append("?")  # responses can no longer be matched to requests
+            methods.append(("?", ""))  # responses can no longer be matched to requests
             with contextlib.suppress(OSError, _Closed):
                 upstream.sendall((exc.args[0] if exc.args else b"") + reader.rest())
                 _copy_raw(client, upstream)
@@ -252,7 +337,10 @@ class FaultProxy:
                 upstream.shutdown(socket.SHUT_WR)
 
     def _pump_responses(
-        self, client: socket.socket, upstream: socket.socket, methods: collections.deque[str]
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        methods: collections.deque[tuple[str, str]],
     ) -> None:
         reader = _Reader(upstream)
         try:
@@ -263,7 +351,15 @@ class FaultProxy:
                 if 100 <= status < 200:  # interim reply: the final one follows
                     client.sendall(head)
                     continue
-                method = _wait_method(methods)
+                method, request_line = _wait_method(methods)
+                lost = (
+                    self._take_rule(self._response_rules, request_line) if method != "?" else None
+                )
+                if lost is not None:
+                    if lost == "truncate":
+                        client.sendall(head[: len(head) // 2])
+                    self._forget(client, rst=lost == "reset")
+                    return
                 if method == "?" or "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
                 if method == "HEAD" or status in (204, 304):
@@ -293,12 +389,14 @@ class FaultProxy:
             self._forget(client, upstream)
 
 
-def _wait_method(methods: collections.deque[str], timeout: float = 30.0) -> str:
-    """The method of the request this response answers (requests are pipelined in order)."""
+def _wait_method(
+    methods: collections.deque[tuple[str, str]], timeout: float = 30.0
+) -> tuple[str, str]:
+    """(method, request line) of the request this response answers (in pipeline order)."""
     deadline = time.monotonic() + timeout
     while not methods:
         if time.monotonic() > deadline:
-            return "?"
+            return "?", ""
         time.sleep(0.001)
     return methods.popleft()
 

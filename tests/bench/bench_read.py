@@ -47,6 +47,15 @@ The values in force are read back after each read and printed under the
 table, with the mean size of the read requests tierfs saw (when its
 ``status`` has the counters) and the number and mean size of its GETs.
 
+Page cache and ``--settle``: on this kind of machine (a VM whose balloon
+device reports free pages to the host) a page that has been free for a few
+seconds costs about 5 us to touch again: filling 1 GiB of fresh page cache
+takes 1.7 CPU seconds instead of 0.3.  Right after ``drop_caches`` the freed
+pages are still cheap, so a case that ran right after the drop would be
+faster the sooner it finished.  The bench therefore waits ``--settle``
+seconds (10) after each drop, so that every case pays the same price for
+every new page.  ``--settle 0`` measures the other way.
+
 Everything it mounts is unmounted in a ``finally`` (``tierfs umount`` or
 ``fusermount3 -u``, then ``-uz``); it stops only the processes it started,
 by PID; all traffic goes to 127.0.0.1.  Temporary files are removed at the
@@ -60,6 +69,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -163,6 +173,21 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU time of this script's finished children (dd, s5cmd)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def system_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    total = sum(values[:8])  # guest time is already in user
+    return total - idle, total
+
+
 def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -259,8 +284,10 @@ class FuseWaitingSampler:
 class Sample:
     mbps: float
     seconds: float
-    daemon_cpu: float = 0.0  # CPU seconds of the FUSE daemon (or s5cmd) during the read
+    daemon_cpu: float = 0.0  # CPU seconds of the FUSE daemon during the read
     server_cpu: float = 0.0  # CPU seconds of s3rver during the read
+    client_cpu: float = 0.0  # CPU seconds of the reading command (dd, s5cmd)
+    busy: float = 0.0  # share of all CPUs busy during the read (0..1)
     fuse_waiting: float | None = None  # mean FUSE requests in flight
 
 
@@ -273,6 +300,7 @@ class Results:
         self.samples.setdefault(case, []).append(sample)
         extra = f", daemon CPU {sample.daemon_cpu:.2f}s" if sample.daemon_cpu else ""
         extra += f", s3rver CPU {sample.server_cpu:.2f}s" if sample.server_cpu else ""
+        extra += f", client CPU {sample.client_cpu:.2f}s, CPUs {100 * sample.busy:.0f}% busy"
         if sample.fuse_waiting is not None:
             extra += f", FUSE waiting {sample.fuse_waiting:.1f}"
         log(f"  {case}: {sample.mbps:,.0f} MB/s ({sample.seconds:.2f}s{extra})")
@@ -405,6 +433,11 @@ class Bench:
 
     # --- measuring ---
 
+    def drop_caches(self) -> None:
+        """Drop the page cache, then wait ``--settle`` seconds (see the module docstring)."""
+        drop_caches()
+        time.sleep(self.args.settle)
+
     def dd(self, path: Path) -> float:
         """Seconds to read ``path`` with dd bs=1M into /dev/null; checks the byte count."""
         t0 = time.perf_counter()
@@ -427,9 +460,13 @@ class Bench:
     ) -> Sample:
         server_pid = self.s3rver.pid if self.s3rver else None
         d0, s0 = cpu_seconds(daemon_pid), cpu_seconds(server_pid)
+        c0, b0 = children_cpu_seconds(), system_cpu_ticks()
         with FuseWaitingSampler(knobs) as sampler:
             dt = read()
+        b1 = system_cpu_ticks()
         sample = Sample(
+            client_cpu=children_cpu_seconds() - c0,
+            busy=(b1[0] - b0[0]) / max(1, b1[1] - b0[1]),
             mbps=self.size / dt / 1e6,
             seconds=dt,
             daemon_cpu=cpu_seconds(daemon_pid) - d0,
@@ -442,12 +479,12 @@ class Bench:
     # --- reference cases ---
 
     def case_dd_direct(self) -> None:
-        drop_caches()
+        self.drop_caches()
         self.measure("dd direct", lambda: self.dd(self.ref))
 
     def case_s5cmd(self) -> None:
         dest = self.work / "s5cmd-download"
-        drop_caches()
+        self.drop_caches()
 
         def cp() -> float:
             t0 = time.perf_counter()
@@ -458,7 +495,7 @@ class Bench:
         if dest.stat().st_size != self.size:
             raise BenchError("s5cmd cp downloaded the wrong number of bytes")
         dest.unlink()
-        drop_caches()
+        self.drop_caches()
 
         def cat() -> float:
             t0 = time.perf_counter()
@@ -565,7 +602,7 @@ class Bench:
         spy = self.args.py_spy if (round_no == 0 and tuning == "daemon") else None
         self.tierfs_reset_cache()
         with self.tierfs_mount(tuning) as (mp, pid, knobs):
-            drop_caches()
+            self.drop_caches()
             with py_spy(spy, pid, "tierfs-cold"):
                 self.measure(
                     f"tierfs cold{tag}", lambda: self.dd(mp / KEY), daemon_pid=pid, knobs=knobs
@@ -573,7 +610,7 @@ class Bench:
             if round_no == 0:
                 self.note_tierfs(mp, knobs, f"[{tuning}] cold")
         with self.tierfs_mount(tuning) as (mp, pid, knobs):
-            drop_caches()
+            self.drop_caches()
             with py_spy(spy, pid, "tierfs-warm"):
                 self.measure(
                     f"tierfs warm{tag}", lambda: self.dd(mp / KEY), daemon_pid=pid, knobs=knobs
@@ -692,7 +729,7 @@ class Bench:
         cache.mkdir()
         mp = self.work / f"mnt-{name}"
         with mount(cache) as pid:
-            drop_caches()
+            self.drop_caches()
             self.measure(f"{name} cold", lambda: self.dd(mp / KEY), daemon_pid=pid)
             for _ in range(self.args.second_reads):
                 self.measure(f"{name} 2nd read", lambda: self.dd(mp / KEY), daemon_pid=pid)
@@ -804,20 +841,29 @@ def report(bench: Bench) -> str:
     lines.append(
         f"object {fmt_size(a.size)}, {a.repeat} rounds (median), tierfs [fetch] "
         f"block_size={fmt_size(a.block_size)} readahead_max={fmt_size(a.readahead_max)} "
-        f"concurrency={a.concurrency}; {os.cpu_count()} CPUs"
+        f"concurrency={a.concurrency}; {os.cpu_count()} CPUs; settle {a.settle:g}s"
     )
     lines.append("")
-    header = f"{'case':<28} {'MB/s':>7} {'min':>7} {'max':>7} {'n':>2} {'daemon CPU s':>12} {'s3rver CPU s':>12}"
+    header = (
+        f"{'case':<28} {'MB/s':>7} {'min':>7} {'max':>7} {'n':>2} "
+        f"{'daemon s':>8} {'s3rver s':>8} {'reader s':>8} {'busy':>5}"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     for case, samples in res.samples.items():
         mb = [s.mbps for s in samples]
         dcpu = statistics.median(s.daemon_cpu for s in samples)
         scpu = statistics.median(s.server_cpu for s in samples)
+        ccpu = statistics.median(s.client_cpu for s in samples)
+        busy = statistics.median(s.busy for s in samples)
         lines.append(
             f"{case:<28} {statistics.median(mb):>7,.0f} {min(mb):>7,.0f} {max(mb):>7,.0f} "
-            f"{len(mb):>2} {dcpu:>12.2f} {scpu:>12.2f}"
+            f"{len(mb):>2} {dcpu:>8.2f} {scpu:>8.2f} {ccpu:>8.2f} {100 * busy:>4.0f}%"
         )
+    lines.append(
+        "(MB/s = 10^6 bytes/s; CPU seconds per read of the FUSE daemon, of s3rver and of "
+        "the reading command (dd or s5cmd); busy: share of all CPUs in use during the read)"
+    )
     lines.append("")
 
     rows: list[tuple[str, str, float | None, str, str]] = []
@@ -888,6 +934,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="dd,s5cmd,tierfs,rclone,s3fs",
         type=lambda s: [c for c in s.split(",") if c],
         help="cases to run (dd,s5cmd,tierfs,rclone,s3fs)",
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds to wait after dropping the page cache (10; see the docstring)",
     )
     p.add_argument("--port", type=int, default=0, help="s3rver port (a free one)")
     p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")

@@ -11,12 +11,19 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from tierfs.errors import ConfigError
-from tierfs.store.base import ListPage, ObjectInfo, ObjectStore
+from tierfs.store.base import ListPage, ObjectInfo, ObjectStore, UploadInfo, abort_stale_uploads
 
 if TYPE_CHECKING:
     from tierfs.config import BackingConfig
 
-__all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
+__all__ = [
+    "ListPage",
+    "ObjectInfo",
+    "ObjectStore",
+    "UploadInfo",
+    "abort_stale_uploads",
+    "open_store",
+]
 
 SUPPORTED_SCHEMES = ("s3", "file")
 

@@ -12,14 +12,28 @@ Errors: every failure is a ``tierfs.errors.StoreError`` subclass, raised only
 after the implementation's retry budget is spent (5xx, SlowDown, throttling,
 connection resets, truncated bodies).  ``ObjectNotFound`` for a missing key,
 ``BucketNotFound`` / ``StoreAccessDenied`` for a missing bucket or bad
-credentials.
+credentials.  Bad arguments (keys, metadata, part sizes) are
+``InvalidArgument`` and are detected before any request is sent.  The one
+exception to "only StoreError": an exception raised by a caller's callback
+(``read_part``, ``on_upload_id``) is re-raised unchanged, after the upload it
+interrupted has been aborted.
+
+Write path (``put_multipart``): the caller's bytes come from a
+``read_part(offset, length)`` callback over its cache files (which may be
+spread over several tiers); see :mod:`tierfs.store.multipart` for why this is
+hand-written instead of using s3transfer.  Multipart upload ids are handed to
+the caller through ``on_upload_id`` before any part is sent, so that a journal
+can abort them after a crash (``abort_upload``); ``list_uploads`` finds
+uploads nobody journaled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from tierfs.store.multipart import DEFAULT_CONCURRENCY, MAX_SINGLE_COPY_SIZE, ReadPart
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +64,20 @@ class ListPage:
 
     objects: list[ObjectInfo]
     prefixes: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class UploadInfo:
+    """One multipart upload in progress (started and neither completed nor aborted).
+
+    ``key`` is relative to the store prefix; ``initiated`` is seconds since
+    the epoch as the store reports it (some S3-compatible servers report a
+    fixed or coarse time: treat it as a hint).
+    """
+
+    key: str
+    upload_id: str
+    initiated: float
 
 
 @runtime_checkable
@@ -98,3 +126,84 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None:
         """Delete one object; deleting a missing key is not an error."""
         ...
+
+    def put_multipart(
+        self,
+        key: str,
+        size: int,
+        read_part: ReadPart,
+        metadata: dict[str, str] | None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> str:
+        """Upload ``size`` bytes produced by ``read_part``; return the ETag (no quotes).
+
+        ``read_part(offset, length)`` returns exactly the source bytes
+        ``[offset, offset+length)``.  It is called lazily from worker threads,
+        at most ``concurrency`` parts at a time, never for the whole object at
+        once; it may raise, and then the upload is aborted and that exception
+        re-raised unchanged.
+
+        ``part_size`` defaults to :func:`~tierfs.store.multipart.choose_part_size`
+        (at least 8 MiB, a 5 TiB object fits in 10,000 parts); a caller's value
+        must be between 5 MiB and 5 GiB.  If ``size <= part_size`` this is one
+        PUT and ``on_upload_id`` is not called.  Otherwise a multipart upload
+        is created, ``on_upload_id(upload_id)`` is called before any part is
+        sent (so that the caller can journal it), parts go up in parallel, and
+        the upload is completed.  On any failure the upload is aborted (best
+        effort) before the error is raised.  ``metadata`` becomes the object's
+        user metadata (``x-amz-meta-*``) as in ``put``.
+        """
+        ...
+
+    def copy(
+        self,
+        src_key: str,
+        dst_key: str,
+        metadata: dict[str, str] | None = None,
+        *,
+        multipart_threshold: int = MAX_SINGLE_COPY_SIZE,
+        part_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> str:
+        """Server-side copy; returns the new object's ETag (no quotes).
+
+        ``metadata=None`` keeps the source's user metadata, a dict replaces it.
+        ObjectNotFound if ``src_key`` does not exist.  Sources larger than
+        ``multipart_threshold`` (default 5 GiB, CopyObject's limit) are copied
+        as a multipart upload of ranged part copies, with the same part rules,
+        ``on_upload_id`` and abort-on-failure as ``put_multipart``.
+        """
+        ...
+
+    def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
+        """Multipart uploads in progress whose key starts with ``prefix``."""
+        ...
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort one multipart upload; an unknown or finished upload is not an error."""
+        ...
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete several objects (missing ones are fine); StoreError if any failed."""
+        ...
+
+
+def abort_stale_uploads(store: ObjectStore, older_than: float, prefix: str = "") -> int:
+    """Abort every upload under ``prefix`` initiated before ``older_than``; return the count.
+
+    For cleanup at mount time.  On S3 an upload of *another* client sharing the
+    prefix looks exactly like a stale one of ours: give an ``older_than`` well
+    in the past (a day, say) unless this node owns the prefix, and prefer
+    aborting the ids in the journal.  A StoreError from listing or aborting
+    propagates (uploads aborted before it stay aborted).
+    """
+    count = 0
+    for upload in store.list_uploads(prefix):
+        if upload.initiated < older_than:
+            store.abort_upload(upload.key, upload.upload_id)
+            count += 1
+    return count

@@ -15,7 +15,12 @@ Layout (``R`` is the root directory):
   not match its data file (the file was changed by another tool, or a crash
   hit between the two renames) is ignored: the object then has no metadata,
   like an object overwritten by another S3 client;
-- temporary files live in ``R/.tierfs-tmp/``.
+- temporary files live in ``R/.tierfs-tmp/``: ``w.*`` for a ``put`` (and
+  every sidecar), ``mpu.<id>`` plus a manifest ``mpu.<id>.json`` (key,
+  initiation time) for a ``put_multipart`` or multipart ``copy``.  These are
+  this store's "multipart uploads": ``list_uploads`` lists them and
+  ``abort_upload`` removes them, so the cleanup that aborts stale S3 uploads
+  also removes temp files a crash left here (see ``list_uploads``).
 
 Every name starting with ``.tierfs-`` is reserved: never listed, and refused
 as a key segment.  Symlinks, sockets and names that are not valid UTF-8 are
@@ -64,7 +69,10 @@ import os
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -76,7 +84,21 @@ from tierfs.errors import (
     StoreAccessDenied,
     StoreError,
 )
-from tierfs.store.base import ListPage, ObjectInfo
+from tierfs.store.base import ListPage, ObjectInfo, UploadInfo
+from tierfs.store.multipart import (
+    DEFAULT_CONCURRENCY,
+    MAX_SINGLE_COPY_SIZE,
+    Part,
+    ReadPart,
+    UploadCancelled,
+    check_concurrency,
+    md5_digest,
+    multipart_etag,
+    plan_parts,
+    read_exact,
+    resolve_part_size,
+    run_bounded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +106,10 @@ RESERVED_PREFIX = ".tierfs-"
 MARKER_NAME = ".tierfs-dirmarker"
 META_DIR = ".tierfs-meta"
 TMP_DIR = ".tierfs-tmp"
+UPLOAD_PREFIX = "mpu."
+MANIFEST_SUFFIX = ".json"
+COPY_CHUNK = 1 << 20
+DEFAULT_UPLOAD_WORKERS = 8
 NAME_MAX = 255
 SIDECAR_VERSION = 1
 
@@ -164,17 +190,28 @@ class LocalStore:
 
     url: str
 
-    def __init__(self, url: str, *, fsync: bool = True) -> None:
+    def __init__(
+        self, url: str, *, fsync: bool = True, upload_workers: int = DEFAULT_UPLOAD_WORKERS
+    ) -> None:
         self.root = parse_file_url(url)
         self.url = self.root.as_uri()
         self.fsync = fsync
+        if upload_workers < 1:
+            raise InvalidArgument("upload_workers must be >= 1")
+        self.upload_workers = upload_workers
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LocalStore({self.url!r})"
 
     def close(self) -> None:
-        """Nothing to release; present for symmetry with S3Store."""
+        """Stop the part workers, if any were started."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     # --- keys and paths ----------------------------------------------------------
 
@@ -386,47 +423,18 @@ class LocalStore:
         meta = validate_metadata(metadata)
         payload = bytes(data)
         etag = hashlib.md5(payload, usedforsecurity=False).hexdigest()
-        tmp_dir = self.root / TMP_DIR
-        tmp_data = tmp_side = None
+        tmp_data = None
         try:
-            self._check_inside(path)
-            self._check_inside(sidecar)  # a planted .tierfs-meta symlink must not escape either
-            if not self.root.is_dir():
-                raise BucketNotFound(f"local store directory '{self.root}' does not exist")
-            tmp_dir.mkdir(mode=0o700, exist_ok=True)
+            tmp_dir = self._prepare_write(path, sidecar)
             tmp_data = self._write_temp(tmp_dir, payload)
-            st = os.stat(tmp_data)
-            doc = {
-                "v": SIDECAR_VERSION,
-                "etag": etag,
-                "metadata": meta,
-                "fingerprint": _fingerprint(st),
-            }
-            tmp_side = self._write_temp(tmp_dir, json.dumps(doc, sort_keys=True).encode())
-            with self._lock:
-                self._make_parent(path, key)
-                sidecar.parent.mkdir(exist_ok=True)
-                os.replace(tmp_side, sidecar)
-                tmp_side = None
-                try:
-                    os.replace(tmp_data, path)
-                except IsADirectoryError:
-                    raise StoreError(
-                        f"put {self.url}/{key}: a directory of that name holds other objects; "
-                        "a local store cannot have both 'x' and 'x/...'",
-                        errno=errno.EISDIR,
-                    ) from None
-                tmp_data = None
-                if self.fsync:
-                    _fsync_dir(sidecar.parent)
-                    _fsync_dir(path.parent)
+            self._commit("put", key, path, sidecar, tmp_data, etag, meta)
+            tmp_data = None
         except OSError as exc:
             raise self._map_os_error(exc, "put", key) from exc
         finally:
-            for leftover in (tmp_data, tmp_side):
-                if leftover is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(leftover)
+            if tmp_data is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_data)
         return etag
 
     def delete(self, key: str) -> None:
@@ -450,7 +458,389 @@ class LocalStore:
                 os.unlink(sidecar)
             self._prune(path.parent)
 
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete each key (all validated first); missing keys are fine."""
+        checked = list(keys)
+        for key in checked:
+            self._paths(key)
+        for key in checked:
+            self.delete(key)
+
+    # --- write path: multipart, copy, uploads ----------------------------------------
+
+    def put_multipart(
+        self,
+        key: str,
+        size: int,
+        read_part: ReadPart,
+        metadata: dict[str, str] | None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> str:
+        """See :meth:`tierfs.store.base.ObjectStore.put_multipart`.
+
+        Parts are written with ``pwrite`` into one upload temp file, at most
+        ``concurrency`` at a time on the store's worker threads, then the file
+        is fsynced and renamed into place like a ``put``.  The ETag is the
+        one S3 would give the same parts (``md5(md5s)-N``).
+        """
+        path, sidecar = self._paths(key)
+        meta = validate_metadata(metadata)
+        part_size = resolve_part_size(size, part_size)
+        check_concurrency(concurrency)
+        if size <= part_size:
+            data = read_exact(read_part, Part(1, 0, size)) if size else b""
+            return self.put(key, data, meta)
+        parts = plan_parts(size, part_size)
+        executor = self._executor()
+        upload_id, tmp = self._begin_upload("put_multipart", key, path, sidecar)
+        # Only our own file operations are mapped to StoreError: an OSError
+        # raised by read_part (it reads cache files) must reach the caller as is.
+        try:
+            if on_upload_id is not None:
+                on_upload_id(upload_id)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise self._aborted("put_multipart", key, upload_id) from None
+            except OSError as exc:
+                raise self._map_os_error(exc, "put_multipart", key) from exc
+            try:
+                stop = threading.Event()
+
+                def write(part: Part) -> bytes:
+                    if stop.is_set():
+                        raise UploadCancelled
+                    data = read_exact(read_part, part)
+                    try:
+                        _pwrite_all(fd, data, part.offset)
+                    except OSError as exc:
+                        raise self._map_os_error(exc, "put_multipart", key) from exc
+                    return md5_digest(data)
+
+                try:
+                    digests = run_bounded(executor, parts, write, concurrency, stop)
+                except UploadCancelled as exc:
+                    raise StoreError(
+                        f"put_multipart {self.url}/{key}: upload stopped because the store "
+                        "was closed"
+                    ) from exc
+                etag = multipart_etag(digests)
+                try:
+                    if self.fsync:
+                        os.fsync(fd)
+                    self._finish_upload(
+                        "put_multipart", key, upload_id, path, sidecar, tmp, etag, meta
+                    )
+                except OSError as exc:
+                    raise self._map_os_error(exc, "put_multipart", key) from exc
+            finally:
+                os.close(fd)
+            return etag
+        finally:
+            self._end_upload(upload_id)
+
+    def copy(
+        self,
+        src_key: str,
+        dst_key: str,
+        metadata: dict[str, str] | None = None,
+        *,
+        multipart_threshold: int = MAX_SINGLE_COPY_SIZE,
+        part_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> str:
+        """See :meth:`tierfs.store.base.ObjectStore.copy`.
+
+        A sequential read of the source into a temp file, renamed into place
+        like a ``put``.  The ETag is what S3 gives: the MD5 of the content for
+        a plain copy, ``md5(part md5s)-N`` for a source above
+        ``multipart_threshold`` (then an upload id exists, as on S3, and is
+        handed to ``on_upload_id``).  A source rewritten during the copy
+        raises PreconditionFailed, like S3's ``x-amz-copy-source-if-match``.
+        """
+        dst_path, dst_sidecar = self._paths(dst_key)
+        self._paths(src_key)
+        meta = None if metadata is None else validate_metadata(metadata)
+        check_concurrency(concurrency)
+        if not isinstance(multipart_threshold, int) or not (
+            0 <= multipart_threshold <= MAX_SINGLE_COPY_SIZE
+        ):
+            raise InvalidArgument(
+                f"multipart_threshold must be between 0 and {MAX_SINGLE_COPY_SIZE}, "
+                f"got {multipart_threshold!r}"
+            )
+        fd, st, src_sidecar = self._open_object("copy", src_key)
+        upload_id: str | None = None
+        tmp: str | Path | None = None
+        try:
+            _, src_meta = self._read_sidecar(src_sidecar, st)
+            size = st.st_size
+            if size > multipart_threshold:
+                parts = plan_parts(size, resolve_part_size(size, part_size))
+                upload_id, tmp = self._begin_upload("copy", dst_key, dst_path, dst_sidecar)
+                if on_upload_id is not None:
+                    on_upload_id(upload_id)
+            else:
+                parts = [Part(1, 0, size)]
+                tmp_dir = self._prepare_write(dst_path, dst_sidecar)
+                tmp_fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix="w.")
+                os.close(tmp_fd)
+            digests = self._copy_parts(fd, tmp, parts)
+            if os.fstat(fd).st_mtime_ns != st.st_mtime_ns or os.fstat(fd).st_size != size:
+                raise PreconditionFailed(
+                    f"copy {self.url}/{src_key}: source changed during the copy"
+                )
+            new_meta = src_meta if meta is None else meta
+            if upload_id is not None:
+                etag = multipart_etag(digests)
+                self._finish_upload(
+                    "copy", dst_key, upload_id, dst_path, dst_sidecar, tmp, etag, new_meta
+                )
+            else:
+                etag = digests[0].hex()
+                self._commit("copy", dst_key, dst_path, dst_sidecar, tmp, etag, new_meta)
+            tmp = None
+            return etag
+        except OSError as exc:
+            if upload_id is not None and tmp is not None and not os.path.exists(tmp):
+                raise self._aborted("copy", dst_key, upload_id) from None
+            raise self._map_os_error(exc, "copy", dst_key) from exc
+        finally:
+            os.close(fd)
+            if upload_id is not None:
+                self._end_upload(upload_id)
+            elif tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
+        """The local equivalent of ListMultipartUploads: unfinished temp files.
+
+        Every ``put_multipart`` (and multipart ``copy``) in progress has a
+        manifest ``.tierfs-tmp/mpu.<id>.json`` naming its key: it is listed
+        with that key.  Temp files nobody will finish (left by a crash: single
+        ``put`` temp files, data files whose manifest is gone, unreadable
+        manifests) are listed with ``key=""`` and ``upload_id`` = their file
+        name, and only when ``prefix`` is ``""``.  ``initiated`` is the
+        manifest's time or the file's mtime.  So the same cleanup that
+        aborts stale S3 uploads (``abort_stale_uploads(store, mount_time)``)
+        removes this store's stale temp files.  Temp files of uploads running
+        right now in this process are listed too: abort only older ones.
+        """
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be str, got {type(prefix).__name__}")
+        if not self.root.is_dir():
+            raise BucketNotFound(f"local store directory '{self.root}' does not exist")
+        tmp_dir = self.root / TMP_DIR
+        try:
+            with os.scandir(tmp_dir) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise self._map_os_error(exc, "list_uploads", "") from exc
+        uploads: list[UploadInfo] = []
+        manifests: set[str] = set()
+        for entry in entries:
+            upload_id = _manifest_id(entry.name)
+            if upload_id is None:
+                continue
+            doc = _read_manifest(tmp_dir / entry.name)
+            if doc is None:
+                continue
+            manifests.add(upload_id)
+            if doc[0].startswith(prefix):
+                uploads.append(UploadInfo(key=doc[0], upload_id=upload_id, initiated=doc[1]))
+        if prefix == "":
+            for entry in entries:
+                name = entry.name
+                if name.startswith(UPLOAD_PREFIX) and (
+                    name[len(UPLOAD_PREFIX) :] in manifests or _manifest_id(name) in manifests
+                ):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                uploads.append(UploadInfo(key="", upload_id=name, initiated=st.st_mtime))
+        uploads.sort(key=lambda u: (u.key.encode(), u.initiated, u.upload_id))
+        return uploads
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Remove an upload's temp files (see ``list_uploads``); unknown ids are fine.
+
+        ``key`` must match the upload's manifest, as S3 wants the key of an
+        upload; leftover temp files without a manifest are removed with
+        ``key=""``.  Aborting an upload that is still running makes it fail.
+        """
+        if (
+            not isinstance(upload_id, str)
+            or not upload_id
+            or "/" in upload_id
+            or "\0" in upload_id
+            or upload_id.startswith(".")
+        ):
+            raise InvalidArgument(f"bad upload id: {upload_id!r}")
+        if not isinstance(key, str):
+            raise InvalidArgument(f"key must be str, got {type(key).__name__}")
+        tmp_dir = self.root / TMP_DIR
+        manifest = tmp_dir / f"{UPLOAD_PREFIX}{upload_id}{MANIFEST_SUFFIX}"
+        doc = _read_manifest(manifest)
+        if doc is not None:
+            if doc[0] == key:
+                self._end_upload(upload_id)
+            return
+        if key == "":
+            leftover = tmp_dir / upload_id
+            try:
+                if stat.S_ISREG(os.lstat(leftover).st_mode):
+                    os.unlink(leftover)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise self._map_os_error(exc, "abort_upload", key) from exc
+
+    # --- upload helpers ------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.upload_workers, thread_name_prefix="tierfs-local-part"
+                )
+            return self._pool
+
+    def _begin_upload(self, op: str, key: str, path: Path, sidecar: Path) -> tuple[str, Path]:
+        """Create the manifest and the empty data temp file of a new upload."""
+        upload_id = uuid.uuid4().hex
+        try:
+            tmp_dir = self._prepare_write(path, sidecar)
+            manifest = tmp_dir / f"{UPLOAD_PREFIX}{upload_id}{MANIFEST_SUFFIX}"
+            doc = {"v": SIDECAR_VERSION, "key": key, "initiated": time.time()}
+            fd = os.open(manifest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                _pwrite_all(fd, json.dumps(doc, sort_keys=True).encode(), 0)
+            finally:
+                os.close(fd)
+            data = tmp_dir / f"{UPLOAD_PREFIX}{upload_id}"
+            os.close(os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            self._end_upload(upload_id)
+            raise self._map_os_error(exc, op, key) from exc
+        return upload_id, data
+
+    def _finish_upload(
+        self,
+        op: str,
+        key: str,
+        upload_id: str,
+        path: Path,
+        sidecar: Path,
+        tmp: str | Path,
+        etag: str,
+        meta: dict[str, str],
+    ) -> None:
+        """Commit an upload's data file unless the upload was aborted meanwhile."""
+        manifest = self.root / TMP_DIR / f"{UPLOAD_PREFIX}{upload_id}{MANIFEST_SUFFIX}"
+        if not manifest.exists() or not os.path.exists(tmp):
+            raise self._aborted(op, key, upload_id)
+        self._commit(op, key, path, sidecar, tmp, etag, meta)
+
+    def _aborted(self, op: str, key: str, upload_id: str) -> StoreError:
+        return StoreError(f"{op} {self.url}/{key}: upload {upload_id} was aborted meanwhile")
+
+    def _end_upload(self, upload_id: str) -> None:
+        """Remove an upload's temp files (data first, then its manifest)."""
+        tmp_dir = self.root / TMP_DIR
+        for name in (f"{UPLOAD_PREFIX}{upload_id}", f"{UPLOAD_PREFIX}{upload_id}{MANIFEST_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_dir / name)
+
+    def _copy_parts(self, src_fd: int, tmp: str | Path, parts: list[Part]) -> list[bytes]:
+        """Copy the parts' bytes from ``src_fd`` into ``tmp``; MD5 digest per part."""
+        digests: list[bytes] = []
+        out = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for part in parts:
+                md5 = hashlib.md5(usedforsecurity=False)
+                pos = part.offset
+                while pos < part.end:
+                    chunk = os.pread(src_fd, min(COPY_CHUNK, part.end - pos), pos)
+                    if not chunk:
+                        raise PreconditionFailed(f"copy {self.url}: source shrank during the copy")
+                    _pwrite_all(out, chunk, pos)
+                    md5.update(chunk)
+                    pos += len(chunk)
+                digests.append(md5.digest())
+            if self.fsync:
+                os.fsync(out)
+        finally:
+            os.close(out)
+        return digests
+
     # --- write helpers ---------------------------------------------------------------
+
+    def _prepare_write(self, path: Path, sidecar: Path) -> Path:
+        """Checks before writing ``path``; returns the temp directory (created if needed)."""
+        self._check_inside(path)
+        self._check_inside(sidecar)  # a planted .tierfs-meta symlink must not escape either
+        if not self.root.is_dir():
+            raise BucketNotFound(f"local store directory '{self.root}' does not exist")
+        tmp_dir = self.root / TMP_DIR
+        tmp_dir.mkdir(mode=0o700, exist_ok=True)
+        return tmp_dir
+
+    def _commit(
+        self,
+        op: str,
+        key: str,
+        path: Path,
+        sidecar: Path,
+        tmp_data: str | Path,
+        etag: str,
+        meta: dict[str, str],
+    ) -> None:
+        """Move the finished (fsynced) temp file ``tmp_data`` into place as ``key``.
+
+        Writes the sidecar as a temp file, then renames sidecar first and data
+        last under the lock, and fsyncs both directories.  Raises OSError (the
+        caller maps it) or StoreError.  On success ``tmp_data`` is gone.
+        """
+        tmp_dir = self.root / TMP_DIR
+        st = os.stat(tmp_data)
+        doc = {
+            "v": SIDECAR_VERSION,
+            "etag": etag,
+            "metadata": meta,
+            "fingerprint": _fingerprint(st),
+        }
+        tmp_side = self._write_temp(tmp_dir, json.dumps(doc, sort_keys=True).encode())
+        placed = False
+        try:
+            with self._lock:
+                self._make_parent(path, key, op)
+                sidecar.parent.mkdir(exist_ok=True)
+                os.replace(tmp_side, sidecar)
+                placed = True
+                try:
+                    os.replace(tmp_data, path)
+                except IsADirectoryError:
+                    raise StoreError(
+                        f"{op} {self.url}/{key}: a directory of that name holds other objects; "
+                        "a local store cannot have both 'x' and 'x/...'",
+                        errno=errno.EISDIR,
+                    ) from None
+                if self.fsync:
+                    _fsync_dir(sidecar.parent)
+                    _fsync_dir(path.parent)
+        finally:
+            if not placed:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_side)
 
     def _write_temp(self, tmp_dir: Path, payload: bytes) -> str:
         fd, name = tempfile.mkstemp(dir=tmp_dir, prefix="w.")
@@ -469,13 +859,13 @@ class LocalStore:
         os.close(fd)
         return name
 
-    def _make_parent(self, path: Path, key: str) -> None:
+    def _make_parent(self, path: Path, key: str, op: str = "put") -> None:
         """Create the directories above ``path`` (caller holds the lock)."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise StoreError(
-                f"put {self.url}/{key}: a parent of this key is an object; "
+                f"{op} {self.url}/{key}: a parent of this key is an object; "
                 "a local store cannot have both 'x' and 'x/...'",
                 errno=errno.ENOTDIR,
             ) from None
@@ -521,6 +911,39 @@ def _has_objects(top: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _manifest_id(name: str) -> str | None:
+    """The upload id of a manifest file name ``mpu.<id>.json``, else None."""
+    if name.startswith(UPLOAD_PREFIX) and name.endswith(MANIFEST_SUFFIX):
+        upload_id = name[len(UPLOAD_PREFIX) : -len(MANIFEST_SUFFIX)]
+        return upload_id or None
+    return None
+
+
+def _read_manifest(path: Path) -> tuple[str, float] | None:
+    """(key, initiated) from an upload manifest, or None if missing or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if (
+        isinstance(doc, dict)
+        and doc.get("v") == SIDECAR_VERSION
+        and isinstance(doc.get("key"), str)
+        and isinstance(doc.get("initiated"), int | float)
+    ):
+        return doc["key"], float(doc["initiated"])
+    return None
 
 
 def _fsync_dir(directory: Path) -> None:

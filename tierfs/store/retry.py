@@ -111,6 +111,19 @@ class TruncatedBody(Exception):
         self.expected = expected
 
 
+class Transient(Exception):
+    """A store-detected transient condition that deserves another attempt.
+
+    For failures that are not an exception from botocore, for example a
+    DeleteObjects answer that reports some keys as ``InternalError`` /
+    ``SlowDown``.  ``code`` names the condition in messages.
+    """
+
+    def __init__(self, message: str, code: str = "Transient") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How hard to try.  Immutable; share one instance freely.
@@ -211,6 +224,8 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(retry=retry, code=code, retry_after=retry_after if retry else None)
     if isinstance(exc, TruncatedBody):
         return Verdict(retry=True, code=code)
+    if isinstance(exc, Transient):
+        return Verdict(retry=True, code=exc.code)
     if isinstance(exc, RETRYABLE_EXCEPTIONS):
         return Verdict(retry=True, code=code)
     return Verdict(retry=False, code=code)
@@ -223,7 +238,7 @@ def run_with_retry(
     op: str,
     target: str,
     map_error: Callable[[BaseException], StoreError],
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> T:
@@ -231,7 +246,10 @@ def run_with_retry(
 
     ``op`` and ``target`` (e.g. ``"get_range"``, ``"s3://bkt/pre/key"``) only
     feed messages and logs.  ``map_error`` turns a permanent failure into the
-    StoreError to raise.  ``sleep``/``clock``/``rng`` exist for tests.
+    StoreError to raise.  ``sleep``/``clock``/``rng`` exist for tests;
+    ``sleep`` may also be an interruptible wait such as
+    ``threading.Event.wait`` (its return value is ignored), so that a part
+    upload stops backing off when a sibling part already failed.
     """
     started = clock()
     attempt = 0

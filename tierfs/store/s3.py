@@ -2,10 +2,14 @@
 
 Invariants:
 
-- One boto3 client per store, created in ``__init__`` from a private
-  ``boto3.session.Session``.  botocore clients are thread-safe (sessions are
-  not), so worker threads share it; ``max_pool_connections`` bounds the HTTP
-  connection pool and must be at least the number of parallel ranged GETs.
+- One S3 client per store, created in ``__init__`` from a private botocore
+  session (what ``boto3.client`` builds too).  botocore clients are
+  thread-safe (sessions are not), so worker threads share it;
+  ``max_pool_connections`` bounds the HTTP connection pool and must be at
+  least the number of parallel ranged GETs.  The sessions of all stores in a
+  process share one botocore data loader (a read-only cache of the service
+  model JSON), so a second store costs ~10 ms instead of ~150 ms; credentials
+  and config are still resolved per store.
 - botocore's own retries are OFF (``total_max_attempts=1``).  All retrying
   happens in :mod:`tierfs.store.retry`, once per operation, so that attempts
   and the time budget are counted in one place.  botocore also never retries
@@ -25,20 +29,59 @@ Invariants:
   which every implementation verifies.
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
+
+Write path (see :mod:`tierfs.store.multipart` for why multipart is
+hand-written rather than delegated to s3transfer):
+
+- Part uploads and part copies run on ONE ThreadPoolExecutor per store
+  (``upload_workers`` threads, created on first use), shared by all uploads;
+  each upload keeps at most ``concurrency`` parts in flight, and each part's
+  bytes are read by ``read_part`` inside the worker, so memory is bounded by
+  ``min(upload_workers, sum of concurrency) * part_size``.  HTTP connections
+  come from the client's pool, which fetches share: size
+  ``max_pool_connections`` for both.  Never call ``put_multipart``/``copy``
+  from a thread of that executor.
+- Every request (create, each part, complete, abort, list) is one
+  ``run_with_retry`` call with the store's policy.  Each part carries
+  Content-MD5.  A retried part simply replaces the earlier copy of that part
+  number, so part retries never duplicate data.
+- CompleteMultipartUpload is the only request whose repetition is not
+  obviously harmless: if an attempt completed the upload but its answer was
+  lost, S3 may answer the retry with NoSuchUpload.  Then we HEAD the key and
+  accept the object iff its ETag is the multipart ETag computed from our part
+  MD5s (same parts, same order), so nothing is uploaded twice and nothing
+  foreign is accepted.
+- CreateMultipartUpload is not idempotent: if its answer is lost, the retry
+  creates a second upload and the first one leaks.  So after a create that
+  needed more than one attempt we abort every other upload of exactly that key
+  that this store object did not start itself (``_active``).  Two writers
+  uploading the same key at the same time are a conflict anyway (last
+  complete wins); the one whose upload was aborted fails with StoreError and
+  retries from its journal.
+- On any failure after the create (a part, ``read_part``, ``on_upload_id``,
+  complete) the running parts are stopped and waited for, then the upload is
+  aborted (best effort, with a short retry policy; an abort that fails is
+  logged and left to the caller's journal / ``list_uploads`` cleanup), then
+  the error is raised: a StoreError, or the callback's own exception as it
+  was.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import boto3
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -57,13 +100,30 @@ from tierfs.errors import (
     StoreError,
     StoreUnavailable,
 )
-from tierfs.store.base import ListPage, ObjectInfo
+from tierfs.store.base import ListPage, ObjectInfo, UploadInfo
 from tierfs.store.local import metadata_mtime, validate_metadata
+from tierfs.store.multipart import (
+    DEFAULT_CONCURRENCY,
+    MAX_SINGLE_COPY_SIZE,
+    Part,
+    ReadPart,
+    UploadCancelled,
+    check_concurrency,
+    etag_digest,
+    md5_digest,
+    multipart_etag,
+    plan_parts,
+    read_exact,
+    resolve_part_size,
+    run_bounded,
+)
 from tierfs.store.retry import (
     CHECK_POLICY,
     DEFAULT_POLICY,
+    RETRYABLE_CODES,
     RETRYABLE_EXCEPTIONS,
     RetryPolicy,
+    Transient,
     TruncatedBody,
     error_code,
     http_status,
@@ -77,6 +137,11 @@ T = TypeVar("T")
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
 MAX_KEY_BYTES = 1024
+DEFAULT_UPLOAD_WORKERS = 16
+DELETE_BATCH = 1000  # DeleteObjects' limit
+#: Aborting after a failure is best effort: do not spend another full budget on it.
+ABORT_MAX_ATTEMPTS = 3
+ABORT_MAX_BUDGET = 10.0
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchVersion"})
 _DENIED_CODES = frozenset(
@@ -96,6 +161,18 @@ _DENIED_CODES = frozenset(
 )
 _REDIRECT_CODES = frozenset({"PermanentRedirect", "301", "AuthorizationHeaderMalformed"})
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+
+_loader_lock = threading.Lock()
+_loader: Any = None
+
+
+def _shared_loader() -> Any:
+    """The process-wide botocore data loader (service models), created on first use."""
+    global _loader
+    with _loader_lock:
+        if _loader is None:
+            _loader = botocore.loaders.create_loader()
+        return _loader
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -159,6 +236,11 @@ def map_s3_error(
         status = http_status(exc) or 0
         if s3_code == "NoSuchBucket" or (bucket_level and status == 404):
             return BucketNotFound(f"bucket '{bucket}' does not exist at {endpoint}")
+        if s3_code == "NoSuchUpload":
+            return StoreError(
+                f"{op} {where}: the multipart upload no longer exists ({code}); "
+                "aborted by another client or a lifecycle rule?"
+            )
         if s3_code in _NOT_FOUND_CODES or status == 404:
             return ObjectNotFound(f"{op} {where}: no such key")
         if s3_code in _DENIED_CODES or status == 403:
@@ -205,13 +287,26 @@ class S3Store:
         check_retry: RetryPolicy | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        upload_workers: int = DEFAULT_UPLOAD_WORKERS,
     ) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
         self.retry = retry or DEFAULT_POLICY
         self.check_retry = check_retry or CHECK_POLICY
+        self.abort_retry = dataclasses.replace(
+            self.retry,
+            max_attempts=min(self.retry.max_attempts, ABORT_MAX_ATTEMPTS),
+            budget=min(self.retry.budget, ABORT_MAX_BUDGET),
+        )
         if max_pool_connections < 1:
             raise InvalidArgument("max_pool_connections must be >= 1")
+        if upload_workers < 1:
+            raise InvalidArgument("upload_workers must be >= 1")
+        self.upload_workers = upload_workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._closed = False
+        self._active: set[str] = set()  # upload ids this store started and still runs
         config = Config(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
@@ -223,15 +318,23 @@ class S3Store:
             tcp_keepalive=True,
             user_agent_extra="tierfs",
         )
-        session = boto3.session.Session(region_name=region)
-        self.client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        session = botocore.session.get_session()
+        session.register_component("data_loader", _shared_loader())
+        self.client: Any = session.create_client(
+            "s3", region_name=region, endpoint_url=endpoint_url, config=config
+        )
         self.endpoint = _safe_endpoint(str(self.client.meta.endpoint_url))
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
 
     def close(self) -> None:
-        """Close the client's connection pool.  The store is unusable afterwards."""
+        """Stop the part workers and close the connection pool.  The store is unusable afterwards."""
+        with self._pool_lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
 
     # --- helpers -----------------------------------------------------------
@@ -259,6 +362,7 @@ class S3Store:
         *,
         policy: RetryPolicy | None = None,
         bucket_level: bool = False,
+        sleep: Callable[[float], object] | None = None,
     ) -> T:
         def mapper(exc: BaseException) -> StoreError:
             mapped = map_s3_error(
@@ -276,7 +380,11 @@ class S3Store:
         target = f"s3://{self.bucket}/{full_key}" if full_key is not None else f"s3://{self.bucket}"
         if bucket_level:
             target = f"{target} at {self.endpoint}"
-        return run_with_retry(policy or self.retry, fn, op=op, target=target, map_error=mapper)
+        if sleep is None:
+            return run_with_retry(policy or self.retry, fn, op=op, target=target, map_error=mapper)
+        return run_with_retry(
+            policy or self.retry, fn, op=op, target=target, map_error=mapper, sleep=sleep
+        )
 
     # --- ObjectStore ---------------------------------------------------------
 
@@ -403,6 +511,380 @@ class S3Store:
             self._call(
                 "delete", full, lambda: self.client.delete_object(Bucket=self.bucket, Key=full)
             )
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """DeleteObjects in batches of 1000 (quiet mode); missing keys are fine.
+
+        Keys that S3 reports with a transient code (InternalError, SlowDown,
+        ...) are sent again inside the retry budget; any other per-key error
+        raises StoreError naming the first failed key after all batches ran.
+        """
+        fulls = [self._full_key(k) for k in keys]  # validate every key before deleting any
+        hard: list[tuple[str, str]] = []
+        for start in range(0, len(fulls), DELETE_BATCH):
+            pending = fulls[start : start + DELETE_BATCH]
+
+            def attempt() -> None:
+                nonlocal pending
+                resp = self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in pending], "Quiet": True},
+                )
+                retry: list[str] = []
+                codes: list[str] = []
+                for err in resp.get("Errors") or []:
+                    code = str(err.get("Code") or "")
+                    if code in RETRYABLE_CODES:
+                        retry.append(str(err.get("Key")))
+                        codes.append(code)
+                    elif code not in ("NoSuchKey", "NoSuchVersion"):
+                        hard.append((str(err.get("Key")), code or "unknown error"))
+                if retry:
+                    pending = retry
+                    raise Transient(f"{len(retry)} keys not deleted", code=codes[0])
+
+            target = f"{pending[0]} (+{len(pending) - 1} more)" if len(pending) > 1 else pending[0]
+            self._call("delete_many", target, attempt)
+        if hard:
+            key, code = hard[0]
+            raise StoreError(
+                f"delete_many s3://{self.bucket}: {len(hard)} of {len(fulls)} keys not deleted; "
+                f"first: {key} ({code})"
+            )
+
+    # --- write path: multipart --------------------------------------------------
+
+    def put_multipart(
+        self,
+        key: str,
+        size: int,
+        read_part: ReadPart,
+        metadata: dict[str, str] | None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> str:
+        """See :meth:`tierfs.store.base.ObjectStore.put_multipart`."""
+        full = self._full_key(key)
+        meta = validate_metadata(metadata)
+        part_size = resolve_part_size(size, part_size)
+        check_concurrency(concurrency)
+        if size <= part_size:
+            data = read_exact(read_part, Part(1, 0, size)) if size else b""
+            return self.put(key, data, meta)
+        parts = plan_parts(size, part_size)
+        total = len(parts)
+
+        def send(part: Part, upload_id: str, stop: threading.Event) -> str:
+            if stop.is_set():
+                raise UploadCancelled
+            data = read_exact(read_part, part)
+            md5 = base64.b64encode(md5_digest(data)).decode()
+
+            def attempt() -> str:
+                if stop.is_set():
+                    raise UploadCancelled
+                resp = self.client.upload_part(
+                    Bucket=self.bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    PartNumber=part.number,
+                    Body=data,
+                    ContentMD5=md5,
+                )
+                return _strip_etag(resp.get("ETag"))
+
+            return self._call(
+                f"put_multipart part {part.number}/{total}", full, attempt, sleep=stop.wait
+            )
+
+        return self._multipart("put_multipart", full, meta, parts, send, concurrency, on_upload_id)
+
+    def copy(
+        self,
+        src_key: str,
+        dst_key: str,
+        metadata: dict[str, str] | None = None,
+        *,
+        multipart_threshold: int = MAX_SINGLE_COPY_SIZE,
+        part_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> str:
+        """See :meth:`tierfs.store.base.ObjectStore.copy`.
+
+        HEADs the source first (its size picks CopyObject or UploadPartCopy;
+        its metadata goes on a multipart copy, which cannot copy it by
+        itself).  Every copy request carries ``x-amz-copy-source-if-match``
+        with that ETag, so a source replaced during the copy gives
+        PreconditionFailed instead of a mix of two versions.
+        """
+        full_src = self._full_key(src_key)
+        full_dst = self._full_key(dst_key)
+        meta = None if metadata is None else validate_metadata(metadata)
+        check_concurrency(concurrency)
+        if not isinstance(multipart_threshold, int) or not (
+            0 <= multipart_threshold <= MAX_SINGLE_COPY_SIZE
+        ):
+            raise InvalidArgument(
+                f"multipart_threshold must be between 0 and {MAX_SINGLE_COPY_SIZE}, "
+                f"got {multipart_threshold!r}"
+            )
+        src = self.head(src_key)
+        source = {"Bucket": self.bucket, "Key": full_src}
+        if_match = f'"{src.etag}"'
+        where = f"{full_src} -> {full_dst}"
+        if src.size <= multipart_threshold:
+            params: dict[str, Any] = {
+                "Bucket": self.bucket,
+                "Key": full_dst,
+                "CopySource": source,
+                "CopySourceIfMatch": if_match,
+                "MetadataDirective": "COPY" if meta is None else "REPLACE",
+            }
+            if meta is not None:
+                params["Metadata"] = meta
+            resp = self._call("copy", where, lambda: self.client.copy_object(**params))
+            return _strip_etag((resp.get("CopyObjectResult") or {}).get("ETag"))
+
+        parts = plan_parts(src.size, resolve_part_size(src.size, part_size))
+        total = len(parts)
+
+        def send(part: Part, upload_id: str, stop: threading.Event) -> str:
+            def attempt() -> str:
+                if stop.is_set():
+                    raise UploadCancelled
+                resp = self.client.upload_part_copy(
+                    Bucket=self.bucket,
+                    Key=full_dst,
+                    UploadId=upload_id,
+                    PartNumber=part.number,
+                    CopySource=source,
+                    CopySourceIfMatch=if_match,
+                    CopySourceRange=f"bytes={part.offset}-{part.end - 1}",
+                )
+                return _strip_etag((resp.get("CopyPartResult") or {}).get("ETag"))
+
+            return self._call(f"copy part {part.number}/{total}", where, attempt, sleep=stop.wait)
+
+        new_meta = src.metadata if meta is None else meta
+        return self._multipart("copy", full_dst, new_meta, parts, send, concurrency, on_upload_id)
+
+    def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
+        """ListMultipartUploads under the store prefix + ``prefix``, all pages."""
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be str, got {type(prefix).__name__}")
+        full_prefix = self.prefix + prefix
+        out: list[UploadInfo] = []
+        key_marker: str | None = None
+        id_marker: str | None = None
+        while True:
+            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if key_marker is not None:
+                params["KeyMarker"] = key_marker
+                if id_marker:
+                    params["UploadIdMarker"] = id_marker
+            resp = self._call(
+                "list_uploads",
+                full_prefix,
+                lambda p=params: self.client.list_multipart_uploads(**p),
+            )
+            for upload in resp.get("Uploads") or []:
+                initiated = upload.get("Initiated")
+                out.append(
+                    UploadInfo(
+                        key=self._rel_key(str(upload.get("Key", ""))),
+                        upload_id=str(upload.get("UploadId", "")),
+                        initiated=initiated.timestamp() if initiated is not None else 0.0,
+                    )
+                )
+            if not resp.get("IsTruncated"):
+                return out
+            key_marker = resp.get("NextKeyMarker")
+            id_marker = resp.get("NextUploadIdMarker")
+            if not key_marker:
+                raise StoreError(
+                    f"list_uploads s3://{self.bucket}/{full_prefix}: truncated listing "
+                    "without a next marker"
+                )
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """AbortMultipartUpload; NoSuchUpload (unknown, finished or aborted) is fine."""
+        full = self._full_key(key)
+        self._abort(full, upload_id, self.retry)
+
+    # --- multipart helpers ---------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._closed:
+                raise StoreError(f"{self.url}: store is closed")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.upload_workers, thread_name_prefix="tierfs-s3-part"
+                )
+            return self._pool
+
+    def _multipart(
+        self,
+        op: str,
+        full: str,
+        meta: dict[str, str],
+        parts: list[Part],
+        send: Callable[[Part, str, threading.Event], str],
+        concurrency: int,
+        on_upload_id: Callable[[str], None] | None,
+    ) -> str:
+        """Create, run ``send`` for every part, complete; abort on any failure."""
+        executor = self._executor()
+        upload_id = self._create(op, full, meta)
+        try:
+            if on_upload_id is not None:
+                on_upload_id(upload_id)
+            stop = threading.Event()
+            etags = run_bounded(
+                executor, parts, lambda part: send(part, upload_id, stop), concurrency, stop
+            )
+            return self._complete(op, full, upload_id, [p.number for p in parts], etags)
+        except UploadCancelled as exc:
+            self._abort_quietly(op, full, upload_id)
+            raise StoreError(
+                f"{op} s3://{self.bucket}/{full}: upload stopped because the store was closed"
+            ) from exc
+        except BaseException:
+            self._abort_quietly(op, full, upload_id)
+            raise
+        finally:
+            with self._pool_lock:
+                self._active.discard(upload_id)
+
+    def _create(self, op: str, full: str, meta: dict[str, str]) -> str:
+        attempts = 0
+
+        def attempt() -> str:
+            nonlocal attempts
+            attempts += 1
+            resp = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, Metadata=meta)
+            upload_id = str(resp["UploadId"])
+            with self._pool_lock:
+                self._active.add(upload_id)
+            return upload_id
+
+        upload_id = self._call(f"{op} create", full, attempt)
+        if attempts > 1:
+            self._abort_lost_creates(op, full, upload_id)
+        return upload_id
+
+    def _abort_lost_creates(self, op: str, full: str, keep: str) -> None:
+        """Abort uploads of ``full`` that a create whose answer was lost may have left.
+
+        Best effort: a failure here is logged, the caller's upload goes on.
+        """
+        try:
+            uploads = self.list_uploads(self._rel_key(full))
+        except StoreError as exc:
+            log.warning(
+                "%s s3://%s/%s: cannot look for leaked uploads: %s", op, self.bucket, full, exc
+            )
+            return
+        for upload in uploads:
+            with self._pool_lock:
+                ours = upload.upload_id in self._active
+            if self.prefix + upload.key != full or ours or upload.upload_id == keep:
+                continue
+            log.info(
+                "%s s3://%s/%s: aborting upload %s left by a create whose answer was lost",
+                op,
+                self.bucket,
+                full,
+                upload.upload_id,
+            )
+            self._abort_quietly(op, full, upload.upload_id)
+
+    def _complete(
+        self, op: str, full: str, upload_id: str, numbers: list[int], etags: list[str]
+    ) -> str:
+        digests = [etag_digest(e) for e in etags]
+        expected = (
+            multipart_etag([d for d in digests if d is not None])
+            if all(d is not None for d in digests)
+            else None
+        )
+        body = {
+            "Parts": [
+                {"PartNumber": n, "ETag": f'"{e}"'} for n, e in zip(numbers, etags, strict=True)
+            ]
+        }
+        attempts = 0
+
+        def attempt() -> str:
+            nonlocal attempts
+            attempts += 1
+            try:
+                resp = self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload=body
+                )
+            except ClientError as exc:
+                # An earlier attempt may have completed it and lost the answer.
+                if (
+                    attempts > 1
+                    and _s3_code(exc) == "NoSuchUpload"
+                    and expected is not None
+                    and self._object_etag(full) == expected
+                ):
+                    log.info(
+                        "%s s3://%s/%s: upload %s was completed by an earlier attempt",
+                        op,
+                        self.bucket,
+                        full,
+                        upload_id,
+                    )
+                    return expected
+                raise
+            return _strip_etag(resp.get("ETag")) or (expected or "")
+
+        return self._call(f"{op} complete", full, attempt)
+
+    def _object_etag(self, full: str) -> str | None:
+        """ETag of ``full`` now, or None if it does not exist (raw call, inside a retry)."""
+        try:
+            resp = self.client.head_object(Bucket=self.bucket, Key=full)
+        except ClientError as exc:
+            if http_status(exc) == 404:
+                return None
+            raise
+        return _strip_etag(resp.get("ETag"))
+
+    def _abort(self, full: str, upload_id: str, policy: RetryPolicy) -> None:
+        if not isinstance(upload_id, str) or not upload_id:
+            raise InvalidArgument(f"empty or non-string upload id: {upload_id!r}")
+
+        def attempt() -> None:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            except ClientError as exc:
+                if _s3_code(exc) != "NoSuchUpload":
+                    raise
+
+        self._call("abort_upload", full, attempt, policy=policy)
+
+    def _abort_quietly(self, op: str, full: str, upload_id: str) -> None:
+        try:
+            self._abort(full, upload_id, self.abort_retry)
+        except StoreError as exc:
+            log.warning(
+                "%s s3://%s/%s: could not abort upload %s (%s); it stays until a cleanup",
+                op,
+                self.bucket,
+                full,
+                upload_id,
+                exc,
+            )
+
+
+def _s3_code(exc: ClientError) -> str:
+    return str((exc.response.get("Error", {}) or {}).get("Code") or "")
 
 
 def _checked_range_body(
