@@ -35,6 +35,7 @@ import trio
 
 from tierfs.errors import ObjectNotFound, StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, SyncState
+from tierfs.store import abort_stale_uploads
 
 from .journal import Entry
 
@@ -323,29 +324,19 @@ class SyncOps:
         return len(seqs)
 
     async def abort_stale_uploads(self: TierFS, older_than: float = 24 * 3600) -> int:
-        """At mount: abort multipart uploads nobody will complete.
+        """At mount, before any upload starts: abort multipart uploads under
+        our prefix that nobody will complete.
 
         Uploads recorded in the journal are aborted when their entry runs
-        again; here any other upload under our prefix older than
-        ``older_than`` seconds is aborted (a crashed tierfs whose state dir
-        was lost, or another writer that died).
+        again; this catches older ones (a node whose state dir was lost, a
+        writer that died).  Only uploads older than ``older_than`` seconds
+        go: the prefix may be shared with other nodes' live uploads.
         """
         try:
-            uploads = await self._store_call(self.store.list_uploads, "")
+            aborted = await self._store_call(abort_stale_uploads, self.store, time.time() - older_than)
         except StoreError as exc:
-            log.warning("cannot list multipart uploads: %s", exc)
+            log.warning("cannot clean up stale multipart uploads: %s", exc)
             return 0
-        cutoff = time.time() - older_than
-        known = {e.get("upload_id") for e in self.journal.entries.values()}
-        aborted = 0
-        for upload in uploads:
-            if upload.upload_id in known or upload.initiated > cutoff:
-                continue
-            try:
-                await self._store_call(self.store.abort_upload, upload.key, upload.upload_id)
-                aborted += 1
-            except StoreError as exc:
-                log.warning("cannot abort multipart upload of %r: %s", upload.key, exc)
         if aborted:
             log.info("aborted %d stale multipart uploads", aborted)
         return aborted

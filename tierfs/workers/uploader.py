@@ -1,6 +1,7 @@
 """The uploader: a background task that carries the journal to the bucket.
 
-It only schedules: ``Journal.runnable`` decides which entries may start
+At start it aborts stale multipart uploads, before any upload of its own
+can be mistaken for one.  Then it only schedules: ``Journal.runnable`` decides which entries may start
 (sequence order per key, due times), ``TierFS.run_entry`` does the work.
 At most ``concurrency`` entries run at once; each large upload sends its
 parts in parallel on top of that.  It wakes when the journal changes, when
@@ -28,9 +29,10 @@ async def run_uploader(
     journal = fs.journal
     async with trio.open_nursery() as nursery:
         task_status.started()
+        with trio.move_on_after(60):  # never let a dead bucket block the uploader
+            await fs.abort_stale_uploads()
         if len(journal):
             log.info("replaying %d journal entries from the last mount", len(journal))
-        nursery.start_soon(fs.abort_stale_uploads)
         while True:
             ready, next_due = journal.runnable(fs.entry_keys)
             for seq in ready:
