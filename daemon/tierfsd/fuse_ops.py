@@ -186,8 +186,10 @@ class TierfsOperations(pyfuse3.Operations):
         return entry_attributes(attrs)
 
     @_errno
-    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EPERM)  # device nodes and FIFOs have no place in a bucket
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return entry_attributes(await self.fs.mknod(parent_inode, name, mode, ctx.uid, ctx.gid))
 
     @_errno
     async def mkdir(

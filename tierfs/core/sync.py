@@ -333,7 +333,9 @@ class SyncOps:
         go: the prefix may be shared with other nodes' live uploads.
         """
         try:
-            aborted = await self._store_call(abort_stale_uploads, self.store, time.time() - older_than)
+            aborted = await self._store_call(
+                abort_stale_uploads, self.store, time.time() - older_than
+            )
         except StoreError as exc:
             log.warning("cannot clean up stale multipart uploads: %s", exc)
             return 0

@@ -24,7 +24,8 @@ side of each change:
 * chmod/chown/utimens of a clean file: the object's metadata is rewritten
   in place (``setmeta``), without downloading it.
 
-Hard links are refused with EPERM.  Extended attributes: ``user.*`` only,
+Hard links are refused with EPERM, and so are device nodes; FIFOs and
+sockets are empty objects whose mode carries the type.  Extended attributes: ``user.*`` only,
 kept in LMDB on this node (not in the bucket).
 """
 
@@ -158,6 +159,25 @@ class WriteOps:
         inode = self._new_inode(parent, name, stat.S_IFLNK | 0o777, uid, gid)
         inode.symlink_target = target
         inode.size = len(target)
+        with self.journal.write() as w:
+            self._link_new(w, inode)
+            w.ensure_upload(inode.ino)
+        self.journal.schedule(inode.ino, self.config.write.upload_delay)
+        return self.attributes(inode)
+
+    async def mknod(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Any:
+        """FIFOs, sockets and empty regular files; device nodes are refused.
+
+        In the bucket they are empty objects whose ``x-amz-meta-mode``
+        carries the type (as s3fs-fuse stores them)."""
+        kind = stat.S_IFMT(mode)
+        if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK):
+            raise NotPermitted("tierfs does not store device nodes")
+        check_name(name)
+        await self._parent_for_change(parent)
+        if self.meta.lookup(parent, name) is not None:
+            raise Exists(name.decode(errors="replace"))
+        inode = self._new_inode(parent, name, kind | (mode & 0o7777), uid, gid)
         with self.journal.write() as w:
             self._link_new(w, inode)
             w.ensure_upload(inode.ino)
