@@ -68,9 +68,11 @@ def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
 
 
 class TierfsOperations(pyfuse3.Operations):
-    # The kernel merges small writes into large ones and keeps i_size and
-    # mtime itself; we see page-sized writes at most max_write each.
-    enable_writeback_cache = True
+    # No kernel writeback cache: with it, FUSE never takes a regular file's
+    # size from us again (it trusts its own i_size), so an object that grew
+    # or shrank in the bucket would be read with its old size.  Large writes
+    # still arrive as 1 MiB requests (libfuse negotiates max_pages).
+    enable_writeback_cache = False
 
     def __init__(self, fs: TierFS) -> None:
         super().__init__()

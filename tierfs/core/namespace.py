@@ -238,11 +238,8 @@ class Namespace:
         if problem is not None:
             self._warn_once(
                 common,
-                "skipping all keys under {key!r}: '"
-                + name
-                + "' cannot be a directory name ("
-                + problem
-                + ")",
+                f"skipping all keys under {common!r}: {name!r} cannot be a directory name "
+                f"({problem})",
             )
             return None
         return ListedEntry(name=name.encode(), is_dir=True)
