@@ -316,6 +316,7 @@ class TierFS(WriteOps, SyncOps):
             self.blocks.release(cf)
             if ino in self._orphans and not self.blocks.is_busy(ino):
                 self._orphans.discard(ino)
+                self.journal.namespace_gen += 1
                 with self.meta.write() as tx:
                     tiers = tx.delete_inode(ino)
                 self._remove_cache_files(ino, tiers)

@@ -114,6 +114,9 @@ class Journal:
         self._deleting: dict[str, int] = {}
         for entry in self.entries.values():
             self._count_delete(entry, +1)
+        #: Bumped by every rename and removal: cached keys are then stale.
+        self.namespace_gen = 0
+        self._keys: dict[int, tuple[int, list[str] | None]] = {}
         self._changed = trio.Event()
         self._done = trio.Event()
 
@@ -154,6 +157,7 @@ class Journal:
                 self.copies.pop(entry["ino"], None)
         self.not_before.pop(seq, None)
         self.failures.pop(seq, None)
+        self._keys.pop(seq, None)
         self._count_delete(entry, -1)
         self._done.set()
         self._done = trio.Event()
@@ -246,7 +250,12 @@ class Journal:
         for i, (seq, entry) in enumerate(self.entries.items()):
             if i >= SCAN_WINDOW:
                 break
-            keys = keys_of(seq, entry)
+            cached = self._keys.get(seq)
+            if cached is not None and cached[0] == self.namespace_gen and seq not in self.running:
+                keys = cached[1]
+            else:
+                keys = keys_of(seq, entry)
+                self._keys[seq] = (self.namespace_gen, keys)
             if seq in self.running:
                 blocked.update(keys or ())
                 continue

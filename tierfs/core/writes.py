@@ -197,6 +197,7 @@ class WriteOps:
         key = child_key(self.namespace.key_of(dir_inode), name)
         busy = self.blocks.is_busy(inode.ino)
         tiers: list[int] = []
+        self.journal.namespace_gen += 1
         with self.journal.write() as w:
             parent_inode = w.tx.get_inode(parent)
             assert parent_inode is not None
@@ -233,6 +234,7 @@ class WriteOps:
         if self.meta.count_children(inode.ino):
             raise DirectoryNotEmpty(name.decode(errors="replace"))
         key = child_key(self.namespace.key_of(dir_inode), name)
+        self.journal.namespace_gen += 1
         with self.journal.write() as w:
             parent_inode = w.tx.get_inode(parent)
             assert parent_inode is not None
@@ -281,6 +283,7 @@ class WriteOps:
         new_key = child_key(self.namespace.key_of(dst_dir), new_name)
         target_tiers: list[int] = []
         target_busy = target is not None and self.blocks.is_busy(target.ino)
+        self.journal.namespace_gen += 1
         with self.journal.write() as w:
             if target is not None:
                 w.tx.unlink(new_parent, new_name)
