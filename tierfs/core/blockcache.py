@@ -67,6 +67,10 @@ from .space import SpaceManager
 
 log = logging.getLogger(__name__)
 
+#: Sequential fetches are grouped into ranged GETs of up to this many bytes
+#: (DESIGN.md: 8-16 MiB), whatever the block size.
+FETCH_RUN_BYTES = 16 * 1024 * 1024
+
 #: Blocks kept in memory per file when no tier had room for them.
 _TRANSIENT_BLOCKS = 8
 
@@ -188,6 +192,7 @@ class BlockCache:
         self.block_size = block_size
         self.max_window = max(1, readahead_max // block_size)
         self.fetch_limiter = trio.CapacityLimiter(fetch_concurrency)
+        self.max_run_blocks = max(1, FETCH_RUN_BYTES // block_size)
         self.io_limiter = trio.CapacityLimiter(4)
         self.files: dict[int, CachedFile] = {}
         self.write_space_timeout = 60.0
@@ -325,6 +330,7 @@ class BlockCache:
     async def _ensure(self, cf: CachedFile, blocknos: Iterable[int]) -> None:
         """Make every block present and verified (or transient)."""
         waits: list[_Flight] = []
+        absent: list[int] = []
         for blockno in blocknos:
             if blockno in cf.transient:
                 continue
@@ -333,8 +339,12 @@ class BlockCache:
                 continue  # a hole
             if rec is not None and self._ready(cf, blockno, rec):
                 continue
-            waits.append(self._start_flight(cf, blockno))
-        for flight in waits:
+            if rec is None and blockno not in cf.flights:
+                absent.append(blockno)
+            else:
+                waits.append(self._start_flight(cf, blockno))
+        waits += self._start_fetches(cf, absent)
+        for flight in set(waits):
             await flight.done.wait()
             if flight.error is not None:
                 err = flight.error
@@ -351,13 +361,51 @@ class BlockCache:
         self._nursery.start_soon(self._run_flight, cf, blockno, flight)
         return flight
 
+    def _start_fetches(self, cf: CachedFile, blocknos: list[int]) -> list[_Flight]:
+        """Fetch absent blocks, consecutive ones together: one ranged GET per
+        run of up to ``max_run_blocks`` (fewer, larger requests cost the
+        store and us less CPU per byte than one GET per block)."""
+        flights: list[_Flight] = []
+        run: list[int] = []
+        for blockno in sorted(blocknos):
+            if run and (blockno != run[-1] + 1 or len(run) >= self.max_run_blocks):
+                flights.append(self._start_run(cf, run))
+                run = []
+            run.append(blockno)
+        if run:
+            flights.append(self._start_run(cf, run))
+        return flights
+
+    def _start_run(self, cf: CachedFile, run: list[int]) -> _Flight:
+        flight = _Flight()
+        for blockno in run:
+            cf.flights[blockno] = flight
+        assert self._nursery is not None, "BlockCache.start() was not called"
+        self._nursery.start_soon(self._run_fetch_flight, cf, run, flight)
+        return flight
+
+    async def _run_fetch_flight(self, cf: CachedFile, run: list[int], flight: _Flight) -> None:
+        try:
+            await self._fetch(cf, run)
+        except Exception as exc:
+            flight.error = exc
+            if not isinstance(exc, TierfsError):
+                log.exception("fetching blocks %d-%d of %r failed", run[0], run[-1], cf.key)
+        finally:
+            for blockno in run:
+                if cf.flights.get(blockno) is flight:
+                    del cf.flights[blockno]
+            flight.done.set()
+            if cf.refs == 0 and not cf.flights:
+                self._close(cf)
+
     async def _run_flight(self, cf: CachedFile, blockno: int, flight: _Flight) -> None:
         try:
             rec = cf.blocks.get(blockno)
             if rec is not None and not rec.dirty and not await self._verify(cf, blockno, rec):
                 rec = None
             if rec is None:
-                await self._fetch(cf, blockno)
+                await self._fetch(cf, [blockno])
         except Exception as exc:
             flight.error = exc
             if not isinstance(exc, TierfsError):
@@ -389,91 +437,113 @@ class BlockCache:
         cf.blocks.pop(blockno, None)
         return False
 
-    async def _fetch(self, cf: CachedFile, blockno: int) -> None:
-        offset = blockno * self.block_size
-        nbytes = min(self.block_size, cf.size - offset)
-        from_origin = min(nbytes, cf.inode.origin_size - offset)
-        if nbytes <= 0 or from_origin <= 0:
+    async def _fetch(self, cf: CachedFile, run: list[int]) -> None:
+        """Fetch consecutive blocks ``run`` with one ranged GET, write each to
+        the first tier with room and record it (or keep it in memory if no
+        tier has room)."""
+        bs = self.block_size
+        offset = run[0] * bs
+        lengths = [min(bs, cf.size - b * bs) for b in run]
+        from_origin = min(sum(lengths), cf.inode.origin_size - offset)
+        if min(lengths) <= 0 or from_origin <= 0:
             return
         generation = cf.generation
-        self.stats.miss_blocks += 1
+        self.stats.miss_blocks += len(run)
         for _attempt in range(len(self.tiers) + 1):
-            tier = self.space.reserve(nbytes)
-            fd = self._fd(cf, tier) if tier is not None else None
+            tiers = [self.space.reserve(n) for n in lengths]
+            fds = [self._fd(cf, t) if t is not None else None for t in tiers]
             try:
                 key, etag = self.read_origin(cf.inode)
-                digest, data = await trio.to_thread.run_sync(
+                results = await trio.to_thread.run_sync(
                     self._get_and_store,
                     key,
                     etag,
                     offset,
                     from_origin,
-                    nbytes,
-                    fd,
+                    lengths,
+                    fds,
                     limiter=self.fetch_limiter,
                 )
             except OSError as exc:
-                if (
-                    tier is not None and exc.errno == errno.ENOSPC
-                ):  # the filesystem is fuller than we thought
-                    self.space.release(tier, nbytes)
-                    self.space.tier_filled_up(tier)
+                self._release_all(tiers, lengths)
+                if exc.errno == errno.ENOSPC:  # the filesystem is fuller than we thought
+                    for tier in {t for t in tiers if t is not None}:
+                        self.space.tier_filled_up(tier)
                     continue
                 raise
             except PreconditionFailed as exc:
-                if tier is not None:
-                    self.space.release(tier, nbytes)
+                self._release_all(tiers, lengths)
                 raise StoreError(
                     f"{cf.key} changed in the bucket during the read", errno=errno.ESTALE
                 ) from exc
             except BaseException:
-                if tier is not None:
-                    self.space.release(tier, nbytes)
+                self._release_all(tiers, lengths)
                 raise
             self.stats.gets += 1
             self.stats.fetched_bytes += from_origin
             if generation != cf.generation:  # the object changed meanwhile
-                if tier is not None:
-                    self.space.release(tier, nbytes)
+                self._release_all(tiers, lengths)
                 return
-            if tier is None:
-                self.stats.uncached_blocks += 1
-                if len(cf.transient) >= _TRANSIENT_BLOCKS:
-                    cf.transient.pop(next(iter(cf.transient)))
-                cf.transient[blockno] = data
-                return
-            rec = BlockRecord(tier=tier, digest=digest, nbytes=nbytes)
-            if cf.inode.state == SyncState.CLEAN:
-                self.meta.add_block(cf.ino, blockno, rec)
-            else:  # part of a dirty file: committed with the file's writes
-                cf.uncommitted.add(blockno)
-                cf.reserved[blockno] = (tier, 0)
-            self.space.release(tier, nbytes)
-            cf.blocks[blockno] = rec
-            self._verified.add((cf.ino, blockno))
+            for blockno, tier, nbytes, (digest, data) in zip(run, tiers, lengths, results, strict=True):
+                self._store_fetched(cf, blockno, tier, nbytes, digest, data)
             return
 
+    def _release_all(self, tiers: list[int | None], lengths: list[int]) -> None:
+        for tier, nbytes in zip(tiers, lengths, strict=True):
+            if tier is not None:
+                self.space.release(tier, nbytes)
+
+    def _store_fetched(
+        self, cf: CachedFile, blockno: int, tier: int | None, nbytes: int, digest: int, data: bytes
+    ) -> None:
+        if tier is None:
+            self.stats.uncached_blocks += 1
+            if len(cf.transient) >= _TRANSIENT_BLOCKS:
+                cf.transient.pop(next(iter(cf.transient)))
+            cf.transient[blockno] = data
+            return
+        rec = BlockRecord(tier=tier, digest=digest, nbytes=nbytes)
+        if cf.inode.state == SyncState.CLEAN:
+            self.meta.add_block(cf.ino, blockno, rec)
+        else:  # part of a dirty file: committed with the file's writes
+            cf.uncommitted.add(blockno)
+        self.space.release(tier, nbytes)
+        cf.blocks[blockno] = rec
+        self._verified.add((cf.ino, blockno))
+
     def _get_and_store(
-        self, key: str, etag: str, offset: int, length: int, nbytes: int, fd: int | None
-    ) -> tuple[int, bytes]:
-        """Thread: ranged GET of ``length`` bytes, zero-padded to ``nbytes``,
-        written to the cache file; returns the digest (or the bytes, if
-        there is no cache file to write them to)."""
+        self,
+        key: str,
+        etag: str,
+        offset: int,
+        length: int,
+        lengths: list[int],
+        fds: list[int | None],
+    ) -> list[tuple[int, bytes]]:
+        """Thread: one ranged GET of ``length`` bytes, zero-padded to the
+        blocks' total, cut into blocks; each written to its cache file with
+        its digest (or returned as bytes, where there is no cache file)."""
         data = self.store.get_range(key, offset, length, etag or None)
         if len(data) != length:
             raise StoreError(
                 f"{key}: expected {length} bytes at offset {offset}, got {len(data)}; "
                 "the object is shorter than its listing said"
             )
-        if nbytes > length:
-            data += bytes(nbytes - length)
-        if fd is not None:
-            view = memoryview(data)
-            written = 0
-            while written < nbytes:
-                written += os.pwrite(fd, view[written:], offset + written)
-            return block_digest(data), b""
-        return 0, data
+        total = sum(lengths)
+        if total > length:
+            data += bytes(total - length)
+        view = memoryview(data)
+        out: list[tuple[int, bytes]] = []
+        pos = 0
+        for nbytes, fd in zip(lengths, fds, strict=True):
+            piece = view[pos : pos + nbytes]
+            if fd is not None:
+                self._pwrite_all(fd, piece, offset + pos)
+                out.append((block_digest(piece), b""))
+            else:
+                out.append((0, bytes(piece)))
+            pos += nbytes
+        return out
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -650,6 +720,7 @@ class BlockCache:
         state.window = min(state.window * 2, self.max_window)
         nblocks = (cf.size + bs - 1) // bs
         run_tier, run_start, run_end = -1, 0, 0
+        absent: list[int] = []
         for blockno in range(last + 1, min(last + 1 + state.window, nblocks)):
             if blockno in cf.flights or blockno in cf.transient:
                 continue
@@ -663,8 +734,13 @@ class BlockCache:
                 self._advise_willneed(cf, run_tier, run_start, run_end)
                 run_tier, run_start, run_end = rec.tier, blockno * bs, blockno * bs + rec.nbytes
                 continue
-            self._start_flight(cf, blockno)
+            if rec is None:
+                if blockno * bs < cf.inode.origin_size:
+                    absent.append(blockno)
+            else:
+                self._start_flight(cf, blockno)  # cached by an earlier mount: verify
         self._advise_willneed(cf, run_tier, run_start, run_end)
+        self._start_fetches(cf, absent)
 
     def _advise_willneed(self, cf: CachedFile, tier: int, start: int, end: int) -> None:
         if tier >= 0 and end > start:
