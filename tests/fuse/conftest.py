@@ -2,7 +2,8 @@
 
 ``mount`` is a factory: ``mount(objects={...}, nvme="16MiB", ...)`` puts the
 objects into a fresh bucket (under the prefix ``data/``), writes a config
-with two small tiers and short TTLs under ``tmp_path``, runs ``tierfs mount
+with two small tiers and short TTLs (and, if ``upload_delay=`` or
+``write_mode=`` is given, a ``[write]`` table) under ``tmp_path``, runs ``tierfs mount
 CONFIG MP`` as a new user would and returns a ``Mount``.  ``Mount.umount()``
 and ``Mount.remount()`` cycle the same config and state dir.
 
@@ -292,8 +293,12 @@ def write_config(
     readahead_max: str,
     list_ttl: str,
     revalidate_ttl: str,
+    write: dict[str, str] | None = None,
 ) -> None:
-    """A config the way an operator writes one (TOML strings via json.dumps)."""
+    """A config the way an operator writes one (TOML strings via json.dumps).
+
+    ``write`` (for example ``{"mode": "through", "upload_delay": "30s"}``)
+    becomes a ``[write]`` table; without it the defaults apply."""
     lines = [
         "[backing]",
         f"url = {json.dumps(f's3://{bucket}/{prefix}')}",
@@ -323,6 +328,8 @@ def write_config(
         f"revalidate_ttl = {json.dumps(revalidate_ttl)}",
         "",
     ]
+    if write:
+        lines += ["[write]", *(f"{k} = {json.dumps(v)}" for k, v in write.items()), ""]
     path.write_text("\n".join(lines))
 
 
@@ -366,6 +373,8 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         readahead_max: str = "4MiB",
         list_ttl: str = "2s",
         revalidate_ttl: str = "1s",
+        upload_delay: str | None = None,
+        write_mode: str | None = None,
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -387,6 +396,11 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
             readahead_max=readahead_max,
             list_ttl=list_ttl,
             revalidate_ttl=revalidate_ttl,
+            write={
+                k: v
+                for k, v in (("mode", write_mode), ("upload_delay", upload_delay))
+                if v is not None
+            },
         )
         m = Mount(
             path=mountpoint,

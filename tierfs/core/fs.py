@@ -147,7 +147,7 @@ class TierFS(WriteOps, SyncOps):
         self.namespace.protects = self.journal.protects
         self._handles: dict[int, Handle] = {}
         self._writers: dict[int, int] = {}
-        self._orphans: set[int] = set()
+        self._orphans = self.journal.orphans
         self._next_fh = 1
         self._stale_page_cache: set[int] = set()
         #: Set by the daemon: drop the kernel's cached attributes of an inode
@@ -317,6 +317,7 @@ class TierFS(WriteOps, SyncOps):
             if ino in self._orphans and not self.blocks.is_busy(ino):
                 self._orphans.discard(ino)
                 self.journal.namespace_gen += 1
+                self.journal.wake()  # its object may be deleted now
                 with self.meta.write() as tx:
                     tiers = tx.delete_inode(ino)
                 self._remove_cache_files(ino, tiers)

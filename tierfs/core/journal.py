@@ -12,9 +12,11 @@ number):
                                                queues it sets the inode's origin
                                                to K2 at once; reads use K (see
                                                ``read_origin``) until it is done
-``{"op": "delete", "key": K}``                 delete one object (or ``dir/`` marker)
+``{"op": "delete", "key": K}``                 delete one object (or ``dir/`` marker);
+                                               with ``"ino"``, not before that
+                                               unlinked file's last close
 ``{"op": "mkdir", "key": "dir/", "ino": N}``   put an empty directory marker
-``{"op": "setmeta", "ino": N}``                rewrite a clean object's metadata
+``{"op": "setmeta", "ino": N, "key": K}``      rewrite the metadata of the clean object at K
 =============================================  ==========================================
 
 Invariants:
@@ -109,6 +111,9 @@ class Journal:
         self.not_before: dict[int, float] = {}
         #: inodes whose upload waits for a close or fsync.
         self.held: set[int] = set()
+        #: unlinked inodes still open: the delete of their object waits, so
+        #: that blocks not yet cached stay readable through the open handles.
+        self.orphans: set[int] = set()
         self.running: set[int] = set()
         self.failures: dict[int, int] = {}
         self._deleting: dict[str, int] = {}
@@ -264,6 +269,8 @@ class Journal:
                 continue
             due = self.not_before.get(seq, 0.0)
             if entry["op"] == "upload" and entry["ino"] in self.held:
+                due = math.inf
+            elif entry["op"] == "delete" and entry.get("ino") in self.orphans:
                 due = math.inf
             if blocked.isdisjoint(keys) and due <= now:
                 ready.append(seq)

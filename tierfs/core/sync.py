@@ -63,13 +63,13 @@ class SyncOps:
     def entry_keys(self: TierFS, seq: int, entry: Entry) -> list[str] | None:
         """The keys an entry touches, for ordering; None if it is obsolete."""
         op = entry["op"]
-        if op in ("upload", "setmeta"):
+        if op == "upload":
             inode = self._linked_inode(entry["ino"])
             if inode is None:
                 return None
             if seq in self.journal.running and "running_key" in entry:
                 return [entry["running_key"]]
-            return [self.namespace.key_of(inode) if op == "upload" else inode.origin_key]
+            return [self.namespace.key_of(inode)]
         if op == "copy":
             return [entry["src"], entry["dst"]]
         return [entry["key"]]
@@ -274,15 +274,26 @@ class SyncOps:
             w.remove(seq)
 
     async def _run_setmeta(self: TierFS, seq: int, entry: Entry) -> None:
+        """Rewrite the metadata of the object at the entry's key (pinned when
+        it was queued; a later rename's copy carries the new metadata on)."""
         inode = self._linked_inode(entry["ino"])
-        if inode is None or inode.state != SyncState.CLEAN or not inode.origin_key:
-            self._finish(seq)  # an upload carries the metadata instead
+        if inode is None or inode.state != SyncState.CLEAN:
+            self._finish(seq)  # gone, or an upload carries the metadata instead
             return
-        key = inode.origin_key
-        etag = await self._store_call(self.store.copy, key, key, object_metadata(inode))
+        key = entry["key"]
+        try:
+            etag = await self._store_call(self.store.copy, key, key, object_metadata(inode))
+        except ObjectNotFound:
+            log.warning("cannot update the metadata of %r: it is gone from the bucket", key)
+            self._finish(seq)
+            return
         with self.journal.write() as w:
             current = self._linked_inode(entry["ino"])
-            if current is not None and current.origin_key == key and current.etag == inode.etag:
+            if (
+                current is not None
+                and current.origin_key == key
+                and current.ino not in self.journal.copies
+            ):
                 current.etag = etag
                 w.tx.put_inode(current)
             w.remove(seq)

@@ -216,7 +216,9 @@ class WriteOps:
         """Bucket side of removing a file from the namespace."""
         w.cancel_upload(inode.ino)
         if inode.origin_key:
-            w.append({"op": "delete", "key": inode.origin_key})
+            # Tagged with the inode: if it is still open, the object must stay
+            # readable until the last close (Journal.orphans holds it back).
+            w.append({"op": "delete", "key": inode.origin_key, "ino": inode.ino})
         if self.journal.uploading(inode.ino) and key != inode.origin_key:
             w.append({"op": "delete", "key": key})
 
@@ -279,6 +281,7 @@ class WriteOps:
                     break
                 probe = self.namespace.get(probe.parent)
             await self._list_subtree(inode)
+            inode = self.namespace.get(inode.ino)  # the listing updated its record
         old_key = child_key(self.namespace.key_of(src_dir), old_name)
         new_key = child_key(self.namespace.key_of(dst_dir), new_name)
         target_tiers: list[int] = []
@@ -480,7 +483,8 @@ class WriteOps:
         with self.journal.write() as w:
             w.tx.put_inode(inode)
             if not inode.is_dir and inode.state == SyncState.CLEAN and inode.origin_key:
-                w.append({"op": "setmeta", "ino": ino})
+                # The key is pinned now: a later rename must not retarget it.
+                w.append({"op": "setmeta", "ino": ino, "key": inode.origin_key})
         return self.attributes(inode)
 
     # --- extended attributes ---------------------------------------------------------------------
