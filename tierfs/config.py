@@ -55,7 +55,9 @@ Rules
   TOML integer (``0o644``).  An integer must be <= 0o777, which catches 644
   written in decimal; the string form of ``dir_mode`` may add the sticky bit
   ("1777").  ``uid`` / ``gid`` optional integers in 0..2**32-2.
-* ``[write]``: ``mode`` "back" | "through"; ``upload_delay`` duration >= 0.
+* ``[write]``: ``mode`` "back" | "through"; ``upload_delay`` duration >= 0;
+  ``space_wait`` duration >= 0 (how long a writer waits for uploads to free
+  tier space before ENOSPC).
 * ``[[rules]]``: ``match`` glob required (relative to the mount root, no
   leading "/", no ".." segment); ``place`` must name a configured tier;
   ``keep_newest`` integer >= 1; ``demote_after`` duration; ``write`` "back" |
@@ -148,6 +150,7 @@ class NamespaceConfig:
 class WriteConfig:
     mode: str = "back"  # "back" | "through"
     upload_delay: float = 5.0
+    space_wait: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -884,7 +887,7 @@ _STATE_KEYS = ("dir",)
 _TIER_KEYS = ("name", "path", "capacity", "high_watermark", "low_watermark")
 _FETCH_KEYS = ("block_size", "readahead_max", "concurrency")
 _NAMESPACE_KEYS = ("list_ttl", "revalidate_ttl", "file_mode", "dir_mode", "uid", "gid")
-_WRITE_KEYS = ("mode", "upload_delay")
+_WRITE_KEYS = ("mode", "upload_delay", "space_wait")
 _RULE_KEYS = ("match", "place", "keep_newest", "demote_after", "write", "pin", "promote")
 
 _WRITE_MODES = ("back", "through")
@@ -1106,6 +1109,7 @@ def _write(report: _Report, doc: _Doc) -> WriteConfig:
     return WriteConfig(
         mode=_get(report, doc, table, path, "mode", _conv_choice(*_WRITE_MODES), d.mode),
         upload_delay=_get(report, doc, table, path, "upload_delay", _conv_duration, d.upload_delay),
+        space_wait=_get(report, doc, table, path, "space_wait", _conv_duration, d.space_wait),
     )
 
 

@@ -375,6 +375,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         revalidate_ttl: str = "1s",
         upload_delay: str | None = None,
         write_mode: str | None = None,
+        space_wait: str | None = None,
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -398,7 +399,11 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
             revalidate_ttl=revalidate_ttl,
             write={
                 k: v
-                for k, v in (("mode", write_mode), ("upload_delay", upload_delay))
+                for k, v in (
+                    ("mode", write_mode),
+                    ("upload_delay", upload_delay),
+                    ("space_wait", space_wait),
+                )
                 if v is not None
             },
         )

@@ -72,12 +72,11 @@ def test_writing_more_than_all_tiers_waits_for_uploads(mount: MountFactory) -> N
     assert "Traceback" not in m.log_text()
 
 
-@pytest.mark.slow  # waits out BlockCache.write_space_timeout (60 s, not configurable)
 def test_enospc_when_nothing_can_be_freed_keeps_earlier_bytes(mount: MountFactory) -> None:
     # One file, open for writing the whole time, larger than both tiers:
     # its blocks cannot be evicted while it is open, so the writer must
     # eventually get ENOSPC, and what it wrote before stays intact.
-    m = mount(nvme="4MiB", hdd="4MiB", upload_delay=LONG_DELAY)
+    m = mount(nvme="4MiB", hdd="4MiB", upload_delay=LONG_DELAY, space_wait="2s")
     first = os.urandom(3 * MiB)
     path = m.path / "huge.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -484,7 +484,9 @@ class BlockCache:
             if generation != cf.generation:  # the object changed meanwhile
                 self._release_all(tiers, lengths)
                 return
-            for blockno, tier, nbytes, (digest, data) in zip(run, tiers, lengths, results, strict=True):
+            for blockno, tier, nbytes, (digest, data) in zip(
+                run, tiers, lengths, results, strict=True
+            ):
                 self._store_fetched(cf, blockno, tier, nbytes, digest, data)
             return
 
@@ -740,6 +742,20 @@ class BlockCache:
             else:
                 self._start_flight(cf, blockno)  # cached by an earlier mount: verify
         self._advise_willneed(cf, run_tier, run_start, run_end)
+        window_end = min(last + 1 + state.window, nblocks)
+        if (
+            absent
+            and state.window >= 2 * self.max_run_blocks
+            and absent[-1] == window_end - 1
+            and window_end < nblocks
+        ):
+            # The window's far end grows by a block or two per read: hold the
+            # trailing run back until it makes one full-size GET.
+            tail = 1
+            while tail < len(absent) and absent[-tail - 1] == absent[-tail] - 1:
+                tail += 1
+            if tail % self.max_run_blocks:
+                absent = absent[: len(absent) - tail % self.max_run_blocks]
         self._start_fetches(cf, absent)
 
     def _advise_willneed(self, cf: CachedFile, tier: int, start: int, end: int) -> None:

@@ -138,6 +138,7 @@ class TierFS(WriteOps, SyncOps):
             fetch_concurrency=config.fetch.concurrency,
         )
         self.blocks.on_space_pressure = self._space_pressure
+        self.blocks.write_space_timeout = config.write.space_wait
         self.blocks.read_origin = self._read_origin
         self.namespace = Namespace(
             meta, store, ns, self.identity, self.store_limiter, on_drop=self._blocks_dropped
