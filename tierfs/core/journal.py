@@ -268,9 +268,7 @@ class Journal:
                 ready.append(seq)
                 continue
             due = self.not_before.get(seq, 0.0)
-            if entry["op"] == "upload" and entry["ino"] in self.held:
-                due = math.inf
-            elif entry["op"] == "delete" and entry.get("ino") in self.orphans:
+            if self._waits_for_close(entry):
                 due = math.inf
             if blocked.isdisjoint(keys) and due <= now:
                 ready.append(seq)
@@ -278,6 +276,13 @@ class Journal:
                 next_due = min(next_due, due)
             blocked.update(keys)
         return ready, next_due
+
+    def _waits_for_close(self, entry: Entry) -> bool:
+        """An upload of a file open for writing, or the delete of an unlinked
+        file that is still open, waits for the last close."""
+        if entry["op"] == "upload":
+            return entry["ino"] in self.held
+        return entry["op"] == "delete" and entry.get("ino") in self.orphans
 
     # --- waiting -----------------------------------------------------------------------
 
