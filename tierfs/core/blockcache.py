@@ -49,9 +49,12 @@ a fetch holds one block in memory between GET and pwrite, and at most
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
+import mmap
 import os
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -70,6 +73,9 @@ log = logging.getLogger(__name__)
 #: Sequential fetches are grouped into ranged GETs of up to this many bytes
 #: (DESIGN.md: 8-16 MiB), whatever the block size.
 FETCH_RUN_BYTES = 16 * 1024 * 1024
+
+#: O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
+_DIRECT_ALIGN = 4096
 
 #: Blocks kept in memory per file when no tier had room for them.
 _TRANSIENT_BLOCKS = 8
@@ -103,6 +109,7 @@ class CachedFile:
     fds: dict[int, int] = field(default_factory=dict)
     flights: dict[int, _Flight] = field(default_factory=dict)
     transient: dict[int, bytes] = field(default_factory=dict)
+    direct_fds: dict[int, int | None] = field(default_factory=dict)
     uncommitted: set[int] = field(default_factory=set)  # dirty blocks not yet in LMDB
     reserved: dict[int, tuple[int, int]] = field(default_factory=dict)  # block -> tier, bytes
     truncated_from: int | None = None  # first block dropped by a truncate, not yet committed
@@ -192,6 +199,12 @@ class BlockCache:
         self.block_size = block_size
         self.max_window = max(1, readahead_max // block_size)
         self.fetch_limiter = trio.CapacityLimiter(fetch_concurrency)
+        self._thread_buffers = threading.local()
+        self._recent: collections.OrderedDict[tuple[int, int], memoryview] = (
+            collections.OrderedDict()
+        )
+        self._recent_bytes = 0
+        self.recent_max = max(readahead_max, 16 * block_size)
         self.max_run_blocks = max(1, FETCH_RUN_BYTES // block_size)
         self.io_limiter = trio.CapacityLimiter(4)
         self.files: dict[int, CachedFile] = {}
@@ -228,6 +241,11 @@ class BlockCache:
         for fd in cf.fds.values():
             os.close(fd)
         cf.fds.clear()
+        for direct in cf.direct_fds.values():
+            if direct is not None:
+                os.close(direct)
+        cf.direct_fds.clear()
+        self._forget_recent(cf.ino)
         if self.files.get(cf.ino) is cf:
             del self.files[cf.ino]
 
@@ -242,6 +260,7 @@ class BlockCache:
         """
         cf = self.files.get(ino)
         self._verified = {v for v in self._verified if v[0] != ino}
+        self._forget_recent(ino)
         if cf is not None:
             cf.generation += 1
             cf.blocks.clear()
@@ -256,6 +275,43 @@ class BlockCache:
 
     def mark_verified(self, ino: int, blockno: int) -> None:
         self._verified.add((ino, blockno))
+
+    def _direct_fd(self, cf: CachedFile, tier: int) -> int | None:
+        if tier not in cf.direct_fds:
+            self._fd(cf, tier)  # creates the cache file
+            cf.direct_fds[tier] = self.tiers[tier].open_direct(cf.ino)
+        return cf.direct_fds[tier]
+
+    def _aligned_buffer(self, size: int) -> mmap.mmap:
+        """A page-aligned buffer of this thread, for O_DIRECT writes."""
+        buf: mmap.mmap | None = getattr(self._thread_buffers, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = self._thread_buffers.buf = mmap.mmap(-1, max(size, self.block_size))
+        return buf
+
+    def _remember(self, ino: int, blockno: int, data: memoryview) -> None:
+        """Keep a block just fetched (written past the page cache) in memory,
+        for the reads that follow it; bounded by ``recent_max`` bytes."""
+        key = (ino, blockno)
+        old = self._recent.pop(key, None)
+        if old is not None:
+            self._recent_bytes -= len(old)
+        self._recent[key] = data
+        self._recent_bytes += len(data)
+        while self._recent_bytes > self.recent_max and self._recent:
+            _, evicted = self._recent.popitem(last=False)
+            self._recent_bytes -= len(evicted)
+
+    def _forget_recent(self, ino: int, blocknos: Iterable[int] | None = None) -> None:
+        keys = (
+            [k for k in self._recent if k[0] == ino]
+            if blocknos is None
+            else [(ino, b) for b in blocknos]
+        )
+        for key in keys:
+            old = self._recent.pop(key, None)
+            if old is not None:
+                self._recent_bytes -= len(old)
 
     def _ready(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
         """May this present block be served without a check?"""
@@ -298,7 +354,15 @@ class BlockCache:
         for blockno in range(first, last + 1):
             rec = cf.blocks.get(blockno)
             block_end = min(end, (blockno + 1) * bs)
-            if rec is not None and self._ready(cf, blockno, rec):
+            recent = self._recent.get((cf.ino, blockno)) if rec is not None else None
+            if recent is not None and not rec.dirty:
+                if run_tier >= 0:
+                    pieces.append(self._pread(cf, run_tier, run_start, pos))
+                    run_tier = -1
+                base = blockno * bs
+                pieces.append(bytes(recent[pos - base : block_end - base]))
+                self.stats.hit_blocks += 1
+            elif rec is not None and self._ready(cf, blockno, rec):
                 if rec.tier != run_tier:
                     if run_tier >= 0:
                         pieces.append(self._pread(cf, run_tier, run_start, pos))
@@ -451,7 +515,9 @@ class BlockCache:
         self.stats.miss_blocks += len(run)
         for _attempt in range(len(self.tiers) + 1):
             tiers = [self.space.reserve(n) for n in lengths]
-            fds = [self._fd(cf, t) if t is not None else None for t in tiers]
+            fds = [
+                (self._fd(cf, t), self._direct_fd(cf, t)) if t is not None else None for t in tiers
+            ]
             try:
                 key, etag = self.read_origin(cf.inode)
                 results = await trio.to_thread.run_sync(
@@ -484,10 +550,12 @@ class BlockCache:
             if generation != cf.generation:  # the object changed meanwhile
                 self._release_all(tiers, lengths)
                 return
-            for blockno, tier, nbytes, (digest, data) in zip(
+            for blockno, tier, nbytes, (digest, data, direct) in zip(
                 run, tiers, lengths, results, strict=True
             ):
                 self._store_fetched(cf, blockno, tier, nbytes, digest, data)
+                if direct is not None and tier is not None:
+                    self._remember(cf.ino, blockno, direct)
             return
 
     def _release_all(self, tiers: list[int | None], lengths: list[int]) -> None:
@@ -520,11 +588,15 @@ class BlockCache:
         offset: int,
         length: int,
         lengths: list[int],
-        fds: list[int | None],
-    ) -> list[tuple[int, bytes]]:
+        fds: list[tuple[int, int | None] | None],
+    ) -> list[tuple[int, bytes, memoryview | None]]:
         """Thread: one ranged GET of ``length`` bytes, zero-padded to the
         blocks' total, cut into blocks; each written to its cache file with
-        its digest (or returned as bytes, where there is no cache file)."""
+        its digest (or returned as bytes, where there is no cache file).
+
+        Whole blocks go through the O_DIRECT fd when there is one: filling
+        the page cache was most of the daemon's CPU on cold reads; those
+        blocks are also returned as views, to be served from memory."""
         data = self.store.get_range(key, offset, length, etag or None)
         if len(data) != length:
             raise StoreError(
@@ -535,15 +607,20 @@ class BlockCache:
         if total > length:
             data += bytes(total - length)
         view = memoryview(data)
-        out: list[tuple[int, bytes]] = []
+        out: list[tuple[int, bytes, memoryview | None]] = []
         pos = 0
-        for nbytes, fd in zip(lengths, fds, strict=True):
+        for nbytes, fd_pair in zip(lengths, fds, strict=True):
             piece = view[pos : pos + nbytes]
-            if fd is not None:
-                self._pwrite_all(fd, piece, offset + pos)
-                out.append((block_digest(piece), b""))
+            if fd_pair is None:
+                out.append((0, bytes(piece), None))
+            elif fd_pair[1] is not None and nbytes % _DIRECT_ALIGN == 0:
+                buf = self._aligned_buffer(nbytes)
+                buf[:nbytes] = piece
+                self._pwrite_all(fd_pair[1], memoryview(buf)[:nbytes], offset + pos)
+                out.append((block_digest(piece), b"", piece))
             else:
-                out.append((0, bytes(piece)))
+                self._pwrite_all(fd_pair[0], piece, offset + pos)
+                out.append((block_digest(piece), b"", None))
             pos += nbytes
         return out
 
@@ -587,6 +664,7 @@ class BlockCache:
         if new_size > old_size and old_size:
             touched.add((old_size - 1) // bs)  # the old last block grows (with zeros)
         self._mark_dirty_blocks(cf, touched, new_size)
+        self._forget_recent(cf.ino, touched)
         cf.inode.size = new_size
         cf.version += 1
         cf.inode_dirty = True
@@ -614,6 +692,7 @@ class BlockCache:
         else:
             touched = {(old_size - 1) // bs} if old_size else set()
         self._mark_dirty_blocks(cf, {b for b in touched if b in cf.blocks}, new_size)
+        self._forget_recent(cf.ino)
         cf.inode.size = new_size
         cf.version += 1
         cf.inode_dirty = True

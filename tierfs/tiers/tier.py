@@ -23,6 +23,7 @@ room it does not have.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -105,6 +106,21 @@ class Tier:
             return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
         except FileExistsError:  # fan-out dir raced into existence
             return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
+
+    def open_direct(self, ino: int) -> int | None:
+        """A second, O_DIRECT write-only fd on an existing cache file, for
+        filling it with fetched blocks without passing them through the page
+        cache; None where the filesystem has no O_DIRECT (tmpfs)."""
+        try:
+            return os.open(
+                self._relpath(ino),
+                os.O_WRONLY | os.O_DIRECT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=self._dir_fd,
+            )
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return None
+            raise
 
     def remove_file(self, ino: int) -> None:
         with contextlib.suppress(FileNotFoundError):
