@@ -126,10 +126,13 @@ def open_uploads(m: Mount) -> list[dict[str, Any]]:
     return uploads
 
 
-def kill9(m: Mount) -> int:
+def daemon_pid(m: Mount) -> int:
+    return int(m.status()["pid"])
+
+
+def kill9(m: Mount, pid: int) -> None:
     """SIGKILL the daemon of ``m`` (its PID from ``tierfs status``), then
-    lazily unmount the dead mount.  Returns the PID."""
-    pid = int(m.status()["pid"])
+    lazily unmount the dead mount."""
     assert pid in m.pids, f"daemon pid {pid} was not started by this test"
     assert is_tierfsd(pid), f"pid {pid} is not a live tierfs daemon"
     os.kill(pid, signal.SIGKILL)
@@ -137,7 +140,6 @@ def kill9(m: Mount) -> int:
     done = fusermount("-uz", str(m.path))
     assert done.returncode == 0, f"fusermount3 -uz failed: {done.stderr.strip()}"
     assert wait_until(lambda: not mounted(m.path), timeout=10), "the dead mount is still there"
-    return pid
 
 
 def flush(m: Mount, timeout: float = 120.0) -> None:
@@ -187,7 +189,7 @@ class BigWriter(threading.Thread):
                     os.fsync(fd)
                     self.fsynced.set()
                 elif self.fsynced.is_set():
-                    time.sleep(0.02)  # still writing when the kill comes
+                    time.sleep(0.05)  # slowly: still writing when the kill comes
         except OSError as exc:
             self.error = exc
         finally:
@@ -271,13 +273,18 @@ def test_kill9_with_uploads_pending_loses_nothing_fsynced(mount: MountFactory) -
         early = [n for n in manifest if n in in_bucket and n not in RENAMED]
         assert not early, f"uploaded before the kill despite upload_delay: {early}"
         assert BIG in pending, "the big file was uploaded before the kill: test proves nothing"
-        pid = kill9(m)
+        pid = daemon_pid(m)
+        assert writer.is_alive(), "the big writer finished before the kill"
+        kill9(m, pid)
         unsynced_at_kill = writer.unsynced
     finally:
+        writer.join(timeout=30)  # its next write fails on the dead mount
         writer.stop.set()
-        writer.join(timeout=30)
     assert not writer.is_alive(), "the big writer hangs on the dead mount"
-    assert unsynced_at_kill > 0, "the big file was not being written at the kill"
+    assert 0 < unsynced_at_kill < BIG_TOTAL - BIG_SYNCED, (
+        f"the big file was not being written at the kill ({unsynced_at_kill} bytes unsynced)"
+    )
+    assert writer.error is not None, "the big writer did not notice the dead daemon"
     arrived = [n for n in pending if n in bucket_keys(m)]
     assert not arrived, f"pending uploads reached the bucket after the kill: {arrived}"
 
@@ -383,7 +390,7 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
     )
     seen = time.monotonic()
     assert m.where_one(INFLIGHT)["state"] == "uploading"
-    kill9(m)
+    kill9(m, daemon_pid(m))
     killed_after = time.monotonic() - seen
     proxy.delay = 0.0
 
@@ -402,3 +409,18 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
     leaked = [u for u in open_uploads(m) if u["Key"] == key]
     assert not leaked, f"multipart uploads left open after remount + flush: {leaked}"
     assert m.status()["pending_uploads"] == 0
+
+
+# --- bugs the crash test ran into ------------------------------------------------------------
+
+
+def test_rename_keeps_the_upload_delay(mount: MountFactory) -> None:
+    m = mount(do_mount=False)
+    with_write_config(m, upload_delay="1h")
+    m.mount()
+    (m.path / "a").write_bytes(b"hello")
+    (m.path / "b").write_bytes(b"world")
+    os.rename(m.path / "a", m.path / "renamed")
+    time.sleep(2.5)  # the uploader looks at least once a second
+    assert m.status()["pending_uploads"] == 2
+    assert bucket_keys(m) == [], "uploaded before upload_delay ran out"

@@ -323,9 +323,7 @@ class ModelEnv:
 
 
 @pytest.fixture
-def model_env(
-    bucket: tuple[str, str], s3_client: Any, tmp_path: Path
-) -> Iterator[ModelEnv]:
+def model_env(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[ModelEnv]:
     endpoint, name = bucket
     env = ModelEnv(endpoint, name, s3_client, tmp_path)
     try:
@@ -344,6 +342,7 @@ class TierfsModel(RuleBasedStateMachine):
     """See the module docstring.  ``env`` is set by the test function."""
 
     env: ModelEnv
+    renames: bool = True
 
     files = Bundle("files")
     dirs = Bundle("dirs")
@@ -414,6 +413,7 @@ class TierfsModel(RuleBasedStateMachine):
         result = self.both(f"rmdir {path!r}", lambda root: os.rmdir(at(root, path)))
         return multiple() if result[0] == "ok" else path
 
+    @precondition(lambda self: self.renames)
     @rule(target=files, src=consumes(files), parent=parents, name=names)
     @logged
     def rename_file(self, src: str, parent: str, name: str) -> str:
@@ -423,6 +423,7 @@ class TierfsModel(RuleBasedStateMachine):
         )
         return dst if result[0] == "ok" else src
 
+    @precondition(lambda self: self.renames)
     @rule(target=dirs, src=consumes(dirs), parent=parents, name=names)
     @logged
     def rename_dir(self, src: str, parent: str, name: str) -> str:
@@ -547,7 +548,12 @@ class TierfsModel(RuleBasedStateMachine):
 
     @invariant()
     def trees_match(self) -> None:
-        problems = tree_diff(snapshot(self.ref), snapshot(self.m.path))
+        expected = snapshot(self.ref)
+        try:
+            actual = snapshot(self.m.path)
+        except OSError as exc:
+            raise AssertionError(f"reading the mount failed: {exc!r}" + self.context()) from exc
+        problems = tree_diff(expected, actual)
         assert not problems, (
             "mount differs from the reference:\n  " + "\n  ".join(problems) + self.context()
         )
@@ -587,9 +593,7 @@ class TierfsModel(RuleBasedStateMachine):
                 and not any(k.startswith(rel + "/") for k in keys)
             ):
                 problems.append(f"directory {rel!r} has neither a marker nor objects")
-        uploads = s3.list_multipart_uploads(Bucket=self.m.bucket, Prefix=prefix).get(
-            "Uploads", []
-        )
+        uploads = s3.list_multipart_uploads(Bucket=self.m.bucket, Prefix=prefix).get("Uploads", [])
         problems += [f"multipart upload left open for {u['Key']!r}" for u in uploads]
         return problems
 
@@ -623,9 +627,17 @@ class TierfsModel(RuleBasedStateMachine):
 # --- the tests ---------------------------------------------------------------------------------
 
 
+#: Renaming a closed file that has an object in the bucket corrupts its
+#: inode record (see ``test_rename_of_uploaded_file_then_write_keeps_new_key``).
+#: A randomized run hits that within a few steps and reports nothing else, so
+#: renames stay out of the model until the bug is fixed: then set this to
+#: False (that xfail test turns XPASS and says so).
+RENAME_BUG = False
+
+
 def run_model(env: ModelEnv, *, max_examples: int, steps: int) -> None:
     class Model(TierfsModel):
-        pass
+        renames = not RENAME_BUG
 
     Model.env = env
     Model.__name__ = Model.__qualname__ = "TierfsModel"
@@ -653,12 +665,6 @@ def test_model_long(model_env: ModelEnv) -> None:
 # --- minimal repros of bugs the model found ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tierfs bug: a block grown by truncate() is uploaded with the digest of the "
-    "zero-padded block, but its cache file is not extended, so after a remount the "
-    "first read finds a short block, logs 'checksum mismatch' and refetches it",
-)
 def test_block_of_file_grown_by_truncate_verifies_after_remount(model_env: ModelEnv) -> None:
     m, _ref = model_env.new_example()
     path = m.path / "f"
@@ -672,3 +678,23 @@ def test_block_of_file_grown_by_truncate_verifies_after_remount(model_env: Model
     log = m.log_text()[start:]
     assert "checksum mismatch" not in log, log
     assert m.status()["counters"]["verify_failures"] == 0
+
+
+def test_rename_of_uploaded_file_then_write_keeps_new_key(model_env: ModelEnv) -> None:
+    m, _ref = model_env.new_example()
+    (m.path / "a").write_bytes(b"hello")
+    assert run_tierfs("flush", str(m.path)).returncode == 0  # "a" is clean, in the bucket
+    os.rename(m.path / "a", m.path / "c")
+    assert run_tierfs("flush", str(m.path)).returncode == 0
+    with open(m.path / "c", "ab") as f:
+        f.write(b" world")
+    assert run_tierfs("flush", str(m.path)).returncode == 0
+    keys = sorted(
+        o["Key"][len(m.prefix) + 1 :]
+        for o in m.s3.list_objects_v2(Bucket=m.bucket, Prefix=m.prefix + "/").get("Contents", [])
+    )
+    time.sleep(SETTLE)
+    names = sorted(os.listdir(m.path))
+    assert keys == ["c"], f"bucket keys {keys} (the upload went to the old key)"
+    assert names == ["c"], f"mount shows {names}"
+    assert m.s3.get_object(Bucket=m.bucket, Key=m.key("c"))["Body"].read() == b"hello world"

@@ -360,7 +360,10 @@ class BlockCache:
                     pieces.append(self._pread(cf, run_tier, run_start, pos))
                     run_tier = -1
                 base = blockno * bs
-                pieces.append(bytes(recent[pos - base : block_end - base]))
+                piece = bytes(recent[pos - base : block_end - base])
+                if len(piece) < block_end - pos:  # the file grew since the fetch: zeros
+                    piece += bytes(block_end - pos - len(piece))
+                pieces.append(piece)
                 self.stats.hit_blocks += 1
             elif rec is not None and self._ready(cf, blockno, rec):
                 if rec.tier != run_tier:
@@ -487,7 +490,9 @@ class BlockCache:
         data = await trio.to_thread.run_sync(
             os.pread, fd, rec.nbytes, offset, limiter=self.io_limiter
         )
-        if len(data) == rec.nbytes and block_digest(data) == rec.digest:
+        if len(data) < rec.nbytes:  # past the cache file's end: never written, zeros
+            data += bytes(rec.nbytes - len(data))
+        if block_digest(data) == rec.digest:
             self._verified.add((cf.ino, blockno))
             return True
         self.stats.verify_failures += 1

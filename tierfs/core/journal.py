@@ -64,6 +64,8 @@ class JournalWriter:
     journal: Journal
     added: list[tuple[int, Entry]] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
+    #: new seq -> the seq it replaces (its due time carries over)
+    moved: dict[int, int] = field(default_factory=dict)
 
     def append(self, entry: Entry) -> int:
         seq = self.tx.journal_append(entry)
@@ -92,7 +94,7 @@ class JournalWriter:
         seq = self.journal.upload_seq.get(ino)
         if seq is not None and seq not in self.journal.running:
             self.remove(seq)
-            self.append({"op": "upload", "ino": ino})
+            self.moved[self.append({"op": "upload", "ino": ino})] = seq
 
 
 class Journal:
@@ -136,6 +138,9 @@ class Journal:
         self._publish(writer)
 
     def _publish(self, writer: JournalWriter) -> None:
+        for new, old in writer.moved.items():
+            if old in self.not_before:
+                self.not_before[new] = self.not_before[old]
         for seq in writer.removed:
             self._forget(seq)
         for seq, entry in writer.added:

@@ -331,9 +331,10 @@ class WriteOps:
                     pending.append(child_inode)
 
     def _queue_file_move(
-        self: TierFS, w: JournalWriter, inode: Inode, old_key: str, new_key: str
+        self: TierFS, w: JournalWriter, live: Inode, old_key: str, new_key: str
     ) -> None:
-        live = self.namespace.get(inode.ino)  # the open file's inode, if open
+        """``live`` is the inode as this transaction sees it (the open file's
+        in-memory inode if it is open): it is modified and written here."""
         if live.origin_key:
             if live.state == SyncState.DIRTY and self._fully_local(live):
                 w.append({"op": "delete", "key": live.origin_key})
@@ -360,7 +361,10 @@ class WriteOps:
                 inode.state = SyncState.DIRTY  # until its marker exists
                 w.tx.put_inode(inode)
             for name, child in w.tx.children(inode.ino):
-                child_inode = self.namespace.get(child)
+                # Inside the write transaction: a separate read would not see
+                # what this transaction already changed.
+                child_inode = self._live_inode(child) or w.tx.get_inode(child)
+                assert child_inode is not None
                 old_child, new_child = child_key(old, name), child_key(new, name)
                 if child_inode.is_dir:
                     pending.append((child_inode, old_child, new_child))
@@ -409,6 +413,8 @@ class WriteOps:
             await self.blocks.truncate(cf, size)
             cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
             await self._commit(cf, sync=False)
+            if not self._writers.get(cf.ino):
+                self.journal.schedule(cf.ino, self.config.write.upload_delay)
         finally:
             self.blocks.release(cf)
 
