@@ -39,6 +39,15 @@ Concurrency rules:
   ETag change bumps the generation, so a late GET of the old content is
   dropped instead of recorded.
 
+Fetches: consecutive absent blocks are fetched with one ranged GET of up to
+16 MiB (``FETCH_RUN_BYTES``); readahead holds the trailing partial run back
+until it is full.  Whole fetched blocks are written to the tier with
+O_DIRECT (filling the page cache was most of the daemon's CPU on cold reads:
+measured with perf in tests/bench) and kept in memory, up to
+``recent_max`` (= readahead_max) bytes in all, for the reads that follow;
+older ones are read back from the tier.  Filesystems without O_DIRECT
+(tmpfs) get buffered writes.
+
 Readahead: each open handle tracks its last read.  A read that continues the
 previous one is sequential; each time a sequential reader enters a new block
 the window doubles, from 1 block up to ``readahead_max``.  Blocks in the
