@@ -15,10 +15,14 @@ def _only(ops: set[str], injector: Injector) -> Any:
     def hook(request: Any, **kwargs: Any) -> Any:
         url = request.url
         op = (
-            "UploadPart" if "partNumber=" in url
-            else "CompleteMultipartUpload" if "uploadId=" in url and request.method == "POST"
-            else "CreateMultipartUpload" if url.endswith("?uploads") or "?uploads&" in url
-            else "PutObject" if request.method == "PUT" and "x-amz-copy-source" not in request.headers
+            "UploadPart"
+            if "partNumber=" in url
+            else "CompleteMultipartUpload"
+            if "uploadId=" in url and request.method == "POST"
+            else "CreateMultipartUpload"
+            if url.endswith("?uploads") or "?uploads&" in url
+            else "PutObject"
+            if request.method == "PUT" and "x-amz-copy-source" not in request.headers
             else "Other"
         )
         return injector(request) if op in ops else None
@@ -46,7 +50,9 @@ async def test_uploads_survive_503_and_slowdown(make_fs: Any, s3_store: Any) -> 
     assert (await mount.fs.where("big.bin"))["state"] == "clean"
 
 
-async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(make_fs: Any, s3_store: Any) -> None:
+async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(
+    make_fs: Any, s3_store: Any
+) -> None:
     import pytest
     import trio
 

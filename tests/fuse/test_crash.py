@@ -37,6 +37,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -442,3 +443,28 @@ def test_rename_keeps_the_upload_delay(mount: MountFactory) -> None:
     time.sleep(2.5)  # the uploader looks at least once a second
     assert m.status()["pending_uploads"] == 2
     assert bucket_keys(m) == [], "uploaded before upload_delay ran out"
+
+
+def test_unlink_during_upload_does_not_block_flush(mount: MountFactory, proxy: FaultProxy) -> None:
+    m = mount(list_ttl="1h", revalidate_ttl="1h", do_mount=False)
+    config = m.config_path.read_text()
+    m.config_path.write_text(
+        config.replace(json.dumps(m.endpoint), json.dumps(f"http://127.0.0.1:{proxy.port}"))
+    )
+    with_write_config(m, upload_delay="0s")
+    m.mount()
+    path = m.path / "f"
+    path.write_bytes(b"v1")
+    flush(m)  # "f" has an object now
+    proxy.delay = 1.0  # the next upload is slow
+    with open(path, "ab") as f:
+        f.write(b"v2")
+    assert wait_until(lambda: m.where_one("f")["state"] == "uploading", timeout=10, interval=0.05)
+    os.unlink(path)
+    proxy.delay = 0.0
+    try:
+        done = run_tierfs("flush", str(m.path), timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"tierfs flush hangs; status: {m.status()}")
+    assert done.returncode == 0, done.stderr
+    assert bucket_keys(m) == [], "the unlinked file's object is still in the bucket"

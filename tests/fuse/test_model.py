@@ -85,16 +85,15 @@ REVALIDATE_TTL = 0.5
 #: and attribute timeouts, which tierfs sets to list_ttl).
 SETTLE = max(LIST_TTL, REVALIDATE_TTL) + 0.4
 UPLOAD_DELAY = "0s"
+#: A flush of a few small files that takes longer than this hangs.
+FLUSH_TIMEOUT = 30.0
 
 #: Log lines that mean the daemon hit an error it did not expect.
 LOG_ALARMS = ("Traceback", "failed unexpectedly", " ERROR ", " CRITICAL ")
-#: Alarms of known tierfs bugs, each pinned by a strict xfail test below;
-#: the model tolerates them so that it keeps looking for new ones.  Remove
-#: an entry when its xfail test starts passing.
-KNOWN_BUG_LOG_LINES = {
-    # test_block_of_file_grown_by_truncate_verifies_after_remount
-    "checksum mismatch in cached block": "grown-by-truncate block digest",
-}
+#: Log lines of known tierfs bugs, each pinned by a strict xfail test: the
+#: model tolerates them so that it keeps looking for new ones.  Remove an
+#: entry when its xfail test starts passing.  (None at the moment.)
+KNOWN_BUG_LOG_LINES: dict[str, str] = {}
 
 
 # --- data ------------------------------------------------------------------------------
@@ -342,7 +341,6 @@ class TierfsModel(RuleBasedStateMachine):
     """See the module docstring.  ``env`` is set by the test function."""
 
     env: ModelEnv
-    renames: bool = True
 
     files = Bundle("files")
     dirs = Bundle("dirs")
@@ -413,7 +411,6 @@ class TierfsModel(RuleBasedStateMachine):
         result = self.both(f"rmdir {path!r}", lambda root: os.rmdir(at(root, path)))
         return multiple() if result[0] == "ok" else path
 
-    @precondition(lambda self: self.renames)
     @rule(target=files, src=consumes(files), parent=parents, name=names)
     @logged
     def rename_file(self, src: str, parent: str, name: str) -> str:
@@ -423,7 +420,6 @@ class TierfsModel(RuleBasedStateMachine):
         )
         return dst if result[0] == "ok" else src
 
-    @precondition(lambda self: self.renames)
     @rule(target=dirs, src=consumes(dirs), parent=parents, name=names)
     @logged
     def rename_dir(self, src: str, parent: str, name: str) -> str:
@@ -473,8 +469,15 @@ class TierfsModel(RuleBasedStateMachine):
     # tierfs itself ------------------------------------------------------------------------
 
     def flush_all(self) -> None:
-        done = run_tierfs("flush", str(self.m.path))
-        assert done.returncode == 0, f"tierfs flush failed: {done.stderr.strip()}"
+        try:
+            done = run_tierfs("flush", str(self.m.path), timeout=FLUSH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            status = run_tierfs("status", "--json", str(self.m.path)).stdout
+            raise AssertionError(
+                f"tierfs flush still waiting after {FLUSH_TIMEOUT:.0f} s; status: {status}"
+                + self.context()
+            ) from None
+        assert done.returncode == 0, f"tierfs flush failed: {done.stderr.strip()}" + self.context()
 
     @rule()
     @logged
@@ -627,17 +630,9 @@ class TierfsModel(RuleBasedStateMachine):
 # --- the tests ---------------------------------------------------------------------------------
 
 
-#: Renaming a closed file that has an object in the bucket corrupts its
-#: inode record (see ``test_rename_of_uploaded_file_then_write_keeps_new_key``).
-#: A randomized run hits that within a few steps and reports nothing else, so
-#: renames stay out of the model until the bug is fixed: then set this to
-#: False (that xfail test turns XPASS and says so).
-RENAME_BUG = False
-
-
 def run_model(env: ModelEnv, *, max_examples: int, steps: int) -> None:
     class Model(TierfsModel):
-        renames = not RENAME_BUG
+        pass
 
     Model.env = env
     Model.__name__ = Model.__qualname__ = "TierfsModel"

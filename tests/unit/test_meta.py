@@ -50,7 +50,9 @@ def test_changed_etag_drops_blocks_and_usage(tmp_path: Path) -> None:
     db.add_block(ino, 0, BlockRecord(tier=0, digest=1, nbytes=10))
     assert db.tier_usage(0).bytes == 10 and db.tier_usage(0).files == 1
     gen = db.begin_listing(ROOT_INO)
-    result = db.merge_listing(ROOT_INO, gen, [ListedEntry(b"a", False, 10, "e2")], now=2.0, prefix="", **IDENT)
+    result = db.merge_listing(
+        ROOT_INO, gen, [ListedEntry(b"a", False, 10, "e2")], now=2.0, prefix="", **IDENT
+    )
     assert result.changed == [(ino, [0])]
     assert db.get_blocks(ino) == {}
     assert db.tier_usage(0).bytes == 0 and db.tier_usage(0).files == 0

@@ -223,6 +223,9 @@ class BlockCache:
         self.read_origin: Callable[[Inode], tuple[str, str]] = lambda i: (i.origin_key, i.etag)
         #: Set by TierFS: ask the uploader to hurry (space is short).
         self.on_space_pressure: Callable[[], Awaitable[None]] = _nothing
+        #: Set by TierFS: called with an inode number once nothing uses its
+        #: CachedFile any more (no handle, no upload, no fetch in flight).
+        self.on_idle: Callable[[int], None] = lambda ino: None
         self._verified: set[tuple[int, int]] = set()
         self.stats = ReadStats()
         self._nursery: trio.Nursery | None = None
@@ -257,6 +260,7 @@ class BlockCache:
         self._forget_recent(cf.ino)
         if self.files.get(cf.ino) is cf:
             del self.files[cf.ino]
+            self.on_idle(cf.ino)
 
     def is_busy(self, ino: int) -> bool:
         return ino in self.files

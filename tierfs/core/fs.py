@@ -138,6 +138,7 @@ class TierFS(WriteOps, SyncOps):
             fetch_concurrency=config.fetch.concurrency,
         )
         self.blocks.on_space_pressure = self._space_pressure
+        self.blocks.on_idle = self._file_idle
         self.blocks.write_space_timeout = config.write.space_wait
         self.blocks.read_origin = self._read_origin
         self.namespace = Namespace(
@@ -315,13 +316,21 @@ class TierFS(WriteOps, SyncOps):
                     self.journal.schedule(ino, self.config.write.upload_delay)
         finally:
             self.blocks.release(cf)
-            if ino in self._orphans and not self.blocks.is_busy(ino):
-                self._orphans.discard(ino)
-                self.journal.namespace_gen += 1
-                self.journal.wake()  # its object may be deleted now
-                with self.meta.write() as tx:
-                    tiers = tx.delete_inode(ino)
-                self._remove_cache_files(ino, tiers)
+
+    def _file_idle(self, ino: int) -> None:
+        """Nothing uses the file any more: an unlinked one goes away now.
+
+        Called by BlockCache whenever the last user of a CachedFile lets go, be
+        it a handle's release, an upload or a fetch still in flight.
+        """
+        if ino not in self._orphans:
+            return
+        self._orphans.discard(ino)
+        self.journal.namespace_gen += 1
+        self.journal.wake()  # its object may be deleted now
+        with self.meta.write() as tx:
+            tiers = tx.delete_inode(ino)
+        self._remove_cache_files(ino, tiers)
 
     async def readlink(self, ino: int) -> bytes:
         inode = self.namespace.get(ino)
