@@ -96,3 +96,81 @@ def test_usage_always_equals_the_sum_of_block_records(
             assert (usage.bytes, usage.files) == (expected_bytes, expected_files)
     finally:
         db.close()
+
+
+# --- group commit ------------------------------------------------------------------------
+
+
+def new_file_inode(tx_ino: int, name: bytes) -> Inode:
+    return Inode(tx_ino, 0o100644, 0, 0, 0, 1, 1, ROOT_INO, name)
+
+
+def create(db: MetaDB, name: bytes) -> int:
+    with db.write() as tx:
+        ino = tx.alloc_ino()
+        root = tx.get_inode(ROOT_INO)
+        assert root is not None
+        tx.put_inode(new_file_inode(ino, name))
+        tx.link(root, name, ino)
+    return ino
+
+
+def test_group_commit_reads_see_uncommitted_writes_and_a_failed_block_rolls_back(
+    tmp_path: Path,
+) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    db.group_commit = True
+    a = create(db, b"a")
+    assert db.uncommitted == 1
+    assert db.lookup(ROOT_INO, b"a") == a  # visible before any commit
+    with pytest.raises(RuntimeError, match="boom"), db.write() as tx:
+        tx.put_inode(new_file_inode(a, b"renamed"))
+        raise RuntimeError("boom")
+    inode = db.get_inode(a)
+    assert inode is not None and inode.name == b"a"  # only the failed block undone
+    assert db.uncommitted == 1
+    db.commit()
+    assert db.uncommitted == 0
+    db.close()
+    db = MetaDB(tmp_path, "s3://b")
+    assert not db.unclean_start
+    assert db.lookup(ROOT_INO, b"a") == a
+    db.close()
+
+
+CRASHING_WRITER = """
+import os, sys
+from pathlib import Path
+sys.path[:0] = [{root!r}]
+from tests.unit.test_meta import create
+from tierfs.meta import MetaDB
+db = MetaDB(Path({path!r}), "s3://b")
+db.group_commit = True
+print(create(db, b"committed"), flush=True)
+db.commit()
+print(create(db, b"lost"), flush=True)
+os._exit(9)  # killed: no commit, no close
+"""
+
+
+def test_a_killed_writer_loses_only_the_uncommitted_group_and_never_reuses_inodes(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    script = CRASHING_WRITER.format(root=root, path=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    committed, lost = (int(line) for line in done.stdout.split())
+    db = MetaDB(tmp_path, "s3://b")
+    try:
+        assert db.unclean_start
+        assert db.lookup(ROOT_INO, b"committed") == committed
+        assert db.lookup(ROOT_INO, b"lost") is None
+        again = create(db, b"new")
+        assert again > lost, "an inode number of the lost group was handed out again"
+    finally:
+        db.close()
+    assert not MetaDB(tmp_path, "s3://b").unclean_start

@@ -49,6 +49,9 @@ async def _no_kernel(ino: int, data: bool) -> None:
 CONTROL_XATTR = b"user.tierfs.control_socket"
 
 _ATIME_FLUSH_SECONDS = 5.0
+#: Metadata written since the last commit is at most this old (see MetaDB,
+#: "Group commit"): what a killed daemon can lose of writes not fsynced.
+COMMIT_INTERVAL = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +195,25 @@ class TierFS(WriteOps, SyncOps):
             self._nursery = nursery
             self.blocks.start(nursery)
             nursery.start_soon(self._flush_atimes_periodically)
+            nursery.start_soon(self._commit_periodically)
             nursery.start_soon(self._remove_orphan_cache_files)
             task_status.started()
+
+    async def _commit_periodically(self) -> None:
+        """Batch metadata commits while the workers run (MetaDB "Group commit").
+
+        A failed commit ends the daemon: LMDB has dropped the group, so the
+        metadata on disk is that of the last commit, as after a crash, and the
+        next mount goes on from there.
+        """
+        self.meta.group_commit = True
+        try:
+            while True:
+                await trio.sleep(COMMIT_INTERVAL)
+                if self.meta.uncommitted:
+                    self.meta.commit()
+        finally:
+            self.meta.group_commit = False
 
     async def _flush_atimes_periodically(self) -> None:
         while True:
@@ -354,6 +374,10 @@ class TierFS(WriteOps, SyncOps):
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         if ino == ROOT_INO and name == CONTROL_XATTR and self.control_socket:
             return self.control_socket.encode()
+        if not name.startswith(b"user."):
+            # Only user.* is stored.  The kernel asks for security.capability
+            # before every write to a file: answer without touching LMDB.
+            raise NoData(name.decode(errors="replace"))
         self.namespace.get(ino)
         value = self.meta.get_xattr(ino, name)
         if value is None:

@@ -423,14 +423,15 @@ class WriteOps:
         fdatasync), and its upload owed in the journal."""
         if sync:
             await self.blocks.sync_data(cf)
-        if not (cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None):
-            return
-        with self.journal.write() as w:
-            self.blocks.commit_records(cf, w.tx)
-            w.tx.put_inode(cf.inode)
-            if cf.inode.state != SyncState.CLEAN:
-                w.ensure_upload(cf.ino)
-        self.blocks.committed(cf)
+        if cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None:
+            with self.journal.write() as w:
+                self.blocks.commit_records(cf, w.tx)
+                w.tx.put_inode(cf.inode)
+                if cf.inode.state != SyncState.CLEAN:
+                    w.ensure_upload(cf.ino)
+            self.blocks.committed(cf)
+        if sync:
+            self.meta.sync()  # also what earlier closes left in the group
 
     async def fsync(self: TierFS, fh: int, datasync: bool) -> None:
         handle = self._handle(fh)

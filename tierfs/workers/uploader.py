@@ -35,6 +35,10 @@ async def run_uploader(
             log.info("replaying %d journal entries from the last mount", len(journal))
         while True:
             ready, next_due = journal.runnable(fs.entry_keys)
+            if ready and fs.meta.uncommitted:
+                # An entry's effect on the bucket must never be ahead of the
+                # committed metadata that queued it (MetaDB "Group commit").
+                fs.meta.commit()
             for seq in ready:
                 if len(journal.running) >= concurrency:
                     break
