@@ -632,6 +632,7 @@ def test_store_errors_pass_through() -> None:
         (client_error(403, "AccessDenied"), False),
         (client_error(412, "PreconditionFailed"), False),
         (client_error(416, "InvalidRange"), False),
+        (client_error(501, "NotImplemented"), False),
         (EndpointConnectionError(endpoint_url="http://x"), True),
         (ConnectionClosedError(endpoint_url="http://x"), True),
         (ReadTimeoutError(endpoint_url="http://x"), True),

@@ -220,7 +220,12 @@ def classify(exc: BaseException) -> Verdict:
         s3_code = str((exc.response.get("Error", {}) or {}).get("Code") or "")
         headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
         retry_after = parse_retry_after(headers.get("retry-after"))
-        retry = status >= 500 or status == 429 or s3_code in RETRYABLE_CODES
+        # 501 NotImplemented: the server lacks the operation; asking again
+        # cannot help (some S3-compatible servers lack ListMultipartUploads).
+        not_implemented = status == 501 or s3_code == "NotImplemented"
+        retry = not not_implemented and (
+            status >= 500 or status == 429 or s3_code in RETRYABLE_CODES
+        )
         return Verdict(retry=retry, code=code, retry_after=retry_after if retry else None)
     if isinstance(exc, TruncatedBody):
         return Verdict(retry=True, code=code)
