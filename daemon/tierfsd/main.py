@@ -58,6 +58,10 @@ class StartupError(Exception):
     """A problem the user must fix; reported as one sentence, exit 1."""
 
 
+#: sys.setswitchinterval for the daemon (seconds); see main().
+GIL_SWITCH_INTERVAL = 0.0001
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="tierfsd",
@@ -291,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             ready.close()
         sd_notify("READY=1")
 
+    # FUSE handlers on the trio loop share the GIL with the S3 worker threads
+    # (boto3 is CPU-heavy).  With the default 5 ms switch interval, every
+    # request that waits for the GIL behind a busy worker waits up to 5 ms.
+    sys.setswitchinterval(float(os.environ.get("TIERFS_SWITCH_INTERVAL", GIL_SWITCH_INTERVAL)))
     try:
         trio.run(daemon.run, on_ready)
     except BaseException:
