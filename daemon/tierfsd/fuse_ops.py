@@ -2,7 +2,7 @@
 
 Each method converts pyfuse3 arguments, awaits ``TierFS`` and converts the
 result.  The ``_errno`` decorator is the one place that turns errors into
-errnos: a TierfsError or OSError keeps its errno, anything else is a bug,
+errnos (it also counts requests, for ``TierFS.requests``): a TierfsError or OSError keeps its errno, anything else is a bug,
 logged with its traceback and answered with EIO.  Nothing escapes to
 ``pyfuse3.main()``, which would end the mount.
 """
@@ -29,6 +29,8 @@ R = TypeVar("R")
 def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        ops: TierfsOperations = args[0]  # type: ignore[assignment]
+        ops.fs.requests += 1
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:

@@ -151,6 +151,9 @@ class TierFS(WriteOps, SyncOps):
         self.namespace.being_deleted = self.journal.being_deleted
         self.namespace.protects = self.journal.protects
         self._handles: dict[int, Handle] = {}
+        #: FUSE requests served (counted by the FUSE layer); the uploader
+        #: holds back while they come fast.
+        self.requests = 0
         self._writers: dict[int, int] = {}
         self._orphans = self.journal.orphans
         self._next_fh = 1

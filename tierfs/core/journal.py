@@ -70,6 +70,7 @@ class JournalWriter:
     def append(self, entry: Entry) -> int:
         seq = self.tx.journal_append(entry)
         self.added.append((seq, entry))
+        self.journal.queued_in[seq] = self.journal.meta.commits
         return seq
 
     def remove(self, seq: int) -> None:
@@ -117,6 +118,10 @@ class Journal:
         #: that blocks not yet cached stay readable through the open handles.
         self.orphans: set[int] = set()
         self.running: set[int] = set()
+        #: Tasks in ``wait_done`` (a flush, a write-through fsync or close).
+        self.waiters = 0
+        #: seq -> ``MetaDB.commits`` when it was appended (this mount only).
+        self.queued_in: dict[int, int] = {}
         self.failures: dict[int, int] = {}
         self._deleting: dict[str, int] = {}
         for entry in self.entries.values():
@@ -126,6 +131,9 @@ class Journal:
         self._keys: dict[int, tuple[int, list[str] | None]] = {}
         self._changed = trio.Event()
         self._done = trio.Event()
+        #: When the uploader looks at the queue next on its own (trio clock);
+        #: a change that makes nothing due before then need not wake it.
+        self.next_look = 0.0
 
     # --- writing ---------------------------------------------------------------------
 
@@ -150,7 +158,9 @@ class Journal:
             elif entry["op"] == "copy":
                 self.copies.setdefault(entry["ino"], []).append(seq)
             self._count_delete(entry, +1)
-        if writer.added or writer.removed:
+        # A new upload entry waits for a close or fsync (``schedule``) or
+        # for the uploader's next look; other entries are due at once.
+        if writer.removed or any(e["op"] != "upload" for _, e in writer.added):
             self.wake()
 
     def _forget(self, seq: int) -> None:
@@ -166,6 +176,7 @@ class Journal:
             if not pending:
                 self.copies.pop(entry["ino"], None)
         self.not_before.pop(seq, None)
+        self.queued_in.pop(seq, None)
         self.failures.pop(seq, None)
         self._keys.pop(seq, None)
         self._count_delete(entry, -1)
@@ -214,6 +225,10 @@ class Journal:
         seq = self.upload_seq.get(ino)
         return seq is not None and seq in self.running
 
+    def committed(self, seq: int) -> bool:
+        """Is the transaction that queued ``seq`` committed?"""
+        return self.queued_in.get(seq, -1) < self.meta.commits
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -228,8 +243,9 @@ class Journal:
         self.held.discard(ino)
         seq = self.upload_seq.get(ino)
         if seq is not None:
-            self.not_before[seq] = trio.current_time() + delay
-            self.wake()
+            due = self.not_before[seq] = trio.current_time() + delay
+            if due < self.next_look:
+                self.wake()
 
     def hurry(self, seqs: set[int] | None = None) -> None:
         """Make entries (all, or ``seqs``) due now, held files included."""
@@ -245,13 +261,16 @@ class Journal:
         self.not_before[seq] = trio.current_time() + delay
 
     def runnable(
-        self, keys_of: Callable[[int, Entry], list[str] | None]
+        self, keys_of: Callable[[int, Entry], list[str] | None], limit: int = SCAN_WINDOW
     ) -> tuple[list[int], float]:
-        """Entries that may start now, in order, and when to look again.
+        """Up to ``limit`` entries that may start now, in order, and when to
+        look again (``inf``: not before the next change).
 
         ``keys_of(seq, entry)`` returns the keys an entry touches (None: the
         entry is obsolete and may run at once, to be dropped).  An entry runs
         only if no earlier pending or running entry shares a key with it.
+        The scan stops at ``limit`` ready entries: the caller is woken when
+        one of them ends, and looks again.
         """
         now = trio.current_time()
         blocked: set[str] = set()
@@ -271,15 +290,17 @@ class Journal:
                 continue
             if keys is None:
                 ready.append(seq)
-                continue
-            due = self.not_before.get(seq, 0.0)
-            if self._waits_for_close(entry):
-                due = math.inf
-            if blocked.isdisjoint(keys) and due <= now:
-                ready.append(seq)
-            elif due > now:
-                next_due = min(next_due, due)
-            blocked.update(keys)
+            else:
+                due = self.not_before.get(seq, 0.0)
+                if self._waits_for_close(entry):
+                    due = math.inf
+                if blocked.isdisjoint(keys) and due <= now:
+                    ready.append(seq)
+                elif due > now:
+                    next_due = min(next_due, due)
+                blocked.update(keys)
+            if len(ready) >= limit:
+                return ready, math.inf
         return ready, next_due
 
     def _waits_for_close(self, entry: Entry) -> bool:
@@ -303,5 +324,9 @@ class Journal:
 
     async def wait_done(self, seqs: set[int]) -> None:
         """Wait until every entry in ``seqs`` has completed."""
-        while seqs & self.entries.keys():
-            await self._done.wait()
+        self.waiters += 1
+        try:
+            while seqs & self.entries.keys():
+                await self._done.wait()
+        finally:
+            self.waiters -= 1

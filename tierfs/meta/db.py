@@ -52,7 +52,8 @@ loop.  So writes are grouped:
   the daemon.  With ``group_commit`` off (the default, for tools and tests)
   every ``write()`` block commits at once, as a plain transaction would.
   TierFS turns it on and commits every ``COMMIT_INTERVAL``, before the
-  uploader acts on a journal entry, and in ``sync()`` (fsync).
+  uploader acts on a journal entry queued since the last commit, and in
+  ``sync()`` (fsync).
 * ``sync()`` commits and also flushes the meta page: the durability point of
   fsync.
 * Reads see the innermost open transaction, so everything written, committed
@@ -187,6 +188,9 @@ class MetaDB:
         #: write() blocks and inode allocations in the group since its last commit.
         self.uncommitted = 0
         self._allocs = 0
+        #: Number of group commits so far (a write made while it was N is
+        #: committed once it is N + 1).
+        self.commits = 0
         #: True if the last user of this state directory did not close it.
         self.unclean_start = False
         self._init_schema(path, backing_url, default_dir_mode, uid, gid)
@@ -275,6 +279,7 @@ class MetaDB:
             self.uncommitted = 0
             self._allocs = 0
             group.commit()
+            self.commits += 1
 
     def sync(self) -> None:
         """Commit and flush: the writes so far survive a system crash too."""

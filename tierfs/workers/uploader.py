@@ -7,7 +7,10 @@ decides which entries may start (sequence order per key, due times),
 metadata group (an entry never acts on the bucket ahead of the committed
 change that queued it).  A scan of a long queue is followed by a pause, so
 that scheduling stays a small share of the event loop.
-At most ``concurrency`` entries run at once; each large upload sends its
+At most ``concurrency`` entries run at once, or ``busy_concurrency`` while
+the mount serves more than BUSY_REQUESTS_PER_SECOND FUSE requests (uploads
+run in this process and would take CPU and the GIL from the requests; a
+flush or a write-through close lifts the limit); each large upload sends its
 parts in parallel on top of that.  It wakes when the journal changes, when
 the next entry falls due, and at least once a second.
 """
@@ -28,15 +31,40 @@ log = logging.getLogger(__name__)
 SCAN_PAUSE_FROM = 0.0005
 #: ... of nine times its length, at most this long.
 SCAN_PAUSE_MAX = 0.1
+#: The mount counts as busy at this many FUSE requests per second or more,
+#: measured over windows of BUSY_WINDOW seconds.
+BUSY_REQUESTS_PER_SECOND = 200
+BUSY_WINDOW = 0.5
+
+
+class ForegroundMeter:
+    """Is the mount busy serving requests?  (A rate over ``BUSY_WINDOW``.)"""
+
+    def __init__(self, fs: TierFS) -> None:
+        self.fs = fs
+        self._since = trio.current_time()
+        self._count = fs.requests
+        self.busy = False
+
+    def update(self) -> bool:
+        now = trio.current_time()
+        elapsed = now - self._since
+        if elapsed >= BUSY_WINDOW:
+            rate = (self.fs.requests - self._count) / elapsed
+            self.busy = rate >= BUSY_REQUESTS_PER_SECOND
+            self._since, self._count = now, self.fs.requests
+        return self.busy
 
 
 async def run_uploader(
     fs: TierFS,
     *,
     concurrency: int = 8,
+    busy_concurrency: int = 1,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     journal = fs.journal
+    foreground = ForegroundMeter(fs)
     async with trio.open_nursery() as nursery:
         replayed = len(journal)
         task_status.started()
@@ -44,24 +72,34 @@ async def run_uploader(
             log.info("replaying %d journal entries from the last mount", replayed)
         nursery.start_soon(_abort_stale_uploads, fs)
         while True:
-            started = time.perf_counter()
-            ready, next_due = journal.runnable(fs.entry_keys)
-            scan = time.perf_counter() - started
-            if ready and fs.meta.uncommitted:
-                # An entry's effect on the bucket must never be ahead of the
-                # committed metadata that queued it (MetaDB "Group commit").
-                fs.meta.commit()
-            for seq in ready:
-                if len(journal.running) >= concurrency:
-                    break
-                journal.running.add(seq)
-                nursery.start_soon(fs.run_entry, seq)
+            scan = 0.0
+            next_due = math.inf
+            # Uploads share the CPU (and the GIL) with the requests of the
+            # mount: while those come fast, only ``busy_concurrency`` entries
+            # run, unless someone waits for the bucket (flush, write-through).
+            limit = concurrency
+            if foreground.update() and not journal.waiters:
+                limit = busy_concurrency
+            free = limit - len(journal.running)
+            if free > 0:  # when every slot is busy, the end of an entry wakes us
+                started = time.perf_counter()
+                ready, next_due = journal.runnable(fs.entry_keys, limit=free)
+                scan = time.perf_counter() - started
+                if not all(journal.committed(seq) for seq in ready):
+                    # An entry's effect on the bucket must never be ahead of the
+                    # committed metadata that queued it (MetaDB "Group commit").
+                    fs.meta.commit()
+                for seq in ready:
+                    journal.running.add(seq)
+                    nursery.start_soon(fs.run_entry, seq)
             if scan > SCAN_PAUSE_FROM:
                 # A scan costs O(queued entries) on the event loop: with a long
                 # queue, scan less often, at most ~10% of the loop's time.
                 await trio.sleep(min(SCAN_PAUSE_MAX, 9 * scan))
             wait = 1.0 if math.isinf(next_due) else max(0.01, next_due - trio.current_time())
-            await journal.wait_changed(min(wait, 1.0))
+            wait = min(wait, BUSY_WINDOW if foreground.busy else 1.0)
+            journal.next_look = trio.current_time() + wait
+            await journal.wait_changed(wait)
 
 
 async def _abort_stale_uploads(fs: TierFS) -> None:
