@@ -469,3 +469,30 @@ def test_unlink_during_upload_does_not_block_flush(mount: MountFactory, proxy: F
         pytest.fail(f"tierfs flush hangs; status: {m.status()}")
     assert done.returncode == 0, done.stderr
     assert bucket_keys(m) == [], "the unlinked file's object is still in the bucket"
+
+
+def test_delete_of_a_new_file_waits_for_its_upload_in_flight(
+    mount: MountFactory, proxy: FaultProxy
+) -> None:
+    """Unlink of a never-uploaded file while its first PUT is on the wire:
+    the DELETE must not overtake the PUT.  The PUT's answer is lost, so
+    tierfs sends it again after the unlink: a DELETE that ran meanwhile would
+    leave the object behind.  (The model test found such an overtaking once;
+    this test pins the outcome, it does not force that interleaving.)"""
+    m = mount(list_ttl="1h", revalidate_ttl="1h", do_mount=False)
+    config = m.config_path.read_text()
+    m.config_path.write_text(
+        config.replace(json.dumps(m.endpoint), json.dumps(f"http://127.0.0.1:{proxy.port}"))
+    )
+    with_write_config(m, upload_delay="0s")
+    m.mount()
+    proxy.delay = 1.0  # every answer comes a second late ...
+    proxy.fail_responses(1, kind="reset", match=lambda line: line.startswith("PUT "))
+    (m.path / "new").write_bytes(b"first version")
+    assert wait_until(lambda: m.where_one("new")["state"] == "uploading", timeout=10, interval=0.02)
+    os.unlink(m.path / "new")
+    proxy.delay = 0.0
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert proxy.faults_injected == 1, "the PUT's answer was not lost: test proves nothing"
+    assert bucket_keys(m) == [], "the unlinked file's object came back"

@@ -64,11 +64,13 @@ class SyncOps:
         """The keys an entry touches, for ordering; None if it is obsolete."""
         op = entry["op"]
         if op == "upload":
+            if seq in self.journal.running and "running_key" in entry:
+                # Even if the file was unlinked meanwhile: its PUT is on the
+                # wire, and a later delete of that key must wait for it.
+                return [entry["running_key"]]
             inode = self._linked_inode(entry["ino"])
             if inode is None:
                 return None
-            if seq in self.journal.running and "running_key" in entry:
-                return [entry["running_key"]]
             return [self.namespace.key_of(inode)]
         if op == "copy":
             return [entry["src"], entry["dst"]]
@@ -145,6 +147,10 @@ class SyncOps:
             entry.pop("upload_key")
             with self.meta.write() as tx:
                 tx.journal_put(seq, entry)
+            inode = self._linked_inode(ino)  # it may have gone meanwhile
+            if inode is None or inode.state == SyncState.CLEAN:
+                self._finish(seq)
+                return
         key = self.namespace.key_of(inode)
         entry["running_key"] = key
         cf = self.blocks.acquire(inode)

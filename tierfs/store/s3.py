@@ -25,8 +25,12 @@ Invariants:
   (moto, MinIO, Ceph, s3rver have no virtual-host DNS).
 - Checksums: ``request_checksum_calculation``/``response_checksum_validation``
   are ``when_required`` because many S3-compatible servers reject or mangle
-  the newer flexible-checksum headers; a PUT carries ``Content-MD5`` instead,
-  which every implementation verifies.
+  the newer flexible-checksum headers.  Every body we send carries exactly
+  one end-to-end checksum: over ``http://`` botocore always signs the
+  payload's SHA-256 (``x-amz-content-sha256``, verified by the server); over
+  ``https://`` it does not, so a PUT or part carries ``Content-MD5``, which
+  every implementation verifies.  (An MD5 on top of the SHA-256 cost a CPU
+  second per GiB uploaded.)
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
 
@@ -71,7 +75,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import re
 import threading
@@ -324,6 +327,14 @@ class S3Store:
             "s3", region_name=region, endpoint_url=endpoint_url, config=config
         )
         self.endpoint = _safe_endpoint(str(self.client.meta.endpoint_url))
+        #: Over plain HTTP botocore signs each payload's SHA-256 already.
+        self._send_md5 = str(self.client.meta.endpoint_url).startswith("https")
+
+    def _body_checksum(self, data: bytes) -> dict[str, str]:
+        """Extra arguments that give a body its end-to-end checksum."""
+        if not self._send_md5:
+            return {}
+        return {"ContentMD5": base64.b64encode(md5_digest(data)).decode()}
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
@@ -495,12 +506,12 @@ class S3Store:
         full = self._full_key(key)
         meta = validate_metadata(metadata)
         payload = bytes(data)
-        md5 = base64.b64encode(hashlib.md5(payload, usedforsecurity=False).digest()).decode()
+        checksum = self._body_checksum(payload)
         resp = self._call(
             "put",
             full,
             lambda: self.client.put_object(
-                Bucket=self.bucket, Key=full, Body=payload, Metadata=meta, ContentMD5=md5
+                Bucket=self.bucket, Key=full, Body=payload, Metadata=meta, **checksum
             ),
         )
         return _strip_etag(resp.get("ETag"))
@@ -580,7 +591,7 @@ class S3Store:
             if stop.is_set():
                 raise UploadCancelled
             data = read_exact(read_part, part)
-            md5 = base64.b64encode(md5_digest(data)).decode()
+            checksum = self._body_checksum(data)
 
             def attempt() -> str:
                 if stop.is_set():
@@ -591,7 +602,7 @@ class S3Store:
                     UploadId=upload_id,
                     PartNumber=part.number,
                     Body=data,
-                    ContentMD5=md5,
+                    **checksum,
                 )
                 return _strip_etag(resp.get("ETag"))
 
