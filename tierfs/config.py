@@ -57,7 +57,9 @@ Rules
   ("1777").  ``uid`` / ``gid`` optional integers in 0..2**32-2.
 * ``[write]``: ``mode`` "back" | "through"; ``upload_delay`` duration >= 0;
   ``space_wait`` duration >= 0 (how long a writer waits for uploads to free
-  tier space before ENOSPC).
+  tier space before ENOSPC); ``part_size`` size in 5 MiB..5 GiB, the smallest
+  multipart part (files up to it go up in one PUT; larger parts are used when
+  10,000 would not hold the file).
 * ``[[rules]]``: ``match`` glob required (relative to the mount root, no
   leading "/", no ".." segment); ``place`` must name a configured tier;
   ``keep_newest`` integer >= 1; ``demote_after`` duration; ``write`` "back" |
@@ -151,6 +153,7 @@ class WriteConfig:
     mode: str = "back"  # "back" | "through"
     upload_delay: float = 5.0
     space_wait: float = 60.0
+    part_size: int = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,6 +596,13 @@ def _conv_positive_size(value: Any) -> int:
     return size
 
 
+def _conv_part_size(value: Any) -> int:
+    size = parse_size(value)
+    if not 5 << 20 <= size <= 5 << 30:
+        raise ValueError("must be between 5MiB and 5GiB (the S3 limits for a part)")
+    return size
+
+
 def _conv_duration(value: Any) -> float:
     return parse_duration(value)
 
@@ -887,7 +897,7 @@ _STATE_KEYS = ("dir",)
 _TIER_KEYS = ("name", "path", "capacity", "high_watermark", "low_watermark")
 _FETCH_KEYS = ("block_size", "readahead_max", "concurrency")
 _NAMESPACE_KEYS = ("list_ttl", "revalidate_ttl", "file_mode", "dir_mode", "uid", "gid")
-_WRITE_KEYS = ("mode", "upload_delay", "space_wait")
+_WRITE_KEYS = ("mode", "upload_delay", "space_wait", "part_size")
 _RULE_KEYS = ("match", "place", "keep_newest", "demote_after", "write", "pin", "promote")
 
 _WRITE_MODES = ("back", "through")
@@ -1110,6 +1120,7 @@ def _write(report: _Report, doc: _Doc) -> WriteConfig:
         mode=_get(report, doc, table, path, "mode", _conv_choice(*_WRITE_MODES), d.mode),
         upload_delay=_get(report, doc, table, path, "upload_delay", _conv_duration, d.upload_delay),
         space_wait=_get(report, doc, table, path, "space_wait", _conv_duration, d.space_wait),
+        part_size=_get(report, doc, table, path, "part_size", _conv_part_size, d.part_size),
     )
 
 

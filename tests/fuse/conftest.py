@@ -376,6 +376,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         upload_delay: str | None = None,
         write_mode: str | None = None,
         space_wait: str | None = None,
+        part_size: str | None = None,
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -403,6 +404,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
                     ("mode", write_mode),
                     ("upload_delay", upload_delay),
                     ("space_wait", space_wait),
+                    ("part_size", part_size),
                 )
                 if v is not None
             },

@@ -368,7 +368,7 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
     via_proxy = f"endpoint_url = {json.dumps(f'http://127.0.0.1:{proxy.port}')}"
     assert direct in config
     m.config_path.write_text(config.replace(direct, via_proxy))
-    with_write_config(m, upload_delay="0s")
+    with_write_config(m, upload_delay="0s", part_size="8MiB")
     m.mount()
 
     body = pattern(9, INFLIGHT_SIZE)

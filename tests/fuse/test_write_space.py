@@ -34,7 +34,7 @@ def bucket_sha(m: Mount, name: str) -> str:
 
 
 def test_file_larger_than_nvme_spills_to_hdd(mount: MountFactory) -> None:
-    m = mount(nvme="8MiB", hdd="16MiB", upload_delay=LONG_DELAY)
+    m = mount(nvme="8MiB", hdd="16MiB", upload_delay=LONG_DELAY, part_size="5MiB")
     body = os.urandom(12 * MiB)
     (m.path / "big.bin").write_bytes(body)
     item = m.where_one("big.bin")
@@ -47,7 +47,7 @@ def test_file_larger_than_nvme_spills_to_hdd(mount: MountFactory) -> None:
         assert tier["used"] <= tier["capacity"], tier
     drop_page_cache()
     assert (m.path / "big.bin").read_bytes() == body
-    flush(m, "big.bin")  # more than one 8 MiB part
+    flush(m, "big.bin")  # several 5 MiB parts
     assert bucket_sha(m, "big.bin") == hashlib.sha256(body).hexdigest()
 
 

@@ -1135,6 +1135,16 @@ def test_write_table(write: Write, minimal: str) -> None:
     ]
 
 
+def test_write_part_size(write: Write, minimal: str) -> None:
+    cfg = load_config(write(minimal + '[write]\npart_size = "64MiB"\n'))
+    assert cfg.write.part_size == 64 << 20
+    assert load_config(write(minimal)).write.part_size == 32 << 20
+    text = minimal + '[write]\npart_size = "1MiB"\n'
+    _, lineno, sentence = only_problem(write(text))
+    assert lineno == line_of(text, "part_size")
+    assert sentence == "part_size: must be between 5MiB and 5GiB (the S3 limits for a part)"
+
+
 # --- rules ----------------------------------------------------------------------------------------
 
 

@@ -204,9 +204,10 @@ class SyncOps:
             self.blocks.release(cf)
 
     def _part_size(self: TierFS, size: int) -> int:
-        """Parts are whole blocks, at least 8 MiB, and 10,000 of them hold the file."""
+        """Parts are whole blocks, at least ``[write] part_size``, and 10,000
+        of them hold the file."""
         bs = self.config.fetch.block_size
-        part = max(8 << 20, -(-size // 10_000))
+        part = max(self.config.write.part_size, -(-size // 10_000))
         return -(-part // bs) * bs
 
     def _record_upload_id(self: TierFS, seq: int, key: str, upload_id: str) -> None:
