@@ -143,7 +143,9 @@ class TierfsOperations(pyfuse3.Operations):
     @_errno
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         result = await self.fs.open(inode, flags)
-        return pyfuse3.FileInfo(fh=result.fh, keep_cache=result.keep_cache)
+        return pyfuse3.FileInfo(
+            fh=result.fh, keep_cache=result.keep_cache, direct_io=result.direct_io
+        )
 
     @_errno
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -236,7 +238,10 @@ class TierfsOperations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         opened, attrs = await self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
-        return pyfuse3.FileInfo(fh=opened.fh, keep_cache=opened.keep_cache), entry_attributes(attrs)
+        info = pyfuse3.FileInfo(
+            fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io
+        )
+        return info, entry_attributes(attrs)
 
     @_errno
     async def write(self, fh: int, off: int, buf: bytes) -> int:

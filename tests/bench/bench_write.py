@@ -54,11 +54,9 @@ What one run does
    has them), tierfsd's CPU split between its main thread (trio loop, FUSE
    handlers) and its other threads, and the machine's background load.
 
-tierfs starts uploading only after its mount-time cleanup of stale
-multipart uploads; s3rver answers that listing with 501, which tierfs
-retries for about 4 s.  Every tierfs case waits ``--settle`` s between the
-mount and the first write, so with the default 10 s this is over before the
-clock starts.
+tierfs cleans up stale multipart uploads at mount, beside its uploads;
+s3rver answers that listing with 501 (not implemented), which tierfs takes
+as final.
 
 CPU columns: seconds of the FUSE daemon, of s3rver and of this script's
 children (dd, s5cmd, the writer process, ``tierfs flush``) during the

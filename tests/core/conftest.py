@@ -156,7 +156,9 @@ def make_config(tmp_path: Path, store_url: str, **overrides: Any) -> Config:
             "fetch", FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=8)
         ),
         namespace=overrides.pop("namespace", NamespaceConfig(list_ttl=60, revalidate_ttl=60)),
-        write=overrides.pop("write", WriteConfig(mode="back", upload_delay=0.05)),
+        write=overrides.pop(
+            "write", WriteConfig(mode="back", upload_delay=0.05, part_size=8 * MiB)
+        ),
     )
 
 

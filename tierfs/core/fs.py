@@ -80,6 +80,8 @@ class DirEntry:
 class OpenResult:
     fh: int
     keep_cache: bool
+    #: Bypass the kernel page cache for this handle (see ``_open_inode``).
+    direct_io: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +320,14 @@ class TierFS(WriteOps, SyncOps):
         self._next_fh += 1
         self._handles[fh] = Handle(cached.inode, cached, ReadState(), writable)
         self.space.touch(ino)
-        return OpenResult(fh=fh, keep_cache=keep_cache)
+        # A write-only handle cannot be read or mmapped, so the kernel need
+        # not keep its data: with direct I/O the bytes go from the writer's
+        # buffer to us without a second copy in page cache (for a checkpoint,
+        # the FUSE file's copy doubled the memory and the copying).  The
+        # kernel drops cached pages of the range a direct write covers, so
+        # readers through other handles stay coherent.
+        direct_io = flags & os.O_ACCMODE == os.O_WRONLY
+        return OpenResult(fh=fh, keep_cache=keep_cache, direct_io=direct_io)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         handle = self._handle(fh)
