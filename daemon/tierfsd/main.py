@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     # FUSE handlers on the trio loop share the GIL with the S3 worker threads
     # (boto3 is CPU-heavy).  With the default 5 ms switch interval, every
     # request that waits for the GIL behind a busy worker waits up to 5 ms.
-    sys.setswitchinterval(float(os.environ.get("TIERFS_SWITCH_INTERVAL", GIL_SWITCH_INTERVAL)))
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     try:
         trio.run(daemon.run, on_ready)
     except BaseException:

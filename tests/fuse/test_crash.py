@@ -89,6 +89,15 @@ def with_write_config(m: Mount, **write: str) -> None:
         f.write(f"\n[write]\n{lines}")
 
 
+def through_proxy(m: Mount, proxy: FaultProxy) -> None:
+    """Point the config the ``mount`` factory wrote at ``proxy``."""
+    config = m.config_path.read_text()
+    direct = f"endpoint_url = {json.dumps(m.endpoint)}"
+    assert direct in config
+    via_proxy = f"endpoint_url = {json.dumps(f'http://127.0.0.1:{proxy.port}')}"
+    m.config_path.write_text(config.replace(direct, via_proxy))
+
+
 def write_synced(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -363,11 +372,7 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
         revalidate_ttl="1h",
         do_mount=False,
     )
-    config = m.config_path.read_text()
-    direct = f"endpoint_url = {json.dumps(m.endpoint)}"
-    via_proxy = f"endpoint_url = {json.dumps(f'http://127.0.0.1:{proxy.port}')}"
-    assert direct in config
-    m.config_path.write_text(config.replace(direct, via_proxy))
+    through_proxy(m, proxy)
     with_write_config(m, upload_delay="0s", part_size="8MiB")
     m.mount()
 
@@ -448,10 +453,7 @@ def test_rename_keeps_the_upload_delay(mount: MountFactory) -> None:
 
 def test_unlink_during_upload_does_not_block_flush(mount: MountFactory, proxy: FaultProxy) -> None:
     m = mount(list_ttl="1h", revalidate_ttl="1h", do_mount=False)
-    config = m.config_path.read_text()
-    m.config_path.write_text(
-        config.replace(json.dumps(m.endpoint), json.dumps(f"http://127.0.0.1:{proxy.port}"))
-    )
+    through_proxy(m, proxy)
     with_write_config(m, upload_delay="0s")
     m.mount()
     path = m.path / "f"
@@ -480,10 +482,7 @@ def test_delete_of_a_new_file_waits_for_its_upload_in_flight(
     leave the object behind.  (The model test found such an overtaking once;
     this test pins the outcome, it does not force that interleaving.)"""
     m = mount(list_ttl="1h", revalidate_ttl="1h", do_mount=False)
-    config = m.config_path.read_text()
-    m.config_path.write_text(
-        config.replace(json.dumps(m.endpoint), json.dumps(f"http://127.0.0.1:{proxy.port}"))
-    )
+    through_proxy(m, proxy)
     with_write_config(m, upload_delay="0s")
     m.mount()
     proxy.delay = 1.0  # every answer comes a second late ...
