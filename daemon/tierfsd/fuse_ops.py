@@ -148,7 +148,8 @@ class TierfsOperations(pyfuse3.Operations):
         )
 
     @_errno
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        # pyfuse3 sends the reply before it yields: a lent view is safe here.
         return await self.fs.read(fh, off, size)
 
     @_errno

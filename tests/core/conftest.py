@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,12 @@ class CountingStore:
     def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
         self.gets.append((key, start, length))
         return self.inner.get_range(key, start, length, etag)
+
+    def get_range_into(
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+    ) -> int:
+        self.gets.append((key, start, sum(len(b) for b in bufs)))
+        return self.inner.get_range_into(key, start, bufs, etag)
 
     def __getattr__(self, name: str) -> Any:
         # put, put_multipart, copy, delete, ...: straight to the real store.

@@ -199,3 +199,27 @@ async def test_orphaned_cache_files_are_removed_at_mount(make_fs: Any, s3_store:
             await trio.sleep(0.02)
     assert await mount.read_file("kept.bin") == data
     assert mount.store.gets.count(("kept.bin", 0, MiB)) == 1, "cached blocks were kept"
+
+
+async def test_long_sequential_read_reuses_fetch_buffers(make_fs: Any, s3_store: Any) -> None:
+    """Fetched blocks arrive in pooled buffers that are given back once the
+    reader is past them, so a long read maps a bounded number of buffers,
+    and reads answered from those buffers hold the right bytes."""
+    data = os.urandom(40 * MiB + 777)
+    put(s3_store, "long.bin", data)
+    mount = await make_fs(capacities=(64 * MiB, 64 * MiB))
+    inode = await mount.fs.namespace.resolve("long.bin")
+    opened = await mount.fs.open(inode.ino, 0)
+    out = bytearray()
+    try:
+        while len(out) < len(data):
+            chunk = await mount.fs.read(opened.fh, len(out), 256 * 1024)
+            assert chunk, "short read"
+            out += chunk  # a lent view is used before the next await
+    finally:
+        await mount.fs.release(opened.fh)
+    assert out == data
+    window = mount.config.fetch.readahead_max // MiB
+    assert mount.fs.blocks.buffers.created <= 2 * window + 4, (
+        f"{mount.fs.blocks.buffers.created} buffers mapped for 41 blocks: not reused"
+    )

@@ -71,3 +71,28 @@ async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(
     mount.fs.flush_max_failures = 100
     await mount.flush()
     assert s3_store.get_range("stuck.bin", 0, 4) == b"data"
+
+
+async def test_replayed_upload_of_a_deleted_file_aborts_its_multipart_upload(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """A crash in the middle of a multipart upload leaves its upload id in the
+    journal entry.  If the file is deleted before that entry is replayed, the
+    entry must still abort the upload: its parts would otherwise stay in the
+    bucket until the cleanup of day-old uploads."""
+    mount = await make_fs()
+    ino = await mount.write_file("gone.bin", os.urandom(1000))
+    await mount.flush()
+    root = await mount.fs.namespace.resolve("")
+    await mount.fs.unlink(root.ino, b"gone.bin")
+    full_key = s3_store._full_key("gone.bin")
+    upload_id = s3_store.client.create_multipart_upload(Bucket=s3_store.bucket, Key=full_key)[
+        "UploadId"
+    ]
+    assert [u.upload_id for u in s3_store.list_uploads("")] == [upload_id]
+    with mount.fs.journal.write() as w:
+        w.append({"op": "upload", "ino": ino, "upload_id": upload_id, "upload_key": "gone.bin"})
+    await mount.flush()
+    assert s3_store.list_uploads("") == [], "the recorded multipart upload must be aborted"
+    keys = [obj.key for page in s3_store.list_pages("") for obj in page.objects]
+    assert "gone.bin" not in keys

@@ -206,6 +206,45 @@ def test_get_range(store: ObjectStore, start: int, length: int, expected: bytes)
     assert store.get_range("blob", start, length) == expected
 
 
+def _read_into(store: ObjectStore, start: int, sizes: list[int], **kw: str) -> tuple[int, bytes]:
+    """get_range_into over fresh buffers of ``sizes``, pre-filled with 0xEE."""
+    bufs = [bytearray(b"\xee" * n) for n in sizes]
+    got = store.get_range_into("blob", start, [memoryview(b) for b in bufs], **kw)
+    return got, b"".join(bufs)
+
+
+@pytest.mark.parametrize(
+    ("start", "sizes"),
+    [
+        (0, [len(DATA)]),
+        (100, [7, 0, 4096, 13]),  # several buffers, an empty one among them
+        (len(DATA) - 10, [4, 4, 100]),  # the object ends in the second buffer
+        (len(DATA), [10]),  # exactly at EOF
+        (len(DATA) + 5000, [10]),  # beyond EOF
+        (5, []),  # nothing asked
+    ],
+)
+def test_get_range_into(store: ObjectStore, start: int, sizes: list[int]) -> None:
+    store.put("blob", DATA)
+    got, filled = _read_into(store, start, sizes)
+    expected = DATA[start : start + sum(sizes)]
+    assert got == len(expected)
+    assert filled[:got] == expected
+    assert filled[got:] == b"\xee" * (sum(sizes) - got), "bytes past the object stay untouched"
+
+
+def test_get_range_into_if_match(store: ObjectStore) -> None:
+    etag = store.put("blob", DATA)
+    assert _read_into(store, 10, [20], etag=etag) == (20, DATA[10:30])
+    store.put("blob", DATA[::-1])
+    with pytest.raises(PreconditionFailed):
+        _read_into(store, 10, [20], etag=etag)
+    with pytest.raises(InvalidArgument):
+        _read_into(store, -1, [20])
+    with pytest.raises(ObjectNotFound):
+        store.get_range_into("nope", 0, [memoryview(bytearray(4))])
+
+
 def test_get_range_if_match(store: ObjectStore) -> None:
     etag = store.put("blob", DATA)
     assert store.get_range("blob", 10, 20, etag=etag) == DATA[10:30]

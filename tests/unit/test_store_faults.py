@@ -347,6 +347,42 @@ def test_get_range_survives_broken_bodies(
     assert proxy.faults_injected == 2
 
 
+@pytest.mark.parametrize("fault", ["reset", "truncate"])
+def test_get_range_into_survives_broken_bodies(
+    proxied_store: S3Store, proxy: FaultProxy, fault: str
+) -> None:
+    """The zero-copy read: a broken body is fetched again, the buffers end
+    up with exactly the object's bytes, and the pooled connections still
+    serve correct answers afterwards."""
+    getattr(proxy, f"{fault}_next")(2)
+    start, sizes = 4321, [100_000, 250_000, 7]
+    bufs = [bytearray(n) for n in sizes]
+    got = proxied_store.get_range_into("blob", start, [memoryview(b) for b in bufs])
+    assert got == sum(sizes)
+    assert b"".join(bufs) == BLOB[start : start + got]
+    assert proxy.faults_injected == 2
+    for offset in (0, 5000, 90_000):  # reused connections: no stray bytes left in them
+        buf = bytearray(3000)
+        assert proxied_store.get_range_into("blob", offset, [memoryview(buf)]) == 3000
+        assert buf == BLOB[offset : offset + 3000]
+
+
+def test_get_range_into_reads_without_a_copy(proxied_store: S3Store) -> None:
+    """A canary for botocore/urllib3 upgrades: the zero-copy read depends
+    on http.client's response under botocore's body; without it,
+    get_range_into still works but silently falls back to a copy.  (moto
+    answers ``Connection: close``, so the reuse of pooled connections is
+    checked by the benchmark against s3rver, not here.)"""
+    resp = proxied_store.client.get_object(Bucket=proxied_store.bucket, Key="pre/blob")
+    fp = getattr(getattr(resp["Body"], "_raw_stream", None), "_fp", None)
+    assert callable(getattr(fp, "readinto", None)), "botocore's body changed: update s3.py"
+    resp["Body"].close()
+    for offset in range(0, 50_000, 5000):
+        buf = bytearray(5000)
+        assert proxied_store.get_range_into("blob", offset, [memoryview(buf)]) == 5000
+        assert buf == BLOB[offset : offset + 5000]
+
+
 def test_get_range_mixed_faults_with_if_match(proxied_store: S3Store, proxy: FaultProxy) -> None:
     etag = proxied_store.head("blob").etag  # HEAD has no body: consumes no fault
     proxy.reset_next(1)

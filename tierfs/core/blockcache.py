@@ -41,17 +41,21 @@ Concurrency rules:
 
 Fetches: consecutive absent blocks are fetched with one ranged GET of up to
 16 MiB (``FETCH_RUN_BYTES``); readahead holds the trailing partial run back
-until it is full.  Whole fetched blocks are written to the tier with
-O_DIRECT (filling the page cache was most of the daemon's CPU on cold reads:
-measured with perf in tests/bench) and kept in memory, up to
-``recent_max`` (= readahead_max) bytes in all, for the reads that follow;
-older ones are read back from the tier.  Filesystems without O_DIRECT
-(tmpfs) get buffered writes.
+until it is full.  The GET reads the socket straight into pooled block
+buffers (:mod:`tierfs.core.buffers`).  Whole fetched blocks are written to
+the tier with O_DIRECT from those buffers (filling the page cache was most
+of the daemon's CPU on cold reads: measured with perf in tests/bench) and
+stay in them, up to ``recent_max`` (= readahead_max) bytes in all, for the
+reads that follow: a FUSE read of a recent block is answered with a view
+of its buffer, no copy.  Older ones are read back from the tier.
+Filesystems without O_DIRECT (tmpfs) get buffered writes.
 
 Readahead: each open handle tracks its last read.  A read that continues the
 previous one is sequential; each time a sequential reader enters a new block
-the window doubles, from 1 block up to ``readahead_max``.  Blocks in the
-window that are absent are fetched in the background.  Memory stays bounded:
+the window may grow, from 1 block up to ``readahead_max``: it doubles up to
+two full-size GETs, and beyond that only while a wider window makes the
+reader faster (:mod:`tierfs.core.readahead`).  Blocks in the window that
+are absent are fetched in the background.  Memory stays bounded:
 a fetch holds one block in memory between GET and pwrite, and at most
 ``fetch.concurrency`` fetches run, whatever the number of handles.
 """
@@ -64,6 +68,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -75,6 +80,8 @@ from tierfs.meta import BlockRecord, Inode, MetaDB, MetaTxn, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers.tier import Tier
 
+from .buffers import BlockBuffers
+from .readahead import ReadaheadWindow
 from .space import SpaceManager
 
 log = logging.getLogger(__name__)
@@ -146,9 +153,9 @@ class CachedFile:
 class ReadState:
     """Sequential detection and readahead window of one open handle."""
 
+    window: ReadaheadWindow
     last_end: int = 0  # a first read at offset 0 counts as sequential
     last_block: int = -1
-    window: int = 1  # blocks, doubled up to readahead_max
 
 
 @dataclass(slots=True)
@@ -214,12 +221,15 @@ class BlockCache:
         self.max_window = max(1, readahead_max // block_size)
         self.fetch_limiter = trio.CapacityLimiter(fetch_concurrency)
         self._thread_buffers = threading.local()
-        self._recent: collections.OrderedDict[tuple[int, int], memoryview] = (
+        #: (ino, blockno) -> (pooled buffer, valid bytes) of blocks just fetched.
+        self._recent: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, int]] = (
             collections.OrderedDict()
         )
         self._recent_bytes = 0
         self.recent_max = max(readahead_max, 16 * block_size)
         self.max_run_blocks = max(1, FETCH_RUN_BYTES // block_size)
+        # Recent blocks plus a full readahead window in flight.
+        self.buffers = BlockBuffers(block_size, keep=2 * (self.recent_max // block_size))
         self.io_limiter = trio.CapacityLimiter(4)
         self.files: dict[int, CachedFile] = {}
         self.write_space_timeout = 60.0
@@ -237,6 +247,12 @@ class BlockCache:
 
     def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+
+    def new_read_state(self) -> ReadState:
+        """Readahead state for a new handle (see :mod:`tierfs.core.readahead`)."""
+        return ReadState(
+            ReadaheadWindow(min_window=2 * self.max_run_blocks, max_window=self.max_window)
+        )
 
     # --- CachedFile lifetime -------------------------------------------------------
 
@@ -307,18 +323,18 @@ class BlockCache:
             buf = self._thread_buffers.buf = mmap.mmap(-1, max(size, self.block_size))
         return buf
 
-    def _remember(self, ino: int, blockno: int, data: memoryview) -> None:
-        """Keep a block just fetched (written past the page cache) in memory,
-        for the reads that follow it; bounded by ``recent_max`` bytes."""
+    def _remember(self, ino: int, blockno: int, buf: mmap.mmap, nbytes: int) -> None:
+        """Keep a block just fetched (written past the page cache) in its
+        pooled buffer, for the reads that follow it; bounded by
+        ``recent_max`` bytes.  Evicted buffers go back to the pool."""
         key = (ino, blockno)
-        old = self._recent.pop(key, None)
-        if old is not None:
-            self._recent_bytes -= len(old)
-        self._recent[key] = data
-        self._recent_bytes += len(data)
+        self._forget_recent(ino, [blockno])
+        self._recent[key] = (buf, nbytes)
+        self._recent_bytes += self.block_size
         while self._recent_bytes > self.recent_max and self._recent:
-            _, evicted = self._recent.popitem(last=False)
-            self._recent_bytes -= len(evicted)
+            _, (evicted, _n) = self._recent.popitem(last=False)
+            self._recent_bytes -= self.block_size
+            self.buffers.give(evicted)
 
     def _forget_recent(self, ino: int, blocknos: Iterable[int] | None = None) -> None:
         keys = (
@@ -329,7 +345,8 @@ class BlockCache:
         for key in keys:
             old = self._recent.pop(key, None)
             if old is not None:
-                self._recent_bytes -= len(old)
+                self._recent_bytes -= self.block_size
+                self.buffers.give(old[0])
 
     def _ready(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
         """May this present block be served without a check?"""
@@ -345,7 +362,13 @@ class BlockCache:
 
     # --- reads -----------------------------------------------------------------------
 
-    async def read(self, cf: CachedFile, offset: int, size: int, state: ReadState) -> bytes:
+    async def read(
+        self, cf: CachedFile, offset: int, size: int, state: ReadState
+    ) -> bytes | memoryview:
+        """Bytes ``[offset, offset+size)`` of the file, clipped at its end.
+
+        A memoryview is a loan of a recent block's buffer (see
+        :mod:`tierfs.core.buffers`): use it before the next ``await``."""
         end = min(offset + size, cf.size)
         if offset >= end:
             return b""
@@ -364,10 +387,10 @@ class BlockCache:
 
     def _assemble(
         self, cf: CachedFile, offset: int, end: int, first: int, last: int
-    ) -> bytes | None:
+    ) -> bytes | memoryview | None:
         """Bytes [offset, end) from present blocks; None if one is missing."""
         bs = self.block_size
-        pieces: list[bytes] = []
+        pieces: list[bytes | memoryview] = []
         run_tier, run_start, pos = -1, offset, offset
         for blockno in range(first, last + 1):
             rec = cf.blocks.get(blockno)
@@ -377,11 +400,13 @@ class BlockCache:
                 if run_tier >= 0:
                     pieces.append(self._pread(cf, run_tier, run_start, pos))
                     run_tier = -1
+                buf, valid = recent
                 base = blockno * bs
-                piece = bytes(recent[pos - base : block_end - base])
-                if len(piece) < block_end - pos:  # the file grew since the fetch: zeros
-                    piece += bytes(block_end - pos - len(piece))
-                pieces.append(piece)
+                if block_end - base <= valid:
+                    pieces.append(memoryview(buf)[pos - base : block_end - base])
+                else:  # the file grew since the fetch: zeros after the fetched bytes
+                    piece = bytes(memoryview(buf)[pos - base : max(pos - base, valid)])
+                    pieces.append(piece + bytes(block_end - pos - len(piece)))
                 self.stats.hit_blocks += 1
             elif rec is not None and self._ready(cf, blockno, rec):
                 if rec.tier != run_tier:
@@ -572,13 +597,16 @@ class BlockCache:
             self.stats.fetched_bytes += from_origin
             if generation != cf.generation:  # the object changed meanwhile
                 self._release_all(tiers, lengths)
+                for _digest, _data, kept in results:
+                    if kept is not None:
+                        self.buffers.give(kept)
                 return
-            for blockno, tier, nbytes, (digest, data, direct) in zip(
+            for blockno, tier, nbytes, (digest, data, kept) in zip(
                 run, tiers, lengths, results, strict=True
             ):
                 self._store_fetched(cf, blockno, tier, nbytes, digest, data)
-                if direct is not None and tier is not None:
-                    self._remember(cf.ino, blockno, direct)
+                if kept is not None:
+                    self._remember(cf.ino, blockno, kept, nbytes)
             return
 
     def _release_all(self, tiers: list[int | None], lengths: list[int]) -> None:
@@ -612,40 +640,52 @@ class BlockCache:
         length: int,
         lengths: list[int],
         fds: list[tuple[int, int | None] | None],
-    ) -> list[tuple[int, bytes, memoryview | None]]:
-        """Thread: one ranged GET of ``length`` bytes, zero-padded to the
-        blocks' total, cut into blocks; each written to its cache file with
-        its digest (or returned as bytes, where there is no cache file).
+    ) -> list[tuple[int, bytes, mmap.mmap | None]]:
+        """Thread: one ranged GET of ``length`` bytes, straight into one
+        pooled buffer per block, zero-padded to the blocks' total; each block
+        written to its cache file with its digest (or returned as bytes,
+        where there is no cache file).
 
-        Whole blocks go through the O_DIRECT fd when there is one: filling
-        the page cache was most of the daemon's CPU on cold reads; those
-        blocks are also returned as views, to be served from memory."""
-        data = self.store.get_range(key, offset, length, etag or None)
-        if len(data) != length:
-            raise StoreError(
-                f"{key}: expected {length} bytes at offset {offset}, got {len(data)}; "
-                "the object is shorter than its listing said"
-            )
-        total = sum(lengths)
-        if total > length:
-            data += bytes(total - length)
-        view = memoryview(data)
-        out: list[tuple[int, bytes, memoryview | None]] = []
-        pos = 0
-        for nbytes, fd_pair in zip(lengths, fds, strict=True):
-            piece = view[pos : pos + nbytes]
-            if fd_pair is None:
-                out.append((0, bytes(piece), None))
-            elif fd_pair[1] is not None and nbytes % _DIRECT_ALIGN == 0:
-                buf = self._aligned_buffer(nbytes)
-                buf[:nbytes] = piece
-                self._pwrite_all(fd_pair[1], memoryview(buf)[:nbytes], offset + pos)
-                out.append((block_digest(piece), b"", piece))
-            else:
-                self._pwrite_all(fd_pair[0], piece, offset + pos)
-                out.append((block_digest(piece), b"", None))
-            pos += nbytes
-        return out
+        Whole blocks go through the O_DIRECT fd when there is one (filling
+        the page cache was most of the daemon's CPU on cold reads); their
+        buffers are returned too, to serve the reads that follow from
+        memory.  Every other buffer goes back to the pool."""
+        bufs = [self.buffers.take() for _ in lengths]
+        kept = [False] * len(bufs)
+        try:
+            views: list[memoryview] = []
+            left = length
+            for buf, nbytes in zip(bufs, lengths, strict=True):
+                views.append(memoryview(buf)[: min(nbytes, left)])
+                left -= len(views[-1])
+            got = self.store.get_range_into(key, offset, views, etag or None)
+            if got != length:
+                raise StoreError(
+                    f"{key}: expected {length} bytes at offset {offset}, got {got}; "
+                    "the object is shorter than its listing said"
+                )
+            out: list[tuple[int, bytes, mmap.mmap | None]] = []
+            pos = 0
+            for i, (buf, nbytes, fd_pair) in enumerate(zip(bufs, lengths, fds, strict=True)):
+                block = memoryview(buf)[:nbytes]
+                filled = max(0, min(nbytes, length - pos))
+                if filled < nbytes:  # past the origin's end (the file was extended): zeros
+                    block[filled:] = bytes(nbytes - filled)
+                if fd_pair is None:
+                    out.append((0, bytes(block), None))
+                elif fd_pair[1] is not None and nbytes % _DIRECT_ALIGN == 0:
+                    self._pwrite_all(fd_pair[1], block, offset + pos)
+                    out.append((block_digest(block), b"", buf))
+                    kept[i] = True
+                else:
+                    self._pwrite_all(fd_pair[0], block, offset + pos)
+                    out.append((block_digest(block), b"", None))
+                pos += nbytes
+            return out
+        finally:
+            for buf, keep in zip(bufs, kept, strict=True):
+                if not keep:
+                    self.buffers.give(buf)
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -836,17 +876,22 @@ class BlockCache:
     ) -> None:
         bs = self.block_size
         if abs(offset - state.last_end) > bs:  # a seek: start over
-            state.window, state.last_end, state.last_block = 1, end, last
+            state.window.restart()
+            state.last_end, state.last_block = end, last
             return
         state.last_end = max(end, state.last_end)
         if last <= state.last_block:  # still in a block we already planned for
             return
         state.last_block = last
-        state.window = min(state.window * 2, self.max_window)
+        window = state.window.enter_block(time.monotonic())
+        # A sequential reader is past this block: give its buffer to the next
+        # fetch instead of mapping a new one (the kernel's page cache has the
+        # bytes; two blocks back, for reads that arrive a little out of order).
+        self._forget_recent(cf.ino, [first - 2])
         nblocks = (cf.size + bs - 1) // bs
         run_tier, run_start, run_end = -1, 0, 0
         absent: list[int] = []
-        for blockno in range(last + 1, min(last + 1 + state.window, nblocks)):
+        for blockno in range(last + 1, min(last + 1 + window, nblocks)):
             if blockno in cf.flights or blockno in cf.transient:
                 continue
             rec = cf.blocks.get(blockno)
@@ -865,10 +910,10 @@ class BlockCache:
             else:
                 self._start_flight(cf, blockno)  # cached by an earlier mount: verify
         self._advise_willneed(cf, run_tier, run_start, run_end)
-        window_end = min(last + 1 + state.window, nblocks)
+        window_end = min(last + 1 + window, nblocks)
         if (
             absent
-            and state.window >= 2 * self.max_run_blocks
+            and window >= 2 * self.max_run_blocks
             and absent[-1] == window_end - 1
             and window_end < nblocks
         ):

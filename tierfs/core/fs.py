@@ -199,7 +199,7 @@ class TierFS(WriteOps, SyncOps):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.blocks.start(nursery)
-            nursery.start_soon(self._flush_atimes_periodically)
+            nursery.start_soon(self._housekeep_periodically)
             nursery.start_soon(self._commit_periodically)
             nursery.start_soon(self._remove_orphan_cache_files)
             task_status.started()
@@ -220,10 +220,12 @@ class TierFS(WriteOps, SyncOps):
         finally:
             self.meta.group_commit = False
 
-    async def _flush_atimes_periodically(self) -> None:
+    async def _housekeep_periodically(self) -> None:
+        """Every few seconds: write access times back, unmap idle fetch buffers."""
         while True:
             await trio.sleep(_ATIME_FLUSH_SECONDS)
             self.space.flush_atimes()
+            self.blocks.buffers.trim()
 
     async def _remove_orphan_cache_files(self) -> None:
         """Delete cache files that no block record refers to.
@@ -318,7 +320,7 @@ class TierFS(WriteOps, SyncOps):
             self.journal.hold(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = Handle(cached.inode, cached, ReadState(), writable)
+        self._handles[fh] = Handle(cached.inode, cached, self.blocks.new_read_state(), writable)
         self.space.touch(ino)
         # A write-only handle cannot be read or mmapped, so the kernel need
         # not keep its data: with direct I/O the bytes go from the writer's
@@ -329,7 +331,8 @@ class TierFS(WriteOps, SyncOps):
         direct_io = flags & os.O_ACCMODE == os.O_WRONLY
         return OpenResult(fh=fh, keep_cache=keep_cache, direct_io=direct_io)
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+        """A memoryview is lent until the caller's next ``await`` (BlockCache.read)."""
         handle = self._handle(fh)
         self.space.touch(handle.cached.ino)
         return await self.blocks.read(handle.cached, offset, size, handle.read_state)
@@ -488,6 +491,7 @@ class TierFS(WriteOps, SyncOps):
                 "gets": stats.gets,
                 "verify_failures": stats.verify_failures,
                 "uncached_blocks": stats.uncached_blocks,
+                "fetch_buffers_mapped": self.blocks.buffers.created,
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,

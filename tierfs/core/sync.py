@@ -137,20 +137,18 @@ class SyncOps:
 
     async def _run_upload(self: TierFS, seq: int, entry: Entry) -> None:
         ino = entry["ino"]
-        inode = self._linked_inode(ino)
-        if inode is None or inode.state == SyncState.CLEAN:
-            self._finish(seq)
-            return
         if entry.get("upload_id"):
+            # A multipart upload of an earlier attempt (or mount): abort it
+            # first, whatever became of the file, so its parts never leak.
             await self._store_call(self.store.abort_upload, entry["upload_key"], entry["upload_id"])
             entry.pop("upload_id")
             entry.pop("upload_key")
             with self.meta.write() as tx:
                 tx.journal_put(seq, entry)
-            inode = self._linked_inode(ino)  # it may have gone meanwhile
-            if inode is None or inode.state == SyncState.CLEAN:
-                self._finish(seq)
-                return
+        inode = self._linked_inode(ino)
+        if inode is None or inode.state == SyncState.CLEAN:
+            self._finish(seq)
+            return
         key = self.namespace.key_of(inode)
         entry["running_key"] = key
         cf = self.blocks.acquire(inode)

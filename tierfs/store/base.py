@@ -29,7 +29,7 @@ uploads nobody journaled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -116,6 +116,16 @@ class ObjectStore(Protocol):
         retried (as a new ranged GET) inside the retry budget.  If ``etag`` is
         given the GET carries ``If-Match`` and a changed object raises
         PreconditionFailed instead of returning mixed content.
+        """
+        ...
+
+    def get_range_into(
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+    ) -> int:
+        """Like ``get_range`` for ``sum(len(b) for b in bufs)`` bytes, but the
+        bytes go into ``bufs``, filled in order, with no intermediate copy
+        where the store allows.  Returns how many bytes were read: fewer
+        only where the object ends; the rest of ``bufs`` is left as it was.
         """
         ...
 

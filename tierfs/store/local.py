@@ -71,7 +71,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -413,6 +413,37 @@ class LocalStore:
                 chunks.append(chunk)
                 got += len(chunk)
             return b"".join(chunks)
+        except OSError as exc:
+            raise self._map_os_error(exc, "get_range", key) from exc
+        finally:
+            os.close(fd)
+
+    def get_range_into(
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+    ) -> int:
+        if start < 0:
+            raise InvalidArgument(f"get_range_into {key!r}: negative start")
+        fd, st, sidecar = self._open_object("get_range", key)
+        try:
+            if etag:
+                current, _ = self._read_sidecar(sidecar, st)
+                if current != etag.strip().strip('"'):
+                    raise PreconditionFailed(
+                        f"get_range {self.url}/{key}: object changed (ETag no longer matches)"
+                    )
+            want = max(0, min(sum(len(b) for b in bufs), st.st_size - start))
+            views = [b for b in bufs if len(b)]
+            got = 0
+            while got < want and views:
+                n = os.preadv(fd, views, start + got)
+                if n <= 0:
+                    break  # file shrank under us: return what exists
+                got += n
+                while views and n >= len(views[0]):
+                    n -= len(views.pop(0))
+                if n:
+                    views[0] = views[0][n:]
+            return min(got, want)
         except OSError as exc:
             raise self._map_os_error(exc, "get_range", key) from exc
         finally:
