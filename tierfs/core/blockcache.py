@@ -889,9 +889,14 @@ class BlockCache:
         # bytes; two blocks back, for reads that arrive a little out of order).
         self._forget_recent(cf.ino, [first - 2])
         nblocks = (cf.size + bs - 1) // bs
+        window_end = min(last + 1 + window, nblocks)
+        # Cached blocks are read ahead (WILLNEED, first-read checks) as far as
+        # readahead_max whatever the window: that costs page cache, not
+        # GETs, and keeps a deep queue on the tier's disk.
+        ahead_end = min(last + 1 + self.max_window, nblocks) if cf.blocks else window_end
         run_tier, run_start, run_end = -1, 0, 0
         absent: list[int] = []
-        for blockno in range(last + 1, min(last + 1 + window, nblocks)):
+        for blockno in range(last + 1, ahead_end):
             if blockno in cf.flights or blockno in cf.transient:
                 continue
             rec = cf.blocks.get(blockno)
@@ -905,12 +910,11 @@ class BlockCache:
                 run_tier, run_start, run_end = rec.tier, blockno * bs, blockno * bs + rec.nbytes
                 continue
             if rec is None:
-                if blockno * bs < cf.inode.origin_size:
+                if blockno < window_end and blockno * bs < cf.inode.origin_size:
                     absent.append(blockno)
             else:
                 self._start_flight(cf, blockno)  # cached by an earlier mount: verify
         self._advise_willneed(cf, run_tier, run_start, run_end)
-        window_end = min(last + 1 + window, nblocks)
         if (
             absent
             and window >= 2 * self.max_run_blocks
