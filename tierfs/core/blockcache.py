@@ -172,33 +172,51 @@ class ReadStats:
 
 class UploadSource:
     """Reads a file's bytes from its cache files, from any thread, and
-    records the xxh3 digest of every whole block it reads."""
+    records the xxh3 digest of every whole block it reads.
+
+    ``read`` fills one buffer per thread, reused while the part length stays
+    the same: the bytes it returns are valid until that thread's next
+    ``read``.  The stores send a part before their worker reads the next
+    one (ObjectStore.put_multipart), so each part costs one copy from the
+    cache files into memory that is already mapped, instead of a new
+    allocation per block, a growing concatenation and a final copy."""
 
     def __init__(self, block_size: int, size: int, blocks: dict[int, tuple[int, int]]) -> None:
         self.block_size = block_size
         self.size = size
         self.blocks = blocks
         self.digests: dict[int, int] = {}
+        self._buffers = threading.local()
 
-    def read(self, offset: int, length: int) -> bytes:
+    def _buffer(self, length: int) -> bytearray:
+        buf: bytearray | None = getattr(self._buffers, "buf", None)
+        if buf is None or len(buf) != length:
+            buf = self._buffers.buf = bytearray(length)
+        return buf
+
+    def read(self, offset: int, length: int) -> bytearray:
         bs = self.block_size
-        out = bytearray()
         pos, end = offset, min(offset + length, self.size)
+        out = self._buffer(max(0, end - offset))
+        view = memoryview(out)
         while pos < end:
             blockno = pos // bs
             block_end = min(end, (blockno + 1) * bs)
+            piece = view[pos - offset : block_end - offset]
             where = self.blocks.get(blockno)
-            if where is None:
-                chunk = bytes(block_end - pos)  # a hole
-            else:
-                chunk = os.pread(where[0], block_end - pos, pos)
-                if len(chunk) < block_end - pos:
-                    chunk += bytes(block_end - pos - len(chunk))
+            got = 0
+            if where is not None:
+                while got < len(piece):
+                    n = os.preadv(where[0], [piece[got:]], pos + got)
+                    if n <= 0:
+                        break  # past the cache file's end: never written, zeros
+                    got += n
+            if got < len(piece):
+                piece[got:] = bytes(len(piece) - got)  # a hole, or the unwritten tail
             if pos == blockno * bs and (block_end - pos == bs or block_end == self.size):
-                self.digests[blockno] = block_digest(chunk)
-            out += chunk
+                self.digests[blockno] = block_digest(piece)
             pos = block_end
-        return bytes(out)
+        return out
 
 
 class BlockCache:

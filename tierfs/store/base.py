@@ -154,7 +154,9 @@ class ObjectStore(Protocol):
         ``[offset, offset+length)``.  It is called lazily from worker threads,
         at most ``concurrency`` parts at a time, never for the whole object at
         once; it may raise, and then the upload is aborted and that exception
-        re-raised unchanged.
+        re-raised unchanged.  A store is done with the bytes of one part
+        (sent or copied) before the same thread calls ``read_part`` again,
+        so a source may reuse one buffer per thread.
 
         ``part_size`` defaults to :func:`~tierfs.store.multipart.choose_part_size`
         (at least 8 MiB, a 5 TiB object fits in 10,000 parts); a caller's value
