@@ -243,7 +243,6 @@ class BlockCache:
         self._recent: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, int]] = (
             collections.OrderedDict()
         )
-        self._recent_bytes = 0
         self.recent_max = max(readahead_max, 16 * block_size)
         self.max_run_blocks = max(1, FETCH_RUN_BYTES // block_size)
         # Recent blocks plus a full readahead window in flight.
@@ -348,10 +347,8 @@ class BlockCache:
         key = (ino, blockno)
         self._forget_recent(ino, [blockno])
         self._recent[key] = (buf, nbytes)
-        self._recent_bytes += self.block_size
-        while self._recent_bytes > self.recent_max and self._recent:
+        while len(self._recent) * self.block_size > self.recent_max:
             _, (evicted, _n) = self._recent.popitem(last=False)
-            self._recent_bytes -= self.block_size
             self.buffers.give(evicted)
 
     def _forget_recent(self, ino: int, blocknos: Iterable[int] | None = None) -> None:
@@ -363,7 +360,6 @@ class BlockCache:
         for key in keys:
             old = self._recent.pop(key, None)
             if old is not None:
-                self._recent_bytes -= self.block_size
                 self.buffers.give(old[0])
 
     def _ready(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:

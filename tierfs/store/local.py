@@ -392,9 +392,8 @@ class LocalStore:
             metadata=metadata,
         )
 
-    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
-        if start < 0 or length < 0:
-            raise InvalidArgument(f"get_range {key!r}: negative start or length")
+    def _open_range(self, key: str, etag: str | None) -> tuple[int, os.stat_result]:
+        """Open the object for a ranged read, after checking ``etag`` (If-Match)."""
         fd, st, sidecar = self._open_object("get_range", key)
         try:
             if etag:
@@ -403,6 +402,19 @@ class LocalStore:
                     raise PreconditionFailed(
                         f"get_range {self.url}/{key}: object changed (ETag no longer matches)"
                     )
+        except OSError as exc:
+            os.close(fd)
+            raise self._map_os_error(exc, "get_range", key) from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+        if start < 0 or length < 0:
+            raise InvalidArgument(f"get_range {key!r}: negative start or length")
+        fd, st = self._open_range(key, etag)
+        try:
             want = max(0, min(length, st.st_size - start))
             chunks: list[bytes] = []
             got = 0
@@ -423,14 +435,8 @@ class LocalStore:
     ) -> int:
         if start < 0:
             raise InvalidArgument(f"get_range_into {key!r}: negative start")
-        fd, st, sidecar = self._open_object("get_range", key)
+        fd, st = self._open_range(key, etag)
         try:
-            if etag:
-                current, _ = self._read_sidecar(sidecar, st)
-                if current != etag.strip().strip('"'):
-                    raise PreconditionFailed(
-                        f"get_range {self.url}/{key}: object changed (ETag no longer matches)"
-                    )
             want = max(0, min(sum(len(b) for b in bufs), st.st_size - start))
             views = [b for b in bufs if len(b)]
             got = 0

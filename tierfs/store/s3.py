@@ -471,12 +471,18 @@ class S3Store:
             metadata=metadata,
         )
 
-    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
-        full = self._full_key(key)
-        if start < 0 or length < 0:
-            raise InvalidArgument(f"get_range {key!r}: negative start or length")
-        if length == 0:
-            return b""
+    def _ranged_get(
+        self,
+        full: str,
+        start: int,
+        length: int,
+        etag: str | None,
+        read: Callable[[Any, dict[str, Any]], T],
+        past_end: T,
+    ) -> T:
+        """One ranged GetObject of ``length > 0`` bytes, retried as a whole;
+        ``read(body, response)`` consumes the body and closes or releases
+        it.  A start at or beyond the object's end gives ``past_end``."""
         params: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": full,
@@ -485,22 +491,32 @@ class S3Store:
         if etag:
             params["IfMatch"] = f'"{_strip_etag(etag)}"'
 
-        def attempt() -> bytes:
+        def attempt() -> T:
             try:
                 resp = self.client.get_object(**params)
             except ClientError as exc:
                 code = str((exc.response.get("Error", {}) or {}).get("Code") or "")
                 if http_status(exc) == 416 or code == "InvalidRange":
-                    return b""  # start is at or beyond the end of the object
+                    return past_end
                 raise
-            body = resp["Body"]
-            try:
-                data = body.read()
-            finally:
-                body.close()
-            return _checked_range_body(data, resp, start, length, full)
+            return read(resp["Body"], resp)
 
         return self._call("get_range", full, attempt)
+
+    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+        full = self._full_key(key)
+        if start < 0 or length < 0:
+            raise InvalidArgument(f"get_range {key!r}: negative start or length")
+        if length == 0:
+            return b""
+        return self._ranged_get(
+            full,
+            start,
+            length,
+            etag,
+            lambda body, resp: _read_range_body(body, resp, start, length, full),
+            b"",
+        )
 
     def get_range_into(
         self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
@@ -511,33 +527,20 @@ class S3Store:
             raise InvalidArgument(f"get_range_into {key!r}: negative start")
         if length == 0:
             return 0
-        params: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": full,
-            "Range": f"bytes={start}-{start + length - 1}",
-        }
-        if etag:
-            params["IfMatch"] = f'"{_strip_etag(etag)}"'
 
-        def attempt() -> int:
+        def read(body: Any, resp: dict[str, Any]) -> int:
             try:
-                resp = self.client.get_object(**params)
-            except ClientError as exc:
-                code = str((exc.response.get("Error", {}) or {}).get("Code") or "")
-                if http_status(exc) == 416 or code == "InvalidRange":
-                    return 0  # start is at or beyond the end of the object
+                promised = _promised_range_length(resp, start, length, full)
+                if promised is not None and promised > length:
+                    raise StoreError(f"get_range {full}: Content-Range longer than asked for")
+            except BaseException:
+                body.close()
                 raise
-            body = resp["Body"]
-            promised = _promised_range_length(resp, start, length, full)
             if promised is None:  # the server ignored Range: rare, copy from the whole body
-                try:
-                    data = _checked_range_body(body.read(), resp, start, length, full)
-                finally:
-                    body.close()
-                return _scatter(data, bufs)
+                return _scatter(_read_range_body(body, resp, start, length, full), bufs)
             return _read_body_into(body, bufs, promised)
 
-        return self._call("get_range", full, attempt)
+        return self._ranged_get(full, start, length, etag, read, 0)
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
         full = self._full_key(key)
@@ -954,8 +957,6 @@ def _promised_range_length(
             f"get_range {full_key}: asked for offset {start}, got Content-Range {content_range!r}"
         )
     promised = last - first + 1
-    if promised > length:
-        raise StoreError(f"get_range {full_key}: Content-Range {content_range!r} is too long")
     if total is not None and promised < min(length, total - start):
         raise TruncatedBody(promised, min(length, total - start))
     return promised
@@ -1019,6 +1020,17 @@ def _read_body_into(body: Any, bufs: Sequence[memoryview], promised: int) -> int
     return got
 
 
+def _read_range_body(
+    body: Any, resp: dict[str, Any], start: int, length: int, full_key: str
+) -> bytes:
+    """Read a ranged GetObject body whole, close it, and check it."""
+    try:
+        data = body.read()
+    finally:
+        body.close()
+    return _checked_range_body(data, resp, start, length, full_key)
+
+
 def _checked_range_body(
     data: bytes, resp: dict[str, Any], start: int, length: int, full_key: str
 ) -> bytes:
@@ -1027,24 +1039,12 @@ def _checked_range_body(
     Raises TruncatedBody (retryable) when the server sent fewer bytes than it
     promised, or fewer than requested although the object is long enough.
     """
-    content_range = resp.get("ContentRange")
-    if content_range:
-        m = _CONTENT_RANGE.match(content_range)
-        if not m:
-            raise StoreError(f"get_range {full_key}: bad Content-Range {content_range!r}")
-        first, last = int(m.group(1)), int(m.group(2))
-        total = int(m.group(3)) if m.group(3) != "*" else None
-        if first != start:
-            raise StoreError(
-                f"get_range {full_key}: asked for offset {start}, got Content-Range {content_range!r}"
-            )
-        promised = last - first + 1
+    promised = _promised_range_length(resp, start, length, full_key)
+    if promised is not None:
         if len(data) < promised:
             raise TruncatedBody(len(data), promised)
         if len(data) > promised:
             raise StoreError(f"get_range {full_key}: body longer than its Content-Range")
-        if total is not None and promised < min(length, total - start):
-            raise TruncatedBody(promised, min(length, total - start))
         return data[:length]
     # No Content-Range: the server ignored Range and sent the whole object.
     expected = resp.get("ContentLength")
