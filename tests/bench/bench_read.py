@@ -88,6 +88,7 @@ from common import (
     BenchBase,
     BenchError,
     KernelKnobs,
+    add_server_arguments,
     children_cpu_seconds,
     cpu_seconds,
     fmt_size,
@@ -97,6 +98,7 @@ from common import (
     parse_size,
     py_spy,
     read_int,
+    server_name,
     system_cpu_ticks,
 )
 
@@ -503,12 +505,13 @@ def report(res: Results, a: argparse.Namespace) -> str:
     lines.append(
         f"object {fmt_size(a.size)}, {a.repeat} rounds (median), tierfs [fetch] "
         f"block_size={fmt_size(a.block_size)} readahead_max={fmt_size(a.readahead_max)} "
-        f"concurrency={a.concurrency}; {os.cpu_count()} CPUs; settle {a.settle:g}s"
+        f"concurrency={a.concurrency}; S3 server {server_name(a)}; {os.cpu_count()} CPUs; "
+        f"settle {a.settle:g}s"
     )
     lines.append("")
     header = (
         f"{'case':<28} {'MB/s':>7} {'min':>7} {'max':>7} {'n':>2} "
-        f"{'daemon s':>8} {'s3rver s':>8} {'reader s':>8} {'busy':>5}"
+        f"{'daemon s':>8} {'server s':>8} {'reader s':>8} {'busy':>5}"
     )
     lines.append(header)
     lines.append("-" * len(header))
@@ -523,7 +526,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
             f"{len(mb):>2} {dcpu:>8.2f} {scpu:>8.2f} {ccpu:>8.2f} {100 * busy:>4.0f}%"
         )
     lines.append(
-        "(MB/s = 10^6 bytes/s; CPU seconds per read of the FUSE daemon, of s3rver and of "
+        "(MB/s = 10^6 bytes/s; CPU seconds per read of the FUSE daemon, of the S3 server and of "
         "the reading command (dd or s5cmd); busy: share of all CPUs in use during the read)"
     )
     lines.append("")
@@ -631,7 +634,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=120.0,
         help="before each round, wait up to this many seconds for other work to stop (120)",
     )
-    p.add_argument("--port", type=int, default=0, help="s3rver port (a free one)")
+    add_server_arguments(p)
     p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")

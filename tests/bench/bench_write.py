@@ -100,6 +100,7 @@ from common import (
     BenchError,
     FuseTrace,
     OpStats,
+    add_server_arguments,
     children_cpu_seconds,
     cpu_seconds,
     drop_caches,
@@ -109,6 +110,7 @@ from common import (
     log,
     parse_size,
     py_spy,
+    server_name,
     system_cpu_ticks,
     table,
 )
@@ -793,7 +795,8 @@ def report(res: Results, a: argparse.Namespace) -> str:
         f"{a.files:,} small files of {fmt_size(a.file_min)}-{fmt_size(a.file_max)} "
         f"(seed {a.seed}) in {a.dirs} dirs; {a.repeat} rounds (median); tierfs "
         f"[write] upload_delay={a.upload_delay:g}s, one tier of {fmt_size(a.tier_capacity)}; "
-        f"rclone --vfs-write-back {a.rclone_write_back:g}s; {os.cpu_count()} CPUs; "
+        f"rclone --vfs-write-back {a.rclone_write_back:g}s; S3 server {server_name(a)}; "
+        f"{os.cpu_count()} CPUs; "
         f"settle {a.settle:g}s"
     )
     lines.append("")
@@ -818,11 +821,11 @@ def report(res: Results, a: argparse.Namespace) -> str:
                 f"{100 * statistics.median(s.busy for s in samples):.0f}%",
             ]
         )
-    header = ["case", "s", "min", "max", "MB/s", "files/s", "n", "daemon s", "s3rver s"]
+    header = ["case", "s", "min", "max", "MB/s", "files/s", "n", "daemon s", "server s"]
     lines += table([*header, "client s", "busy"], rows)
     lines.append(
         "(s: median seconds; MB/s = 10^6 bytes/s; CPU seconds during the span: daemon = the "
-        "FUSE daemon (tierfsd's main thread in parentheses), s3rver, client = dd, s5cmd, the "
+        "FUSE daemon (tierfsd's main thread in parentheses), the S3 server, client = dd, s5cmd, the "
         "writer process, tierfs flush; busy: share of all CPUs in use)"
     )
     lines.append("")
@@ -952,7 +955,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--no-fuse-trace", action="store_true", help="do not trace FUSE requests (tracefs)"
     )
-    p.add_argument("--port", type=int, default=0, help="s3rver port (a free one)")
+    add_server_arguments(p)
     p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")

@@ -430,6 +430,24 @@ def fuse_summary(ops: dict[str, OpStats]) -> str:
 # --- the common bench: environment, s3rver, s5cmd, idle wait, mounts --------------------------
 
 
+def server_name(args: argparse.Namespace) -> str:
+    """The S3 server a run used (also for runs saved before --rclone-serve existed)."""
+    return "rclone serve s3" if getattr(args, "rclone_serve", None) else "s3rver"
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """The S3 server options both benches share."""
+    p.add_argument("--port", type=int, default=0, help="the S3 server's port (a free one)")
+    p.add_argument(
+        "--rclone-serve",
+        type=Path,
+        default=None,
+        metavar="RCLONE",
+        help="serve the bucket with `RCLONE serve s3` (rclone >= 1.65, not Debian 12's) "
+        "instead of s3rver; the peers' rclone mount still uses Debian's rclone",
+    )
+
+
 class BenchBase:
     """What every bench needs; the benches subclass it."""
 
@@ -480,7 +498,9 @@ class BenchBase:
             raise BenchError("/dev/fuse is missing: run `bash scripts/install.sh`")
         self._tool("fusermount3")
         self._tool("dd")
-        if not os.access(S3RVER, os.X_OK):
+        if self.args.rclone_serve:
+            self._tool(str(self.args.rclone_serve))
+        elif not os.access(S3RVER, os.X_OK):
             raise BenchError(f"s3rver not installed under {S3RVER.parent}: run tests/bench/run.sh")
         for peer in peers & {"rclone", "s3fs"}:
             self._tool(peer)
@@ -497,18 +517,27 @@ class BenchBase:
 
     # --- the S3 server ---
 
+    @property
+    def server_name(self) -> str:
+        return server_name(self.args)
+
     @contextlib.contextmanager
     def s3_server(self) -> Iterator[None]:
         data = self.work / "s3rver"
         data.mkdir()
         logf = open(self.work / "s3rver.log", "wb")  # noqa: SIM115 (closed in finally)
-        cmd = [str(S3RVER), "--address", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--directory", str(data), "--silent"]
-        log(f"starting s3rver on {self.endpoint}")
-        # s3rver 3.7 makes ListObjectsV2 continuation tokens with DES, which
-        # OpenSSL 3 (Node >= 17) only has in its legacy provider: without it
-        # every listing of more than 1000 keys fails with InternalError.
-        env = {**self.env, "NODE_OPTIONS": "--openssl-legacy-provider"}
+        if self.args.rclone_serve:
+            cmd = [str(self.args.rclone_serve), "serve", "s3", str(data)]
+            cmd += ["--addr", f"127.0.0.1:{self.port}", "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}"]
+            env = dict(self.env)
+        else:
+            cmd = [str(S3RVER), "--address", "127.0.0.1", "--port", str(self.port)]
+            cmd += ["--directory", str(data), "--silent"]
+            # s3rver 3.7 makes ListObjectsV2 continuation tokens with DES, which
+            # OpenSSL 3 (Node >= 17) only has in its legacy provider: without it
+            # every listing of more than 1000 keys fails with InternalError.
+            env = {**self.env, "NODE_OPTIONS": "--openssl-legacy-provider"}
+        log(f"starting {self.server_name} on {self.endpoint}")
         self.s3rver = subprocess.Popen(
             cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
@@ -516,12 +545,14 @@ class BenchBase:
             deadline = time.monotonic() + 30
             while True:
                 if self.s3rver.poll() is not None:
-                    raise BenchError(f"s3rver exited {self.s3rver.returncode}: see s3rver.log")
+                    raise BenchError(
+                        f"{self.server_name} exited {self.s3rver.returncode}: see s3rver.log"
+                    )
                 with contextlib.suppress(OSError):
                     socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                     break
                 if time.monotonic() > deadline:
-                    raise BenchError("s3rver did not listen within 30s")
+                    raise BenchError(f"{self.server_name} did not listen within 30s")
                 time.sleep(0.1)
             yield
         finally:
