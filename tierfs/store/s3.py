@@ -495,8 +495,7 @@ class S3Store:
             try:
                 resp = self.client.get_object(**params)
             except ClientError as exc:
-                code = str((exc.response.get("Error", {}) or {}).get("Code") or "")
-                if http_status(exc) == 416 or code == "InvalidRange":
+                if http_status(exc) == 416 or _s3_code(exc) == "InvalidRange":
                     return past_end
                 raise
             return read(resp["Body"], resp)

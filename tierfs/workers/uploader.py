@@ -19,8 +19,9 @@ while the mount serves BUSY_REQUESTS_PER_SECOND FUSE requests or more, the
 uploader starts nothing for up to BURST_HOLD seconds (a burst of writes runs
 at local speed and the bucket catches up after it), and after that at most
 ``busy_concurrency`` entries at once, so that a mount that stays busy still
-uploads.  Entries already running go on.  A flush or a write-through close
-lifts both limits: someone is waiting for the bucket.
+uploads.  Entries already running go on.  A flush, a write-through close or
+a writer waiting for tier space lifts both limits: someone is waiting for the
+bucket (``Journal.someone_waits``).
 
 States: idle (full ``concurrency``) -> busy, holding (0) -> busy for
 BURST_HOLD (``busy_concurrency``); any BUSY_WINDOW below the rate -> idle.
@@ -102,9 +103,9 @@ async def run_uploader(
             next_due = math.inf
             # Uploads share the CPU (and the GIL) with the requests of the
             # mount: while those come fast, hold back, unless someone waits
-            # for the bucket (flush, write-through).
+            # for the bucket (flush, write-through, a writer short of space).
             limit = foreground.upload_limit(concurrency, busy_concurrency)
-            if journal.waiters:
+            if journal.someone_waits():
                 limit = concurrency
             free = limit - len(journal.running)
             if free > 0:  # when every slot is busy, the end of an entry wakes us
