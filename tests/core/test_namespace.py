@@ -124,6 +124,9 @@ class SyntheticBucket:
     def check(self) -> None:
         return None
 
+    def key_fits(self, key: str) -> bool:
+        return len(key.encode()) <= 1024
+
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         if prefix != "big/":
             yield ListPage(objects=[], prefixes=["big/"]) if prefix == "" else ListPage([], [])

@@ -156,6 +156,7 @@ class TierFS(WriteOps, SyncOps):
         self.namespace.live_inode = self._live_inode
         self.namespace.being_deleted = self.journal.being_deleted
         self.namespace.protects = self.journal.protects
+        self.namespace.attrs_owed = self.journal.attrs_owed
         self._handles: dict[int, Handle] = {}
         #: FUSE requests served (counted by the FUSE layer); the uploader
         #: holds back while they come fast.
@@ -286,6 +287,9 @@ class TierFS(WriteOps, SyncOps):
     async def readdir(self, ino: int, after_cookie: int, limit: int = 256) -> list[DirEntry]:
         """Entries after ``after_cookie``, in a stable order.  Use the last
         entry's cookie to continue; an empty list is the end."""
+        # A listing running now may hold names whose attributes are not
+        # settled yet (see tierfs.core.namespace): never hand those out.
+        await self.namespace.wait_listing(ino)
         out: list[DirEntry] = []
         for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
             inode = self.meta.get_inode(child)
@@ -501,5 +505,7 @@ class TierFS(WriteOps, SyncOps):
                 "listings": self.namespace.listings_done,
                 "uploaded_bytes": self.stats_uploaded_bytes,
             },
+            # Requests sent to the bucket per S3 operation (stores that count).
+            "store_calls": dict(getattr(self.store, "calls", {})),
             "time": time.time(),
         }

@@ -19,6 +19,15 @@ number):
 ``{"op": "setmeta", "ino": N, "key": K}``      rewrite the metadata of the clean object at K
 =============================================  ==========================================
 
+Attribute shadow (``tierfs.core.shadow``): the entries that put data or
+metadata at a key (upload, copy's ``dst``, setmeta, mkdir) first put the
+shadow object of the inode's attributes (if they are not canonical) and,
+once their change is in the bucket, delete the other shadow objects of that
+key that the inode's ledger (``MetaDB`` ``shadows``) lists.  A delete entry
+with ``"shadow_ino": N`` deletes, after the object, every shadow object of
+that key in N's ledger.  A ``mkdir`` entry also serves a chmod/chown of a
+directory (its marker is put again, with the new metadata).
+
 Invariants:
 
 * An entry is appended in the same LMDB transaction as the namespace change
@@ -30,6 +39,9 @@ Invariants:
 * Ordering: two entries that touch the same key run in sequence order; an
   entry never overtakes an earlier one on a shared key (``runnable``).  A
   rename moves the file's upload entry behind the rename's copy/delete.
+* A local change of attributes that the bucket does not have yet (a
+  pending upload, setmeta or mkdir of the inode: ``attrs_owed``) wins over
+  the attribute shadow that a listing finds.
 * Upload entries become due ``upload_delay`` after the last close or fsync
   (``schedule``); an open file that was never fsynced is not uploaded yet.
   After a remount everything is due at once.
@@ -130,8 +142,11 @@ class Journal:
         self.queued_in: dict[int, int] = {}
         self.failures: dict[int, int] = {}
         self._deleting: dict[str, int] = {}
+        #: ino -> pending setmeta/mkdir entries of it.
+        self._attr_entries: dict[int, int] = {}
         for entry in self.entries.values():
             self._count_delete(entry, +1)
+            self._count_attrs(entry, +1)
         #: Bumped by every rename and removal: cached keys are then stale.
         self.namespace_gen = 0
         self._keys: dict[int, tuple[int, list[str] | None]] = {}
@@ -164,6 +179,7 @@ class Journal:
             elif entry["op"] == "copy":
                 self.copies.setdefault(entry["ino"], []).append(seq)
             self._count_delete(entry, +1)
+            self._count_attrs(entry, +1)
         # A new upload entry waits for a close or fsync (``schedule``) or
         # for the uploader's next look; other entries are due at once.
         if writer.removed or any(e["op"] != "upload" for _, e in writer.added):
@@ -186,8 +202,19 @@ class Journal:
         self.failures.pop(seq, None)
         self._keys.pop(seq, None)
         self._count_delete(entry, -1)
+        self._count_attrs(entry, -1)
         self._done.set()
         self._done = trio.Event()
+
+    def _count_attrs(self, entry: Entry, sign: int) -> None:
+        if entry["op"] not in ("setmeta", "mkdir"):
+            return
+        ino: int = entry["ino"]
+        count = self._attr_entries.get(ino, 0) + sign
+        if count:
+            self._attr_entries[ino] = count
+        else:
+            self._attr_entries.pop(ino, None)
 
     def _count_delete(self, entry: Entry, sign: int) -> None:
         if entry["op"] != "delete":
@@ -223,6 +250,10 @@ class Journal:
         """Must a listing leave this inode alone (its bucket object is not
         where the namespace says, yet)?"""
         return ino in self.copies or ino in self.upload_seq
+
+    def attrs_owed(self, ino: int) -> bool:
+        """Does the bucket still owe a local change of ``ino``'s attributes?"""
+        return ino in self.upload_seq or ino in self._attr_entries
 
     def pending_upload(self, ino: int) -> bool:
         return ino in self.upload_seq

@@ -24,12 +24,52 @@ the hidden object is reported once.
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
+
+Attributes of listed names (mode, uid, gid)
+-------------------------------------------
+The kernel checks permissions (``default_permissions``) against the
+attributes that lookup, getattr and readdirplus hand it, so a name must
+never be shown more permissive than what tierfs stored for it, on any node,
+from the first access.  LIST carries no user metadata; the choices were:
+
+* a HEAD per name (s3fs): correct, but a cold ``find`` becomes a HEAD per
+  file and a cold small-file read a HEAD plus a GET;
+* one manifest object per directory: one GET per directory, but every
+  change is a read-modify-write that two nodes can race on;
+* one empty *shadow object* per name with non-default attributes, whose key
+  carries them (``tierfs.core.shadow``), under ``.tierfs-attrs/<dir>/``:
+  each change is a single PUT or DELETE that never races a neighbour's, and
+  a directory's attributes cost one extra LIST of its shadow prefix (a page
+  of only the names that have non-default attributes).  Chosen.  The shadow
+  lives under one top-level prefix rather than inside each directory, so
+  tools that list a data prefix (dataset loaders) never see it.
+
+A listing therefore: merges the data pages (new names get *provisional*,
+owner-only attributes, see ``MetaDB``), then lists the shadow prefix (after
+the data, so a shadow written before its object is always seen), HEADs the
+few names too long to carry a shadow, and settles the attributes in one
+transaction (``MetaDB.settle_attrs``).  Lookups wait for a running listing
+and so does ``readdir`` (``wait_listing``): no name is handed to the kernel
+before its attributes are settled.  If the shadow listing fails, the new
+names stay provisional (restrictive) and the error is that of the listing.
+Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
+tools, and tierfs objects with the canonical 0644/0755 root:root); a known
+name whose shadow disappeared keeps its attributes until a HEAD (open after
+``revalidate_ttl``) reads them, which errs on the restrictive side.  The
+reserved name ``.tierfs-attrs`` is never listed in the root.
+
+Shadow names this listing found for no child (orphans, e.g. of a delete on
+a node that crashed) are remembered per directory in memory: a file created
+under such a name takes them into its shadow ledger, and its upload deletes
+them (``SyncOps``).  Mounts of a sub-prefix of another mount's prefix do not
+see that mount's shadows; mount the same prefix on every node.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +79,16 @@ from tierfs.config import NamespaceConfig
 from tierfs.errors import NotADirectory, NotFound, ObjectNotFound, StoreError
 from tierfs.meta import ROOT_INO, Inode, ListedEntry, MergeResult, MetaDB, SyncState
 from tierfs.store import ObjectInfo, ObjectStore
+
+from .shadow import (
+    SHADOW_ROOT,
+    ShadowAttrs,
+    attrs_from_metadata,
+    combine,
+    longest_shadow_key,
+    parse_shadow_name,
+    shadow_dir_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +144,12 @@ class Namespace:
         self.being_deleted: Callable[[str], bool] = lambda key: False
         #: Set by TierFS: must a listing leave this inode alone?
         self.protects: Callable[[int], bool] = lambda ino: False
+        #: Set by TierFS: does the bucket still owe a local change of this
+        #: inode's attributes (a listing must not take the shadow's then)?
+        self.attrs_owed: Callable[[int], bool] = lambda ino: False
+        #: dir ino -> {name: shadow entries} found by its last listing for
+        #: names it does not hold (see "Attributes of listed names").
+        self.orphan_shadows: dict[int, dict[bytes, list[ShadowAttrs]]] = {}
         self._listing: dict[int, trio.Event] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
@@ -146,6 +202,17 @@ class Namespace:
             inode = await self.lookup(inode.ino, part.encode())
         return inode
 
+    async def wait_listing(self, ino: int) -> None:
+        """Wait for a listing of directory ``ino`` that is running, if any."""
+        running = self._listing.get(ino)
+        if running is not None:
+            await running.wait()
+
+    def shadow_fits(self, key: str) -> bool:
+        """Can the object (or directory, no trailing "/") at ``key`` carry a
+        shadow entry in this store?  Writers and readers decide alike."""
+        return self.store.key_fits(longest_shadow_key(key))
+
     async def ensure_listed(self, dir_inode: Inode) -> None:
         if time.time() - dir_inode.listed_at < self.config.list_ttl:
             return
@@ -170,6 +237,10 @@ class Namespace:
         gen = self.meta.begin_listing(dir_inode.ino)
         pages = self.store.list_pages(prefix)
         ident = self.identity
+        # Inode numbers only (8 bytes each): a huge first listing must not
+        # hold its names in memory.
+        unsettled = array("Q")
+        too_long: list[tuple[bytes, int]] = []
         while True:
             page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
             if page is None:
@@ -191,12 +262,85 @@ class Namespace:
                 gid=ident.gid,
                 now=time.time(),
             )
+            for name, ino in result.unsettled:
+                unsettled.append(ino)
+                if not self.shadow_fits(prefix + name.decode()):
+                    too_long.append((name, ino))
             self._after_merge(prefix, result)
+        await self._settle_attrs(dir_inode.ino, prefix, unsettled, too_long)
         swept = self.meta.finish_listing(
             dir_inode.ino, gen, time.time(), prefix=prefix, protects=self.protects
         )
         self._after_merge(prefix, swept)
         self.listings_done += 1
+
+    async def _settle_attrs(
+        self,
+        dir_ino: int,
+        prefix: str,
+        unsettled: array[int],
+        too_long: list[tuple[bytes, int]],
+    ) -> None:
+        """Shadow listing, HEAD fallback for ``too_long`` names, then
+        ``MetaDB.settle_attrs``."""
+        seen = await self._list_shadow(prefix)
+        attrs = {name: combine(found) for name, found in seen.items()}
+        keep_provisional: set[int] = set()
+        for name, ino in too_long:
+            # Too long for a shadow entry: its object's metadata says.
+            inode = self.meta.get_inode(ino)
+            if inode is None:
+                continue
+            key = prefix + name.decode() + ("/" if inode.is_dir else "")
+            try:
+                info = await trio.to_thread.run_sync(self.store.head, key, limiter=self._limiter)
+            except ObjectNotFound:
+                continue  # an implied directory or a vanished object: defaults
+            except StoreError as exc:
+                log.warning("cannot read the attributes of %r, keeping it private: %s", key, exc)
+                keep_provisional.add(ino)
+                continue
+            found = attrs_from_metadata(info.metadata)
+            if found is not None:
+                attrs[name] = found
+        ident = self.identity
+        orphans = self.meta.settle_attrs(
+            dir_ino,
+            unsettled,
+            {name: (a.perm, a.uid, a.gid) for name, a in attrs.items() if a is not None},
+            {name: [(a.perm, a.uid, a.gid) for a in found] for name, found in seen.items()},
+            prefix=prefix,
+            keep_provisional=keep_provisional,
+            keeps_attrs=lambda ino: self.protects(ino) or self.attrs_owed(ino),
+            file_mode=ident.file_mode,
+            dir_mode=ident.dir_mode,
+            uid=ident.uid,
+            gid=ident.gid,
+            now=time.time(),
+        )
+        if orphans:
+            self.orphan_shadows[dir_ino] = {name: seen[name] for name in orphans if name in seen}
+        else:
+            self.orphan_shadows.pop(dir_ino, None)
+
+    async def _list_shadow(self, prefix: str) -> dict[bytes, list[ShadowAttrs]]:
+        """name -> shadow entries under the shadow prefix of a directory."""
+        shadow_prefix = shadow_dir_prefix(prefix)
+        if not self.shadow_fits(prefix + "x"):
+            return {}  # no child of this directory can have a shadow entry
+        seen: dict[bytes, list[ShadowAttrs]] = {}
+        pages = self.store.list_pages(shadow_prefix)
+        while True:
+            page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
+            if page is None:
+                return seen
+            for obj in page.objects:
+                parsed = parse_shadow_name(obj.key[len(shadow_prefix) :])
+                if parsed is None:
+                    self._warn_once(obj.key, f"ignoring {obj.key!r}: not an attribute entry")
+                    continue
+                name, found = parsed
+                seen.setdefault(name.encode(), []).append(found)
 
     def _after_merge(self, prefix: str, result: MergeResult) -> None:
         for name in result.conflicts:
@@ -222,6 +366,8 @@ class Namespace:
         name = obj.key[len(prefix) :]
         if name == "":  # the directory's own marker object
             return None
+        if prefix == "" and name == SHADOW_ROOT:
+            return None  # reserved for the attribute shadow
         if not self._name_ok(obj.key, name):
             return None
         return ListedEntry(
@@ -234,6 +380,8 @@ class Namespace:
 
     def _prefix_entry(self, prefix: str, common: str) -> ListedEntry | None:
         name = common[len(prefix) : -1]
+        if prefix == "" and name == SHADOW_ROOT:
+            return None  # the attribute shadow, never a directory of the mount
         problem = name_problem(name)
         if problem is not None:
             self._warn_once(

@@ -19,6 +19,15 @@ Upload of a dirty file, step by step:
    dirty and the entry is tried again later: a file is marked clean only if
    it did not change during the upload.
 
+Attribute shadow (``tierfs.core.shadow``): upload, copy, setmeta and mkdir
+bracket their change with ``_put_shadow`` (before: the shadow object of the
+inode's attributes, recorded in its ledger first) and ``_drop_shadows``
+(after: the other shadow objects the ledger lists for that key); a delete
+entry with ``shadow_ino`` drops that key's shadow objects after the object.
+So the bucket never shows a name wider than what its inode allows, and an
+upload whose attributes changed while it ran goes again, like one whose
+content changed.
+
 Metadata travels as ``x-amz-meta-mode`` (decimal st_mode, as s3fs-fuse
 writes it), ``uid``, ``gid`` and ``mtime`` (seconds, decimal).  Symlinks are
 objects whose body is the target, with S_IFLNK in their mode (s3fs-style).
@@ -38,6 +47,7 @@ from tierfs.meta import BlockRecord, Inode, SyncState
 from tierfs.store import abort_stale_uploads
 
 from .journal import Entry
+from .shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
 
 if TYPE_CHECKING:
     from .fs import TierFS
@@ -96,6 +106,8 @@ class SyncOps:
                 await self._run_copy(seq, entry)
             elif op == "delete":
                 await self._store_call(self.store.delete, entry["key"])
+                if "shadow_ino" in entry:
+                    await self._drop_shadows(entry["shadow_ino"], entry["key"], None)
                 self._finish(seq)
             elif op == "mkdir":
                 await self._run_mkdir(seq, entry)
@@ -133,6 +145,44 @@ class SyncOps:
         with self.journal.write() as w:
             w.remove(seq)
 
+    # --- attribute shadow -------------------------------------------------------------------
+
+    def _wanted_shadow(self: TierFS, key: str, inode: Inode | None) -> ShadowAttrs | None:
+        """The shadow entry the object at ``key`` needs for ``inode``'s attributes."""
+        if inode is None or not needs_shadow(inode.mode, inode.uid, inode.gid):
+            return None
+        if not self.namespace.shadow_fits(key.rstrip("/")):
+            return None  # readers HEAD such names instead
+        return attrs_of(inode.mode, inode.uid, inode.gid)
+
+    async def _put_shadow(
+        self: TierFS, ino: int, key: str, inode: Inode | None
+    ) -> ShadowAttrs | None:
+        """Before a change at ``key``: put the shadow entry of ``inode``'s
+        attributes (ledger first, committed, so that no crash forgets it)."""
+        want = self._wanted_shadow(key, inode)
+        if want is None:
+            return None
+        item = (key.rstrip("/"), want.perm, want.uid, want.gid)
+        if item not in self.meta.shadow_ledger(ino):
+            with self.meta.write() as tx:
+                tx.set_shadow_ledger(ino, [*tx.shadow_ledger(ino), item])
+            self.meta.commit()
+        await self._store_call(self.store.put, shadow_key(key, want), b"")
+        return want
+
+    async def _drop_shadows(self: TierFS, ino: int, key: str, keep: ShadowAttrs | None) -> None:
+        """After a change at ``key`` is in the bucket: delete the shadow
+        entries of that key in ``ino``'s ledger, except ``keep``."""
+        key = key.rstrip("/")
+        kept = None if keep is None else (key, keep.perm, keep.uid, keep.gid)
+        stale = [item for item in self.meta.shadow_ledger(ino) if item[0] == key and item != kept]
+        for item in stale:
+            await self._store_call(self.store.delete, shadow_key(key, ShadowAttrs(*item[1:])))
+        if stale:
+            with self.meta.write() as tx:
+                tx.set_shadow_ledger(ino, [i for i in tx.shadow_ledger(ino) if i not in stale])
+
     # --- upload -----------------------------------------------------------------------------
 
     async def _run_upload(self: TierFS, seq: int, entry: Entry) -> None:
@@ -154,6 +204,8 @@ class SyncOps:
         cf = self.blocks.acquire(inode)
         try:
             version = cf.version
+            attrs = (cf.inode.mode, cf.inode.uid, cf.inode.gid)
+            shadow = await self._put_shadow(ino, key, cf.inode)
             metadata = object_metadata(cf.inode)
             if stat.S_ISLNK(cf.inode.mode):
                 etag = await self._store_call(
@@ -184,14 +236,22 @@ class SyncOps:
                 )
                 digests = source.digests
             self.stats_uploaded_bytes += size
-            current = self._linked_inode(ino)
-            unchanged = (
-                current is not None
-                and version == cf.version
-                and self.namespace.key_of(current) == key
-                and seq in self.journal.entries
-            )
-            if not unchanged:
+
+            def unchanged() -> bool:
+                current = self._linked_inode(ino)
+                return (
+                    current is not None
+                    and version == cf.version
+                    and (cf.inode.mode, cf.inode.uid, cf.inode.gid) == attrs
+                    and self.namespace.key_of(current) == key
+                    and seq in self.journal.entries
+                )
+
+            if unchanged():
+                # Only once the object has these attributes may the other
+                # shadow entries of the key go (tierfs.core.shadow, ordering).
+                await self._drop_shadows(ino, key, shadow)
+            if not unchanged():
                 log.info("%r changed during its upload; it stays dirty and goes up again", key)
                 if ino not in self.journal.held:
                     self.journal.retry_later(seq, self.config.write.upload_delay)
@@ -244,6 +304,8 @@ class SyncOps:
     # --- other entries ----------------------------------------------------------------------------
 
     async def _run_copy(self: TierFS, seq: int, entry: Entry) -> None:
+        moved = self._linked_inode(entry["ino"])
+        shadow = await self._put_shadow(entry["ino"], entry["dst"], moved)
         try:
             etag = await self._store_call(self.store.copy, entry["src"], entry["dst"])
         except ObjectNotFound:
@@ -254,6 +316,8 @@ class SyncOps:
             )
             self._finish(seq)
             return
+        if moved is not None:
+            await self._drop_shadows(entry["ino"], entry["dst"], shadow)
         with self.journal.write() as w:
             inode = self._linked_inode(entry["ino"])
             last_copy = self.journal.copies.get(entry["ino"], []) == [seq]
@@ -265,7 +329,10 @@ class SyncOps:
     async def _run_mkdir(self: TierFS, seq: int, entry: Entry) -> None:
         inode = self._linked_inode(entry["ino"])
         metadata = object_metadata(inode) if inode is not None else None
+        shadow = await self._put_shadow(entry["ino"], entry["key"], inode)
         await self._store_call(self.store.put, entry["key"], b"", metadata)
+        if inode is not None:
+            await self._drop_shadows(entry["ino"], entry["key"], shadow)
         with self.journal.write() as w:
             inode = self._linked_inode(entry["ino"])
             if (
@@ -286,12 +353,14 @@ class SyncOps:
             self._finish(seq)  # gone, or an upload carries the metadata instead
             return
         key = entry["key"]
+        shadow = await self._put_shadow(inode.ino, key, inode)
         try:
             etag = await self._store_call(self.store.copy, key, key, object_metadata(inode))
         except ObjectNotFound:
             log.warning("cannot update the metadata of %r: it is gone from the bucket", key)
             self._finish(seq)
             return
+        await self._drop_shadows(inode.ino, key, shadow)
         with self.journal.write() as w:
             current = self._linked_inode(entry["ino"])
             if (

@@ -22,7 +22,15 @@ side of each change:
 * rename of a directory: the same for every file below it, plus markers.
   The whole subtree is listed first so that every key is known.
 * chmod/chown/utimens of a clean file: the object's metadata is rewritten
-  in place (``setmeta``), without downloading it.
+  in place (``setmeta``), without downloading it; chmod/chown of a
+  directory puts its marker again with the new metadata (``mkdir``).
+* Attribute shadow (``tierfs.core.shadow``): the entries above keep it in
+  step; every delete of a file's or directory's object carries
+  ``shadow_ino`` so that its shadow entries go after it.  A name created
+  where the last listing found orphaned shadow entries takes them into its
+  ledger, so that its upload deletes them.
+* ``.tierfs-attrs`` in the root is reserved for the shadow: creating or
+  renaming anything to that name fails with EPERM.
 
 Hard links are refused with EPERM, and so are device nodes; FIFOs and
 sockets are empty objects whose mode carries the type.  Extended attributes: ``user.*`` only,
@@ -53,6 +61,7 @@ from tierfs.meta import ROOT_INO, Inode, SyncState
 
 from .journal import JournalWriter
 from .namespace import NAME_MAX
+from .shadow import SHADOW_ROOT
 
 if TYPE_CHECKING:
     from .blockcache import CachedFile
@@ -68,6 +77,12 @@ def check_name(name: bytes) -> None:
         raise NameTooLong(f"name longer than {NAME_MAX} bytes")
     if name in (b"", b".", b"..") or b"/" in name or b"\0" in name:
         raise InvalidArgument(f"invalid name {name!r}")
+
+
+def check_not_reserved(parent: int, name: bytes) -> None:
+    """The attribute shadow's top-level name cannot be made in the root."""
+    if parent == ROOT_INO and name == SHADOW_ROOT.encode():
+        raise NotPermitted(f"{SHADOW_ROOT!r} is reserved by tierfs in the root of the mount")
 
 
 def child_key(parent_key: str, name: bytes) -> str:
@@ -109,6 +124,10 @@ class WriteOps:
         w.tx.put_inode(inode)
         self._touch_dir(parent)
         w.tx.link(parent, inode.name, inode.ino)
+        orphans = self.namespace.orphan_shadows.get(parent.ino, {}).pop(inode.name, None)
+        if orphans:
+            key = child_key(self.namespace.key_of(parent), inode.name)
+            w.tx.set_shadow_ledger(inode.ino, [(key, a.perm, a.uid, a.gid) for a in orphans])
         return inode
 
     @staticmethod
@@ -127,6 +146,7 @@ class WriteOps:
         self: TierFS, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
     ) -> tuple[Any, Any]:
         check_name(name)
+        check_not_reserved(parent, name)
         await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
@@ -139,6 +159,7 @@ class WriteOps:
 
     async def mkdir(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Any:
         check_name(name)
+        check_not_reserved(parent, name)
         dir_inode = await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
@@ -153,6 +174,7 @@ class WriteOps:
         self: TierFS, parent: int, name: bytes, target: bytes, uid: int, gid: int
     ) -> Any:
         check_name(name)
+        check_not_reserved(parent, name)
         await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
@@ -174,6 +196,7 @@ class WriteOps:
         if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK):
             raise NotPermitted("tierfs does not store device nodes")
         check_name(name)
+        check_not_reserved(parent, name)
         await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
@@ -218,9 +241,11 @@ class WriteOps:
         if inode.origin_key:
             # Tagged with the inode: if it is still open, the object must stay
             # readable until the last close (Journal.orphans holds it back).
-            w.append({"op": "delete", "key": inode.origin_key, "ino": inode.ino})
+            w.append(
+                {"op": "delete", "key": inode.origin_key, "ino": inode.ino, "shadow_ino": inode.ino}
+            )
         if self.journal.uploading(inode.ino) and key != inode.origin_key:
-            w.append({"op": "delete", "key": key})
+            w.append({"op": "delete", "key": key, "shadow_ino": inode.ino})
 
     def _remove_cache_files(self: TierFS, ino: int, tiers: list[int]) -> None:
         for tier in tiers:
@@ -244,7 +269,7 @@ class WriteOps:
             w.tx.put_inode(parent_inode)
             w.tx.unlink(parent, name)
             w.tx.delete_inode(inode.ino)
-            w.append({"op": "delete", "key": key + "/"})
+            w.append({"op": "delete", "key": key + "/", "shadow_ino": inode.ino})
 
     # --- rename ----------------------------------------------------------------------------------
 
@@ -254,6 +279,7 @@ class WriteOps:
         if flags & RENAME_EXCHANGE:
             raise InvalidArgument("RENAME_EXCHANGE is not supported")
         check_name(new_name)
+        check_not_reserved(new_parent, new_name)
         src_dir = await self._parent_for_change(old_parent)
         dst_dir = await self._parent_for_change(new_parent)
         inode = self._existing_child(old_parent, old_name)
@@ -292,7 +318,7 @@ class WriteOps:
                 w.tx.unlink(new_parent, new_name)
                 if target.is_dir:
                     w.tx.delete_inode(target.ino)
-                    w.append({"op": "delete", "key": new_key + "/"})
+                    w.append({"op": "delete", "key": new_key + "/", "shadow_ino": target.ino})
                 else:
                     self._queue_removal(w, target, new_key)
                     if not target_busy:
@@ -337,16 +363,16 @@ class WriteOps:
         in-memory inode if it is open): it is modified and written here."""
         if live.origin_key:
             if live.state == SyncState.DIRTY and self._fully_local(live):
-                w.append({"op": "delete", "key": live.origin_key})
+                w.append({"op": "delete", "key": live.origin_key, "shadow_ino": live.ino})
                 live.origin_key, live.etag, live.origin_size = "", "", 0
                 w.tx.put_inode(live)
             elif live.origin_key != new_key:
                 w.append({"op": "copy", "src": live.origin_key, "dst": new_key, "ino": live.ino})
-                w.append({"op": "delete", "key": live.origin_key})
+                w.append({"op": "delete", "key": live.origin_key, "shadow_ino": live.ino})
                 live.origin_key = new_key  # reads use the copy's source until it is done
                 w.tx.put_inode(live)
         if self.journal.uploading(live.ino) and old_key != live.origin_key:
-            w.append({"op": "delete", "key": old_key})
+            w.append({"op": "delete", "key": old_key, "shadow_ino": live.ino})
         w.requeue_upload(live.ino)
 
     def _queue_dir_move(
@@ -356,7 +382,7 @@ class WriteOps:
         while pending:
             inode, old, new = pending.pop()
             w.append({"op": "mkdir", "key": new + "/", "ino": inode.ino})
-            w.append({"op": "delete", "key": old + "/"})
+            w.append({"op": "delete", "key": old + "/", "shadow_ino": inode.ino})
             if inode.state == SyncState.CLEAN:
                 inode.state = SyncState.DIRTY  # until its marker exists
                 w.tx.put_inode(inode)
@@ -492,6 +518,15 @@ class WriteOps:
             if not inode.is_dir and inode.state == SyncState.CLEAN and inode.origin_key:
                 # The key is pinned now: a later rename must not retarget it.
                 w.append({"op": "setmeta", "ino": ino, "key": inode.origin_key})
+            elif (
+                inode.is_dir
+                and inode.ino != ROOT_INO
+                and inode.state == SyncState.CLEAN
+                and (mode is not None or uid is not None or gid is not None)
+            ):
+                # A dirty directory's pending mkdir carries the new attributes.
+                key = self.namespace.key_of(inode) + "/"
+                w.append({"op": "mkdir", "key": key, "ino": ino})
         return self.attributes(inode)
 
     # --- extended attributes ---------------------------------------------------------------------

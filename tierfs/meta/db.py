@@ -15,6 +15,10 @@ name           key                                     value
 ``atimes``     ino                                     last access, float seconds
 ``journal``    sequence number                         one S3 mutation still owed (JSON)
 ``xattrs``     ino + name                              value of a ``user.*`` attribute
+``shadows``    ino                                     attribute shadow objects believed
+                                                       to be in the bucket for this
+                                                       inode: JSON ``[[key, perm, uid,
+                                                       gid], ...]`` (the *ledger*)
 =============  ======================================  ===============================
 
 Invariants (each public method, and each ``with db.write() as tx`` block, is
@@ -35,6 +39,17 @@ ONE write transaction, so they hold after every commit and after a crash):
 * A namespace change and the journal entries that carry it to the bucket
   commit in the same transaction: after a crash the bucket is behind, never
   silently different.
+* An inode a listing created gets *provisional* attributes (``validated_at
+  == PROVISIONAL``, permission bits cut to the owner's, owner = the mount's
+  identity) until ``settle_attrs`` gives it its final ones from the
+  attribute shadow; a listing that fails before that leaves it provisional
+  (restrictive), and the next listing settles it.
+* The shadow ledger of an inode (``shadows``) lists every shadow object a
+  write of this node may have put, or a listing has seen, and that no
+  journal entry has deleted yet: an entry adds to it BEFORE it puts a shadow
+  object and removes from it AFTER it deleted one, so a crash leaves it a
+  superset of the bucket's shadow objects of the inode.  It outlives the
+  inode until the delete entries of that inode's objects have run.
 
 Group commit
 ------------
@@ -76,6 +91,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import stat
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -109,6 +125,8 @@ from tierfs.meta.records import (
 )
 
 SCHEMA_VERSION = 2
+#: ``validated_at`` of an inode whose attributes a listing has not settled.
+PROVISIONAL = -1.0
 #: Inode numbers skipped after an unclean stop; see "Group commit".
 INO_CRASH_GAP = 1 << 20
 _USAGE = struct.Struct(">QQ")  # bytes, files
@@ -141,6 +159,10 @@ class MergeResult:
     removed: list[tuple[int, list[int]]]
     conflicts: list[bytes]
     dirty_overwritten: list[bytes] = dataclasses.field(default_factory=list)
+    #: (name, ino) of inodes whose attributes are provisional (see
+    #: ``settle_attrs``): created by this page, or left so by an earlier
+    #: listing that did not finish.
+    unsettled: list[tuple[bytes, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +203,7 @@ class MetaDB:
         self._atimes = self.env.open_db(b"atimes")
         self._journal = self.env.open_db(b"journal")
         self._xattrs = self.env.open_db(b"xattrs")
+        self._shadows = self.env.open_db(b"shadows")
         #: The group transaction, then nested write() transactions, innermost last.
         self._stack: list[lmdb.Transaction] = []
         #: Batch commits (see "Group commit"); TierFS turns it on.
@@ -390,6 +413,9 @@ class MetaDB:
                         raw = None
                     else:
                         txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
+                        provisional = inode.validated_at == PROVISIONAL
+                        if provisional:
+                            result.unsettled.append((entry.name, ino))
                         if not entry.is_dir and protects(ino):
                             pass  # its object is being moved or replaced: not the truth
                         elif not entry.is_dir and (
@@ -409,9 +435,9 @@ class MetaDB:
                                 inode.size = entry.size
                                 inode.mtime_ns = entry.mtime_ns
                                 inode.ctime_ns = time.time_ns()
-                                inode.validated_at = now
+                                inode.validated_at = PROVISIONAL if provisional else now
                                 txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
-                        elif not entry.is_dir:
+                        elif not entry.is_dir and not provisional:
                             inode.validated_at = now
                             txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
                         continue
@@ -422,9 +448,12 @@ class MetaDB:
                     cookie = parent.next_cookie
                     parent.next_cookie += 1
                     mtime_ns = entry.mtime_ns or int(now * 1e9)
+                    # Provisional until settle_attrs: owner-only, never wider
+                    # than what the attribute shadow may say.
+                    perm = (dir_mode if entry.is_dir else file_mode) & 0o700
                     inode = Inode(
                         ino=ino,
-                        mode=(0o040000 | dir_mode) if entry.is_dir else (0o100000 | file_mode),
+                        mode=(0o040000 | perm) if entry.is_dir else (0o100000 | perm),
                         uid=uid,
                         gid=gid,
                         size=0 if entry.is_dir else entry.size,
@@ -435,13 +464,89 @@ class MetaDB:
                         etag=entry.etag,
                         origin_key="" if entry.is_dir else prefix + entry.name.decode(),
                         origin_size=0 if entry.is_dir else entry.size,
-                        validated_at=now,
+                        validated_at=PROVISIONAL,
                     )
+                    result.unsettled.append((entry.name, ino))
                     txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
                     txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
                     txn.put(dirseq_key(dir_ino, cookie), entry.name, db=self._dirseq)
             txn.put(ino_key(dir_ino), encode_inode(parent), db=self._inodes)
         return result
+
+    def settle_attrs(
+        self,
+        dir_ino: int,
+        unsettled: Iterable[int],
+        attrs: dict[bytes, tuple[int, int, int]],
+        seen: dict[bytes, list[tuple[int, int, int]]],
+        *,
+        prefix: str,
+        keep_provisional: set[int],
+        keeps_attrs: Callable[[int], bool],
+        file_mode: int,
+        dir_mode: int,
+        uid: int,
+        gid: int,
+        now: float,
+    ) -> list[bytes]:
+        """Give the children of ``dir_ino`` their attributes from the shadow
+        listing (one transaction); returns the shadow names that match no
+        child (orphans).
+
+        ``attrs``: name -> (perm, uid, gid) in effect (the combined shadow
+        entries, or a HEAD's metadata for names too long for a shadow);
+        ``seen``: name -> the shadow objects found, recorded in the ledger.
+        Provisional inodes (``unsettled``) not in ``attrs`` get the mount's
+        defaults, those in ``keep_provisional`` stay provisional.  A settled
+        inode takes the shadow's attributes only while it is clean and
+        ``keeps_attrs`` (a local change owed to the bucket) is false; one
+        with no shadow keeps what it has (a HEAD may have set it).
+        """
+        orphans: list[bytes] = []
+        with self.write() as w:
+            txn = w.txn
+            for ino in unsettled:
+                if ino in keep_provisional:
+                    continue
+                inode = w.get_inode(ino)
+                if inode is None or inode.validated_at != PROVISIONAL or inode.name in attrs:
+                    continue
+                perm = dir_mode if inode.is_dir else file_mode
+                inode.mode = stat.S_IFMT(inode.mode) | (perm & 0o7777)
+                inode.uid, inode.gid = uid, gid
+                inode.validated_at = 0.0 if inode.is_dir else now
+                w.put_inode(inode)
+            for name in attrs.keys() | seen.keys():
+                raw = txn.get(dentry_key(dir_ino, name), db=self._dentries)
+                if raw is None:
+                    orphans.append(name)
+                    continue
+                ino = decode_dentry(raw)[0]
+                inode = self._get_inode_txn(txn, ino)
+                key = prefix + name.decode()
+                if name in seen:
+                    ledger = w.shadow_ledger(ino)
+                    for perm, s_uid, s_gid in seen[name]:
+                        if (key, perm, s_uid, s_gid) not in ledger:
+                            ledger.append((key, perm, s_uid, s_gid))
+                    w.set_shadow_ledger(ino, ledger)
+                if name not in attrs:
+                    continue
+                provisional = inode.validated_at == PROVISIONAL
+                if not provisional and (inode.state != SyncState.CLEAN or keeps_attrs(ino)):
+                    continue
+                if stat.S_ISLNK(inode.mode):
+                    continue
+                perm, inode.uid, inode.gid = attrs[name]
+                inode.mode = stat.S_IFMT(inode.mode) | (perm & 0o7777)
+                if provisional:
+                    inode.validated_at = 0.0 if inode.is_dir else now
+                w.put_inode(inode)
+        return orphans
+
+    def shadow_ledger(self, ino: int) -> list[tuple[str, int, int, int]]:
+        with self._read() as txn:
+            return _decode_ledger(txn.get(ino_key(ino), db=self._shadows))
 
     def finish_listing(
         self,
@@ -533,6 +638,9 @@ class MetaDB:
             tiers = self._drop_blocks_txn(txn, ino, None)
             txn.delete(ino_key(ino), db=self._inodes)
             txn.delete(ino_key(ino), db=self._atimes)
+            # Gone from the bucket: its shadow objects are another writer's
+            # business now (they are harmless orphans, see tierfs.core.shadow).
+            txn.delete(ino_key(ino), db=self._shadows)
             result.removed.append((ino, tiers))
 
     def _unlink_dentry(self, txn: lmdb.Transaction, parent: int, name: bytes, cookie: int) -> None:
@@ -702,6 +810,12 @@ class MetaDB:
             return [(U64.unpack(k)[0], json.loads(v)) for k, v in txn.cursor(db=self._journal)]
 
 
+def _decode_ledger(raw: bytes | None) -> list[tuple[str, int, int, int]]:
+    if raw is None:
+        return []
+    return [(str(k), int(p), int(u), int(g)) for k, p, u, g in json.loads(bytes(raw))]
+
+
 class MetaTxn:
     """Typed operations inside one write transaction (see ``MetaDB.write``)."""
 
@@ -793,6 +907,17 @@ class MetaTxn:
 
     def journal_delete(self, seq: int) -> None:
         self.txn.delete(U64.pack(seq), db=self.db._journal)
+
+    # shadow ledger (see the module docstring)
+    def shadow_ledger(self, ino: int) -> list[tuple[str, int, int, int]]:
+        return _decode_ledger(self.txn.get(ino_key(ino), db=self.db._shadows))
+
+    def set_shadow_ledger(self, ino: int, items: list[tuple[str, int, int, int]]) -> None:
+        if items:
+            raw = json.dumps([list(i) for i in items], separators=(",", ":")).encode()
+            self.txn.put(ino_key(ino), raw, db=self.db._shadows)
+        else:
+            self.txn.delete(ino_key(ino), db=self.db._shadows)
 
     # xattrs
     def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:

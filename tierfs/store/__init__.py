@@ -11,12 +11,20 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from tierfs.errors import ConfigError
-from tierfs.store.base import ListPage, ObjectInfo, ObjectStore, UploadInfo, abort_stale_uploads
+from tierfs.store.base import (
+    SHADOW_ROOT,
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    UploadInfo,
+    abort_stale_uploads,
+)
 
 if TYPE_CHECKING:
     from tierfs.config import BackingConfig
 
 __all__ = [
+    "SHADOW_ROOT",
     "ListPage",
     "ObjectInfo",
     "ObjectStore",

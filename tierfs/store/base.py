@@ -35,6 +35,12 @@ from typing import Protocol, runtime_checkable
 
 from tierfs.store.multipart import DEFAULT_CONCURRENCY, MAX_SINGLE_COPY_SIZE, ReadPart
 
+#: Top-level key prefix of the attribute shadow (``tierfs.core.shadow``).
+#: Stores treat it as an ordinary prefix; a store that reserves names of its
+#: own (the local store's ``.tierfs-*``) lets this one through as the first
+#: segment of a key.
+SHADOW_ROOT = ".tierfs-attrs"
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -93,6 +99,11 @@ class ObjectStore(Protocol):
         Fails fast (within seconds, no long retry loop) with BucketNotFound,
         StoreAccessDenied or StoreUnavailable and a message a user can act on.
         """
+        ...
+
+    def key_fits(self, key: str) -> bool:
+        """Could ``key`` name an object in this store (length limits, reserved
+        names)?  Pure: no request is sent."""
         ...
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:

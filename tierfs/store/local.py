@@ -23,7 +23,9 @@ Layout (``R`` is the root directory):
   also removes temp files a crash left here (see ``list_uploads``).
 
 Every name starting with ``.tierfs-`` is reserved: never listed, and refused
-as a key segment.  Symlinks, sockets and names that are not valid UTF-8 are
+as a key segment, except ``SHADOW_ROOT`` (``.tierfs-attrs``) as the FIRST
+segment of a key: the attribute shadow of the layers above lives there (it
+is still not listed at the root).  Symlinks, sockets and names that are not valid UTF-8 are
 not objects: listings skip them and ``head`` reports ObjectNotFound.
 
 ETag: the hex MD5 of the content for objects written through this class
@@ -84,7 +86,7 @@ from tierfs.errors import (
     StoreAccessDenied,
     StoreError,
 )
-from tierfs.store.base import ListPage, ObjectInfo, UploadInfo
+from tierfs.store.base import SHADOW_ROOT, ListPage, ObjectInfo, UploadInfo
 from tierfs.store.multipart import (
     DEFAULT_CONCURRENCY,
     MAX_SINGLE_COPY_SIZE,
@@ -220,12 +222,12 @@ class LocalStore:
             raise InvalidArgument(f"{what} must be str, got {type(key).__name__}")
         body = key[:-1] if key.endswith("/") else key
         segments = body.split("/")
-        for seg in segments:
+        for index, seg in enumerate(segments):
             if seg in ("", ".", ".."):
                 raise InvalidArgument(f"{what} {key!r}: empty, '.' or '..' segment")
             if "\0" in seg:
                 raise InvalidArgument(f"{what} {key!r}: contains NUL")
-            if seg.startswith(RESERVED_PREFIX):
+            if seg.startswith(RESERVED_PREFIX) and not (index == 0 and seg == SHADOW_ROOT):
                 raise InvalidArgument(
                     f"{what} {key!r}: names starting with {RESERVED_PREFIX!r} are reserved"
                 )
@@ -317,6 +319,13 @@ class LocalStore:
             raise StoreAccessDenied(
                 f"local store directory '{self.root}' is not readable and writable"
             )
+
+    def key_fits(self, key: str) -> bool:
+        try:
+            self._paths(key)
+        except InvalidArgument:
+            return False
+        return len(os.fsencode(self.root)) + len(key.encode()) + len(MARKER_NAME) + 2 < 4096
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         """Delimited listing of one directory.  An empty listing yields no pages."""

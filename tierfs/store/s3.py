@@ -73,6 +73,7 @@ hand-written rather than delegated to s3transfer):
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -327,8 +328,18 @@ class S3Store:
             "s3", region_name=region, endpoint_url=endpoint_url, config=config
         )
         self.endpoint = _safe_endpoint(str(self.client.meta.endpoint_url))
+        #: Requests sent, per S3 operation name (``GetObject``, ``HeadObject``,
+        #: ``ListObjectsV2``...), retries included: what ``status`` reports as
+        #: ``store_calls`` and what tests count S3 calls with.
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._calls_lock = threading.Lock()
+        self.client.meta.events.register("before-call.s3", self._count_call)
         #: Over plain HTTP botocore signs each payload's SHA-256 already.
         self._send_md5 = str(self.client.meta.endpoint_url).startswith("https")
+
+    def _count_call(self, model: Any, **_: Any) -> None:
+        with self._calls_lock:
+            self.calls[model.name] += 1
 
     def _body_checksum(self, data: bytes) -> dict[str, str]:
         """Extra arguments that give a body its end-to-end checksum."""
@@ -408,6 +419,13 @@ class S3Store:
             policy=self.check_retry,
             bucket_level=True,
         )
+
+    def key_fits(self, key: str) -> bool:
+        try:
+            self._full_key(key)
+        except InvalidArgument:
+            return False
+        return True
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         """ListObjectsV2 with Delimiter="/", one request per page.
