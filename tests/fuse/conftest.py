@@ -188,6 +188,8 @@ class Mount:
     list_ttl: float
     revalidate_ttl: float
     block_size: int
+    #: ``-o`` options of ``tierfs mount`` (e.g. "allow_other"); "" for none.
+    options: str = ""
     pids: list[int] = field(default_factory=list)
 
     # bucket side -------------------------------------------------------------------
@@ -205,7 +207,8 @@ class Mount:
 
     def mount(self) -> None:
         """``tierfs mount CONFIG MP``; fails the test with stderr if it fails."""
-        done = run_tierfs("mount", str(self.config_path), str(self.path))
+        extra = ["-o", self.options] if self.options else []
+        done = run_tierfs("mount", str(self.config_path), str(self.path), *extra)
         if done.returncode != 0:
             pytest.fail(
                 f"tierfs mount exited {done.returncode}: {done.stderr.strip()}\n"
@@ -377,6 +380,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         write_mode: str | None = None,
         space_wait: str | None = None,
         part_size: str | None = None,
+        options: str = "",
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -421,6 +425,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
             list_ttl=_parse_seconds(list_ttl),
             revalidate_ttl=_parse_seconds(revalidate_ttl),
             block_size=_parse_size(block_size),
+            options=options,
         )
         made.append(m)
         put_objects(s3_client, bucket_name, {m.key(k): v for k, v in (objects or {}).items()})

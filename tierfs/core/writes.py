@@ -521,10 +521,10 @@ class WriteOps:
             elif (
                 inode.is_dir
                 and inode.ino != ROOT_INO
-                and inode.state == SyncState.CLEAN
                 and (mode is not None or uid is not None or gid is not None)
             ):
-                # A dirty directory's pending mkdir carries the new attributes.
+                # Even if a mkdir of it is pending: it may be running already,
+                # with the old attributes.  A marker put twice is harmless.
                 key = self.namespace.key_of(inode) + "/"
                 w.append({"op": "mkdir", "key": key, "ino": ino})
         return self.attributes(inode)
