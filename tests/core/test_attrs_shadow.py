@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
-from tests.core.conftest import CoreMount, _start, make_config, put
+from tests.core.conftest import CoreMount, CountingStore, _start, make_config, put
 from tierfs.errors import StoreError, TierfsError
 from tierfs.meta import ROOT_INO
 
@@ -269,3 +270,32 @@ async def test_orphaned_shadow_entries_are_cleaned_by_a_new_file_there(
     other = await fresh_node(node, tmp_path, "node2")
     ghost = await other.fs.lookup(ROOT_INO, b"ghost")
     assert stat.S_IMODE(ghost.mode) == 0o644 and ghost.uid == 0
+
+
+async def test_the_shadow_works_on_a_local_directory_backing(
+    local_store: Any, tmp_path: Path
+) -> None:
+    registry: list[CoreMount] = []
+    store = CountingStore(local_store)
+    async with trio.open_nursery() as nursery:
+        bases = [tmp_path / "writer", tmp_path / "reader"]
+        for base in bases:
+            base.mkdir()
+        writer = await _start(make_config(bases[0], store.url), store, nursery, registry)
+        await make_dir(writer, "d", 0o700, 1000, 1000)
+        await create_file(writer, "d/f.bin", b"f", 0o600, 1000, 1000)
+        await writer.flush()
+        root = Path(local_store.root)
+        assert (root / SHADOW / "d@m0700,u1000,g1000").is_file()
+        assert (root / SHADOW / "d" / "f.bin@m0600,u1000,g1000").is_file()
+        reader = await _start(make_config(bases[1], store.url), store, nursery, registry)
+        heads = store.heads
+        d = await reader.fs.lookup(ROOT_INO, b"d")
+        f = await reader.fs.lookup(d.ino, b"f.bin")
+        assert (stat.S_IMODE(d.mode), d.uid) == (0o700, 1000)
+        assert (stat.S_IMODE(f.mode), f.uid, f.gid) == (0o600, 1000, 1000)
+        assert SHADOW.encode() not in [e.name for e in await reader.fs.readdir(ROOT_INO, 0)]
+        assert store.heads == heads
+        for node in registry:
+            await node.aclose()
+        nursery.cancel_scope.cancel()
