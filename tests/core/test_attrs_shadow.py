@@ -299,3 +299,68 @@ async def test_the_shadow_works_on_a_local_directory_backing(
         for node in registry:
             await node.aclose()
         nursery.cancel_scope.cancel()
+
+
+class RefusingStore:
+    """The real store, except that the operations named in ``refuse`` fail
+    (as an endpoint that breaks between two steps of an entry would)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.heads = 0
+        self.refuse: set[str] = set()
+
+    def _guard(self, op: str) -> None:
+        if op in self.refuse:
+            raise StoreError(f"injected: {op} refused")
+
+    def copy(self, *args: Any, **kwargs: Any) -> Any:
+        self._guard("copy")
+        return self.inner.copy(*args, **kwargs)
+
+    def delete(self, key: str) -> None:
+        self._guard("delete")
+        self.inner.delete(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize("direction", ["narrower", "wider"])
+async def test_a_change_stuck_halfway_is_never_wider_than_either_side(
+    make_fs: Any, s3_store: Any, tmp_path: Path, direction: str
+) -> None:
+    """chmod 0644 -> 0600 with the metadata rewrite failing after the new
+    shadow is in: other nodes already see 0600.  chmod 0600 -> 0644 with the
+    delete of the old shadow failing: other nodes still see 0600."""
+    first = await make_fs()
+    refusing = RefusingStore(first.store)
+    start, end = (0o644, 0o600) if direction == "narrower" else (0o600, 0o644)
+    await create_file(first, "f.bin", b"f", start, 0, 0)
+    await first.flush()
+    await first.aclose()
+    writer = await fresh_node(first, tmp_path, "writer", store=refusing)
+    ino = (await writer.fs.lookup(ROOT_INO, b"f.bin")).ino
+    refusing.refuse = {"copy"} if direction == "narrower" else {"delete"}
+    await writer.fs.setattr(ino, mode=end)
+    if direction == "narrower":
+        await wait_for(lambda: f"{SHADOW}/f.bin@m0600,u0,g0" in shadow_keys(s3_store))
+        assert int(s3_store.head("f.bin").metadata["mode"]) & 0o7777 == 0o644  # not rewritten
+    else:
+        await wait_for(
+            lambda: int(s3_store.head("f.bin").metadata["mode"]) & 0o7777 == 0o644
+        )
+        assert f"{SHADOW}/f.bin@m0600,u0,g0" in shadow_keys(s3_store)  # not deleted yet
+    other = await fresh_node(first, tmp_path, "other")
+    seen = await other.fs.lookup(ROOT_INO, b"f.bin")
+    assert stat.S_IMODE(seen.mode) == 0o600
+    refusing.refuse = set()
+    await writer.flush()
+    assert shadow_keys(s3_store) == ({f"{SHADOW}/f.bin@m0600,u0,g0"} if end == 0o600 else set())
