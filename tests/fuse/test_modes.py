@@ -261,3 +261,27 @@ def test_fresh_node_state_wiped_and_remounted(mount: MountFactory, require_root:
     m.mount()
     assert as_nobody(m, ("read", "k.bin")) == {"read:k.bin": errno.EACCES}
     assert os.stat(m.path / "k.bin").st_mode & 0o7777 == 0o600
+
+
+def test_a_private_file_fsynced_before_kill9_gets_its_shadow_after_remount(
+    mount: MountFactory, require_root: None
+) -> None:
+    from tests.fuse.test_crash import kill9
+
+    m = mount(options="allow_other", upload_delay="60s", list_ttl="60s", revalidate_ttl="60s")
+    fd = os.open(m.path / "crash.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        os.write(fd, b"private")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # nothing reached the bucket yet (upload_delay): the journal must carry it
+    assert shadow_keys(m) == set()
+    assert m.s3.list_objects_v2(Bucket=m.bucket, Prefix=m.key("crash.bin")).get("KeyCount") == 0
+    kill9(m, m.pids[-1])
+    m.mount()
+    flush(m)
+    assert shadow_keys(m) == {"crash.bin@m0600,u0,g0"}
+    node = mount(options="allow_other", list_ttl="60s", revalidate_ttl="60s")
+    assert as_nobody(node, ("read", "crash.bin")) == {"read:crash.bin": errno.EACCES}
+    assert (node.path / "crash.bin").read_bytes() == b"private"
