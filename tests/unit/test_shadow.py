@@ -110,3 +110,40 @@ def test_store_key_limits_decide_what_fits(tmp_path: object) -> None:
     assert local.key_fits(f"{SHADOW_ROOT}/a/b@m0600,u0,g0")
     assert not local.key_fits("a/.tierfs-attrs/b")  # reserved below the top
     assert not local.key_fits("a/" + "b" * 256)  # one segment over 255 bytes
+
+
+def test_patching_attributes_in_an_encoded_inode_changes_only_them() -> None:
+    from tierfs.meta.records import (
+        Inode,
+        SyncState,
+        decode_inode,
+        encode_inode,
+        patch_attrs,
+        raw_mode,
+        raw_validated_at,
+    )
+
+    inode = Inode(
+        ino=7,
+        mode=stat.S_IFREG | 0o600,
+        uid=1,
+        gid=2,
+        size=12345,
+        mtime_ns=111,
+        ctime_ns=222,
+        parent=3,
+        name=b"n\xc3\xa4me",
+        etag="abc",
+        origin_key="d/n\u00e4me",
+        origin_size=12345,
+        state=SyncState.CLEAN,
+        validated_at=-1.0,
+        listed_at=5.5,
+        list_gen=9,
+        next_cookie=4,
+    )
+    raw = encode_inode(inode)
+    assert raw_validated_at(raw) == -1.0 and raw_mode(raw) == stat.S_IFREG | 0o600
+    patched = decode_inode(7, patch_attrs(raw, stat.S_IFREG | 0o644, 1000, 1001, 42.0))
+    inode.mode, inode.uid, inode.gid, inode.validated_at = stat.S_IFREG | 0o644, 1000, 1001, 42.0
+    assert patched == inode

@@ -119,6 +119,9 @@ from tierfs.meta.records import (
     encode_dentry,
     encode_inode,
     ino_key,
+    patch_attrs,
+    raw_mode,
+    raw_validated_at,
     residency_key,
     unpack_block_key,
     unpack_residency_key,
@@ -508,14 +511,19 @@ class MetaDB:
             for ino in unsettled:
                 if ino in keep_provisional:
                     continue
-                inode = w.get_inode(ino)
-                if inode is None or inode.validated_at != PROVISIONAL or inode.name in attrs:
+                key = ino_key(ino)
+                raw = txn.get(key, db=self._inodes)
+                if raw is None or raw_validated_at(raw) != PROVISIONAL:
                     continue
-                perm = dir_mode if inode.is_dir else file_mode
-                inode.mode = stat.S_IFMT(inode.mode) | (perm & 0o7777)
-                inode.uid, inode.gid = uid, gid
-                inode.validated_at = 0.0 if inode.is_dir else now
-                w.put_inode(inode)
+                mode = raw_mode(raw)
+                is_dir = stat.S_ISDIR(mode)
+                if attrs and decode_inode(ino, raw).name in attrs:
+                    continue  # the shadow's, below
+                perm = dir_mode if is_dir else file_mode
+                mode = stat.S_IFMT(mode) | (perm & 0o7777)
+                txn.put(
+                    key, patch_attrs(raw, mode, uid, gid, 0.0 if is_dir else now), db=self._inodes
+                )
             for name in attrs.keys() | seen.keys():
                 raw = txn.get(dentry_key(dir_ino, name), db=self._dentries)
                 if raw is None:
