@@ -364,3 +364,21 @@ async def test_a_change_stuck_halfway_is_never_wider_than_either_side(
     refusing.refuse = set()
     await writer.flush()
     assert shadow_keys(s3_store) == ({f"{SHADOW}/f.bin@m0600,u0,g0"} if end == 0o600 else set())
+
+
+async def test_a_private_directory_implied_only_by_keys_stays_private(
+    make_fs: Any, s3_store: Any, tmp_path: Path
+) -> None:
+    writer = await make_fs()
+    await make_dir(writer, "vault", 0o700, 1000, 1000)
+    await create_file(writer, "vault/k.bin", b"k", 0o644, 1000, 1000)
+    await writer.flush()
+    s3_store.delete("vault/")  # another tool removed the marker: only keys imply it now
+    assert "vault/" not in all_keys(s3_store)
+    node = await fresh_node(writer, tmp_path, "node2")
+    before = calls(node)
+    vault = await node.fs.lookup(ROOT_INO, b"vault")
+    assert (stat.S_IMODE(vault.mode), vault.uid, vault.gid) == (0o700, 1000, 1000)
+    k = await node.fs.lookup(vault.ino, b"k.bin")
+    assert (stat.S_IMODE(k.mode), k.uid) == (0o644, 1000)
+    assert "HeadObject" not in delta(calls(node), before)
