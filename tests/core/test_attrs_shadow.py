@@ -382,3 +382,31 @@ async def test_a_private_directory_implied_only_by_keys_stays_private(
     k = await node.fs.lookup(vault.ino, b"k.bin")
     assert (stat.S_IMODE(k.mode), k.uid) == (0o644, 1000)
     assert "HeadObject" not in delta(calls(node), before)
+
+
+async def test_another_nodes_chmod_reaches_an_open_file_at_the_next_listing(
+    make_fs: Any, s3_store: Any, tmp_path: Path
+) -> None:
+    from tierfs.config import NamespaceConfig
+
+    writer = await make_fs()
+    ino = await create_file(writer, "f.bin", b"f", 0o644, 0, 0)
+    await writer.flush()
+    base = tmp_path / "reader"
+    base.mkdir()
+    config = make_config(
+        base, writer.store.url, namespace=NamespaceConfig(list_ttl=0.2, revalidate_ttl=60)
+    )
+    reader = await _start(config, writer.store, writer.nursery, writer.registry)
+    seen = await reader.fs.lookup(ROOT_INO, b"f.bin")
+    assert stat.S_IMODE(seen.mode) == 0o644
+    opened = await reader.fs.open(seen.ino, os.O_RDONLY)
+    try:
+        await writer.fs.setattr(ino, mode=0o600)
+        await writer.flush()
+        await trio.sleep(0.3)
+        await reader.fs.lookup(ROOT_INO, b"f.bin")  # the next listing
+        assert stat.S_IMODE((await reader.fs.getattr(seen.ino)).mode) == 0o600
+    finally:
+        await reader.fs.release(opened.fh)
+    assert stat.S_IMODE((await reader.fs.getattr(seen.ino)).mode) == 0o600

@@ -312,6 +312,7 @@ class Namespace:
             prefix=prefix,
             keep_provisional=keep_provisional,
             keeps_attrs=lambda ino: self.protects(ino) or self.attrs_owed(ino),
+            live_inode=self.live_inode,
             file_mode=ident.file_mode,
             dir_mode=ident.dir_mode,
             uid=ident.uid,

@@ -486,6 +486,7 @@ class MetaDB:
         prefix: str,
         keep_provisional: set[int],
         keeps_attrs: Callable[[int], bool],
+        live_inode: Callable[[int], Inode | None] = lambda ino: None,
         file_mode: int,
         dir_mode: int,
         uid: int,
@@ -550,6 +551,9 @@ class MetaDB:
                 if provisional:
                     inode.validated_at = 0.0 if inode.is_dir else now
                 w.put_inode(inode)
+                live = live_inode(ino)
+                if live is not None:  # an open file: its in-memory inode too
+                    live.mode, live.uid, live.gid = inode.mode, inode.uid, inode.gid
         return orphans
 
     def shadow_ledger(self, ino: int) -> list[tuple[str, int, int, int]]:
