@@ -13,9 +13,20 @@ When the last page is merged, names that were not seen are swept (only clean,
 bucket-backed entries; local-only data of later issues stays).  Only one
 listing of a directory runs at a time; concurrent callers wait for it.
 
-If a re-listing fails (bucket unreachable), the stale listing is served and a
-warning is logged; a directory that was never listed fails with the store's
-errno instead.
+A directory that was listed once is never held hostage by the bucket
+(stale-while-revalidate, stale-if-error):
+
+- while the endpoint's circuit breaker is open, its LMDB listing is served
+  at once and no re-listing is tried;
+- otherwise the re-listing runs as a background task (``spawn``, set by
+  TierFS; inline when there is none), and a caller waits for it at most
+  ``STALE_LISTING_WAIT`` seconds (``stale_wait``; namespace changes pass 0)
+  before it is served the listing it has.  A slow re-listing finishes in the
+  background; one that fails leaves the old listing and is logged.
+
+A directory that was never listed needs the bucket: the caller waits for the
+listing, which fails with the store's errno (EIO within the store's
+foreground bound, at once while the breaker is open).
 
 Keys that cannot be names (empty segment, ``.``/``..``, NUL, > 255 bytes) are
 skipped with one warning per key per mount.  When both the object ``a`` and
@@ -24,6 +35,12 @@ the hidden object is reported once.
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
+Stale-if-error: while the breaker is open, or when the HEAD fails for a
+transport reason (StoreUnavailable) or takes longer than
+``REVALIDATE_WAIT`` seconds, the cached copy is served as it is and
+``validated_at`` is left alone (the next open after the outage asks
+again); a HEAD that outlives the wait is abandoned to its thread.  Only
+"the object is gone" (404) and other answers of the bucket act on the file.
 """
 
 from __future__ import annotations
@@ -36,13 +53,34 @@ from dataclasses import dataclass
 import trio
 
 from tierfs.config import NamespaceConfig
-from tierfs.errors import NotADirectory, NotFound, ObjectNotFound, StoreError
+from tierfs.errors import (
+    EndpointUnreachable,
+    NotADirectory,
+    NotFound,
+    ObjectNotFound,
+    StoreError,
+    StoreUnavailable,
+)
 from tierfs.meta import ROOT_INO, Inode, ListedEntry, MergeResult, MetaDB, SyncState
 from tierfs.store import ObjectInfo, ObjectStore
+from tierfs.store.breaker import breaker_of
 
 log = logging.getLogger(__name__)
 
 NAME_MAX = 255
+
+#: Seconds a lookup or readdir waits for the re-listing of a directory it
+#: already has a listing of, before it is served that listing.
+STALE_LISTING_WAIT = 1.0
+#: Seconds an open waits for the revalidation HEAD of a cached clean file.
+REVALIDATE_WAIT = 1.0
+
+#: Starts ``fn(*args)`` as a background task; False if there is no nursery.
+Spawn = Callable[..., bool]
+
+
+def _no_spawn(*args: object) -> bool:
+    return False
 
 #: Called with (ino, tiers that held its blocks, still_exists) whenever
 #: blocks of a file were dropped because the bucket changed or it vanished.
@@ -94,9 +132,19 @@ class Namespace:
         self.being_deleted: Callable[[str], bool] = lambda key: False
         #: Set by TierFS: must a listing leave this inode alone?
         self.protects: Callable[[int], bool] = lambda ino: False
+        #: Set by TierFS: start a background task (see ``Spawn``).
+        self.spawn: Spawn = _no_spawn
+        self.endpoint = breaker_of(store)
         self._listing: dict[int, trio.Event] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
+        #: Revalidations that served the cached copy because the bucket did
+        #: not answer (stale-if-error).
+        self.stale_opens = 0
+
+    def endpoint_down(self) -> bool:
+        """Is the endpoint's circuit breaker open (requests fail at once)?"""
+        return self.endpoint is not None and self.endpoint.is_open
 
     # --- inodes and keys -----------------------------------------------------------
 
@@ -146,24 +194,61 @@ class Namespace:
             inode = await self.lookup(inode.ino, part.encode())
         return inode
 
-    async def ensure_listed(self, dir_inode: Inode) -> None:
+    async def ensure_listed(
+        self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT
+    ) -> None:
+        """List ``dir_inode`` if its listing is older than ``list_ttl``.
+
+        A directory listed before waits at most ``stale_wait`` seconds for
+        its re-listing (see the module docstring); one never listed waits
+        for its listing and raises its error.
+        """
         if time.time() - dir_inode.listed_at < self.config.list_ttl:
             return
         ino = dir_inode.ino
-        running = self._listing.get(ino)
-        if running is not None:
-            await running.wait()
+        have_listing = dir_inode.listed_at > 0
+        if have_listing and self.endpoint_down():
             return
-        done = self._listing[ino] = trio.Event()
+        done = self._listing.get(ino)
+        if done is None:
+            done = self._listing[ino] = trio.Event()
+            if not (have_listing and self.spawn(self._relist_quietly, dir_inode, done)):
+                await self._relist(dir_inode, done)
+                return
+        if have_listing:
+            with trio.move_on_after(stale_wait):
+                await done.wait()
+            return
+        await done.wait()
+        current = self.meta.get_inode(ino)
+        if current is None or current.listed_at == 0:
+            raise StoreUnavailable(
+                f"cannot list {self.prefix_of(dir_inode) or '/'!r}: the bucket did not answer"
+            )
+
+    async def _relist(self, dir_inode: Inode, done: trio.Event) -> None:
+        """One listing of ``dir_inode``; a failed re-listing keeps the old one."""
         try:
             await self._list(dir_inode)
         except StoreError as exc:
             if dir_inode.listed_at == 0:
                 raise
-            log.warning("re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc)
+            if isinstance(exc, EndpointUnreachable):
+                log.debug("re-listing %r skipped: %s", dir_inode.name, exc)
+            else:
+                log.warning(
+                    "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
+                )
         finally:
-            del self._listing[ino]
+            del self._listing[dir_inode.ino]
             done.set()
+
+    async def _relist_quietly(self, dir_inode: Inode, done: trio.Event) -> None:
+        """``_relist`` as a background task: nothing may escape into the nursery."""
+        try:
+            await self._relist(dir_inode, done)
+        except Exception:
+            log.exception("background re-listing of %r failed", dir_inode.name)
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.prefix_of(dir_inode)
@@ -272,11 +357,23 @@ class Namespace:
         if now - inode.validated_at < self.config.revalidate_ttl:
             return inode, False
         key = inode.origin_key
+        if self.endpoint_down():
+            self.stale_opens += 1
+            return inode, False
+        info = None
         try:
-            info = await trio.to_thread.run_sync(self.store.head, key, limiter=self._limiter)
+            with trio.move_on_after(REVALIDATE_WAIT):
+                info = await trio.to_thread.run_sync(
+                    self.store.head, key, limiter=self._limiter, abandon_on_cancel=True
+                )
         except ObjectNotFound:
             self._forget_vanished(inode)
             raise NotFound(f"{key} was deleted from the bucket") from None
+        except StoreUnavailable as exc:
+            log.debug("revalidating %r failed, serving the cached copy: %s", key, exc)
+        if info is None:
+            self.stale_opens += 1
+            return inode, False
         changed = info.etag != inode.etag
         if changed:
             tiers = self.meta.drop_blocks(inode.ino)
