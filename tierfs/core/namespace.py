@@ -20,8 +20,10 @@ A directory that was listed once is never held hostage by the bucket
   at once and no re-listing is tried;
 - otherwise the re-listing runs as a background task (``spawn``, set by
   TierFS; inline when there is none), and a caller waits for it at most
-  ``STALE_LISTING_WAIT`` seconds (``stale_wait``; namespace changes pass 0)
-  before it is served the listing it has.  A slow re-listing finishes in the
+  ``STALE_LISTING_WAIT`` seconds from the start of that re-listing
+  (``stale_wait``; namespace changes pass 0) before it is served the
+  listing it has; not at all while the last request to the endpoint got no
+  answer (``endpoint_suspect``).  A slow re-listing finishes in the
   background; one that fails leaves the old listing and is logged.
 
 A directory that was never listed needs the bucket: the caller waits for the
@@ -35,7 +37,8 @@ the hidden object is reported once.
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
-Stale-if-error: while the breaker is open, or when the HEAD fails for a
+Stale-if-error: while the breaker is open or the last request to the
+endpoint got no answer (no HEAD is sent then), or when the HEAD fails for a
 transport reason (StoreUnavailable) or takes longer than
 ``REVALIDATE_WAIT`` seconds, the cached copy is served as it is and
 ``validated_at`` is left alone (the next open after the outage asks
@@ -81,6 +84,7 @@ Spawn = Callable[..., bool]
 
 def _no_spawn(*args: object) -> bool:
     return False
+
 
 #: Called with (ino, tiers that held its blocks, still_exists) whenever
 #: blocks of a file were dropped because the bucket changed or it vanished.
@@ -135,7 +139,8 @@ class Namespace:
         #: Set by TierFS: start a background task (see ``Spawn``).
         self.spawn: Spawn = _no_spawn
         self.endpoint = breaker_of(store)
-        self._listing: dict[int, trio.Event] = {}
+        #: Directories being listed: (done, when it started on the trio clock).
+        self._listing: dict[int, tuple[trio.Event, float]] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
         #: Revalidations that served the cached copy because the bucket did
@@ -145,6 +150,10 @@ class Namespace:
     def endpoint_down(self) -> bool:
         """Is the endpoint's circuit breaker open (requests fail at once)?"""
         return self.endpoint is not None and self.endpoint.is_open
+
+    def endpoint_suspect(self) -> bool:
+        """Open, or the last request to the endpoint got no answer."""
+        return self.endpoint is not None and self.endpoint.suspect
 
     # --- inodes and keys -----------------------------------------------------------
 
@@ -194,9 +203,7 @@ class Namespace:
             inode = await self.lookup(inode.ino, part.encode())
         return inode
 
-    async def ensure_listed(
-        self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT
-    ) -> None:
+    async def ensure_listed(self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT) -> None:
         """List ``dir_inode`` if its listing is older than ``list_ttl``.
 
         A directory listed before waits at most ``stale_wait`` seconds for
@@ -209,14 +216,20 @@ class Namespace:
         have_listing = dir_inode.listed_at > 0
         if have_listing and self.endpoint_down():
             return
-        done = self._listing.get(ino)
-        if done is None:
-            done = self._listing[ino] = trio.Event()
-            if not (have_listing and self.spawn(self._relist_quietly, dir_inode, done)):
-                await self._relist(dir_inode, done)
+        running = self._listing.get(ino)
+        if running is None:
+            running = self._listing[ino] = (trio.Event(), trio.current_time())
+            if not (have_listing and self.spawn(self._relist_quietly, dir_inode, running[0])):
+                await self._relist(dir_inode, running[0])
                 return
+        done, started = running
         if have_listing:
-            with trio.move_on_after(stale_wait):
+            # Bounded from the start of the re-listing, not per caller: the
+            # lookups of an ``ls -l`` that queue behind one slow re-listing
+            # wait ``stale_wait`` in all, not each.
+            if self.endpoint_suspect():
+                return  # the last request got no answer: do not wait for this one
+            with trio.move_on_at(started + stale_wait):
                 await done.wait()
             return
         await done.wait()
@@ -233,8 +246,14 @@ class Namespace:
         except StoreError as exc:
             if dir_inode.listed_at == 0:
                 raise
-            if isinstance(exc, EndpointUnreachable):
-                log.debug("re-listing %r skipped: %s", dir_inode.name, exc)
+            if isinstance(exc, StoreUnavailable):  # the breaker logs the outage once
+                level = logging.DEBUG if isinstance(exc, EndpointUnreachable) else logging.INFO
+                log.log(
+                    level,
+                    "re-listing %r failed, serving the cached listing: %s",
+                    dir_inode.name,
+                    exc,
+                )
             else:
                 log.warning(
                     "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
@@ -357,7 +376,7 @@ class Namespace:
         if now - inode.validated_at < self.config.revalidate_ttl:
             return inode, False
         key = inode.origin_key
-        if self.endpoint_down():
+        if self.endpoint_suspect():
             self.stale_opens += 1
             return inode, False
         info = None

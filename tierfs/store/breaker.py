@@ -130,6 +130,12 @@ class CircuitBreaker:
     def is_open(self) -> bool:
         return self._state == OPEN
 
+    @property
+    def suspect(self) -> bool:
+        """Open, or the last request got no answer: optional waits for the
+        bucket (revalidation, re-listing) are not worth starting."""
+        return self._state == OPEN or self._failures > 0
+
     def snapshot(self) -> BreakerSnapshot:
         with self._lock:
             return BreakerSnapshot(
