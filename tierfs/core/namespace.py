@@ -23,7 +23,8 @@ A directory that was listed once is never held hostage by the bucket
   ``STALE_LISTING_WAIT`` seconds from the start of that re-listing
   (``stale_wait``; namespace changes pass 0) before it is served the
   listing it has; not at all while the last request to the endpoint got no
-  answer (``endpoint_suspect``).  A slow re-listing finishes in the
+  answer or such a wait ran out less than ``SLOW_HOLDOFF`` seconds ago
+  (``endpoint_suspect``).  A slow re-listing finishes in the
   background; one that fails leaves the old listing and is logged.
 
 A directory that was never listed needs the bucket: the caller waits for the
@@ -37,8 +38,9 @@ the hidden object is reported once.
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
-Stale-if-error: while the breaker is open or the last request to the
-endpoint got no answer (no HEAD is sent then), or when the HEAD fails for a
+Stale-if-error: while ``endpoint_suspect`` (breaker open, the last request
+got no answer, or a bounded wait ran out lately: no HEAD is sent then), or
+when the HEAD fails for a
 transport reason (StoreUnavailable) or takes longer than
 ``REVALIDATE_WAIT`` seconds, the cached copy is served as it is and
 ``validated_at`` is left alone (the next open after the outage asks
@@ -49,6 +51,7 @@ again); a HEAD that outlives the wait is abandoned to its thread.  Only
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +80,8 @@ NAME_MAX = 255
 STALE_LISTING_WAIT = 1.0
 #: Seconds an open waits for the revalidation HEAD of a cached clean file.
 REVALIDATE_WAIT = 1.0
+#: After one of those waits ran out, optional waits are skipped this long.
+SLOW_HOLDOFF = 5.0
 
 #: Starts ``fn(*args)`` as a background task; False if there is no nursery.
 Spawn = Callable[..., bool]
@@ -143,6 +148,7 @@ class Namespace:
         self._listing: dict[int, tuple[trio.Event, float]] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
+        self._slow_until = -math.inf
         #: Revalidations that served the cached copy because the bucket did
         #: not answer (stale-if-error).
         self.stale_opens = 0
@@ -152,8 +158,16 @@ class Namespace:
         return self.endpoint is not None and self.endpoint.is_open
 
     def endpoint_suspect(self) -> bool:
-        """Open, or the last request to the endpoint got no answer."""
+        """Open, or the last request to the endpoint got no answer, or a wait
+        for it ran out in the last ``SLOW_HOLDOFF`` seconds."""
+        if trio.current_time() < self._slow_until:
+            return True
         return self.endpoint is not None and self.endpoint.suspect
+
+    def _waited_in_vain(self) -> None:
+        """A bounded wait for the bucket ran out: the next ones are not worth it
+        for a while (the request is still out there; the breaker learns from it)."""
+        self._slow_until = trio.current_time() + SLOW_HOLDOFF
 
     # --- inodes and keys -----------------------------------------------------------
 
@@ -229,8 +243,10 @@ class Namespace:
             # wait ``stale_wait`` in all, not each.
             if self.endpoint_suspect():
                 return  # the last request got no answer: do not wait for this one
-            with trio.move_on_at(started + stale_wait):
+            with trio.move_on_at(started + stale_wait) as waited:
                 await done.wait()
+            if waited.cancelled_caught and stale_wait > 0:
+                self._waited_in_vain()
             return
         await done.wait()
         current = self.meta.get_inode(ino)
@@ -390,7 +406,10 @@ class Namespace:
             raise NotFound(f"{key} was deleted from the bucket") from None
         except StoreUnavailable as exc:
             log.debug("revalidating %r failed, serving the cached copy: %s", key, exc)
+            self.stale_opens += 1
+            return inode, False
         if info is None:
+            self._waited_in_vain()
             self.stale_opens += 1
             return inode, False
         changed = info.etag != inode.etag
