@@ -10,7 +10,7 @@ never answers), and then times every call a job makes:
 - the breaker opens (``tierfs status`` shows the endpoint unreachable, since
   when, the last error and the bytes waiting);
 - phase 2: cached reads, create+write+fsync, mkdir, rename (of a file and of
-  a directory), unlink, chmod, append, ``stat`` and ``ls`` each take well
+  a directory), unlink, rmdir, chmod, utime, append, ``stat`` and ``ls`` each take well
   under a second; an uncached read and a directory never listed fail with
   EIO at once;
 - the endpoint comes back: ``tierfs flush`` succeeds and every change made
@@ -124,6 +124,9 @@ def make_changes(m: Mount, durations: dict[str, float]) -> dict[str, bytes]:
     timed(durations, "rename file", lambda: os.rename(listed / "r.txt", listed / "r2.txt"))
     timed(durations, "rename dir", lambda: os.rename(listed / "d1", listed / "d2"))
     timed(durations, "unlink", lambda: os.unlink(listed / "u.txt"))
+    os.mkdir(listed / "gone")
+    timed(durations, "rmdir", lambda: os.rmdir(listed / "gone"))
+    timed(durations, "utime", lambda: os.utime(listed / "r2.txt", (1e9, 1e9)))
     timed(durations, "chmod", lambda: os.chmod(listed / "m.txt", 0o600))
 
     def append() -> None:
@@ -214,10 +217,12 @@ def test_cache_serves_and_changes_land_locally_while_the_bucket_is_away(
     assert done.returncode == 0, f"tierfs flush failed: {done.stderr}\n{m.log_tail()}"
     for name, body in expected.items():
         assert bucket_body(m, name) == body, f"{name} did not reach the bucket"
-    for gone in ("listed/r.txt", "listed/u.txt", "listed/d1/inner.txt"):
+    for gone in ("listed/r.txt", "listed/u.txt", "listed/d1/inner.txt", "listed/gone/"):
         assert bucket_body(m, gone) is None, f"{gone} is still in the bucket"
     head = m.s3.head_object(Bucket=m.bucket, Key=m.key("listed/m.txt"))
     assert int(head["Metadata"]["mode"]) == stat.S_IFREG | 0o600
+    head = m.s3.head_object(Bucket=m.bucket, Key=m.key("listed/r2.txt"))
+    assert float(head["Metadata"]["mtime"]) == 1e9
     assert endpoint_state(m)["bytes_waiting"] == 0
     # The uncached file is readable again.
     assert read(m.path / "listed/cold.bin") == LISTED["listed/cold.bin"]

@@ -121,6 +121,38 @@ def test_probe_closes_the_breaker_only_when_it_gets_an_answer() -> None:
     breaker.before_attempt("head", "s3://b/k")  # closed again
 
 
+def test_prober_settles_a_single_failure_by_itself() -> None:
+    """No other request needed: probes after one failure open the breaker when
+    the endpoint stays silent, and close it when it answers again."""
+    answering = False
+    probes = 0
+
+    def probe() -> None:
+        nonlocal probes
+        probes += 1
+        if not answering:
+            raise ReadTimeoutError(endpoint_url="http://127.0.0.1:1")
+
+    breaker = CircuitBreaker("e", probe, threshold=3, probe_interval=0.05)
+    try:
+        breaker.record_failure("ReadTimeoutError")
+        deadline = time.monotonic() + 5
+        while not breaker.is_open and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert breaker.is_open and probes >= 2
+        answering = True
+        while breaker.is_open and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not breaker.is_open
+        # A healthy endpoint: one failure, and the first probe settles it.
+        breaker.record_failure("ReadTimeoutError")
+        while breaker.suspect and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not breaker.suspect and not breaker.is_open
+    finally:
+        breaker.close()
+
+
 def test_breaker_of_finds_only_real_breakers() -> None:
     breaker, _, _ = make_breaker([])
 

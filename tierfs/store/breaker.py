@@ -8,10 +8,20 @@ each caller nothing instead of a whole retry budget.
 
 States and transitions::
 
-    CLOSED --THRESHOLD consecutive unreachable-failures--> OPEN
-    OPEN   --a probe gets any HTTP answer--------------------> CLOSED
-    OPEN   --a real request that was already on the wire
-             before the opening succeeds--------------------> CLOSED
+    CLOSED (healthy) --a request gets no answer------------> CLOSED (suspect)
+    CLOSED (suspect) --any answer (request or probe)--------> CLOSED (healthy)
+    CLOSED (suspect) --THRESHOLD consecutive no-answers-----> OPEN
+    OPEN             --a probe gets any HTTP answer---------> CLOSED (healthy)
+    OPEN             --a real request that was already on
+                       the wire before the opening succeeds-> CLOSED (healthy)
+
+- CLOSED (suspect): 0 < consecutive failures < THRESHOLD.  Requests still
+  go to the network, and the prober runs too, every ``probe_interval / 2``
+  seconds, each probe counting like a request: so a failure is settled
+  within a few probes even when nothing else asks the bucket (an idle mount
+  still shows an outage in ``status``), and a healthy endpoint answers the
+  first probe (or a request does, before it).
+  Callers may skip optional waits for the bucket meanwhile (``suspect``).
 
 - CLOSED: requests go to the network.  A failure counts only if the
   endpoint gave no HTTP answer at all (connection refused or reset before an
@@ -20,10 +30,10 @@ States and transitions::
   or a 503 SlowDown, proves the endpoint is there and resets the count: a
   throttling or flaky server is the retry policy's business, not an outage.
 - OPEN: ``before_attempt`` raises :class:`~tierfs.errors.EndpointUnreachable`
-  (errno EIO) at once, without touching the network.  A prober thread calls
-  ``probe`` (a cheap request, e.g. HeadBucket, with the store's short
-  timeouts and no retries) at once, then every ``probe_interval`` seconds;
-  the first probe that returns closes the breaker.
+  (errno EIO) at once, without touching the network.  The prober thread
+  calls ``probe`` (a cheap request, e.g. HeadBucket, with the store's short
+  timeouts and no retries) every ``probe_interval`` seconds; the first
+  probe that returns closes the breaker.
 - Every transition is logged once (warning when it opens, info when it
   closes), never per request, and calls the listeners with the new
   reachability (``add_listener``), from whatever thread made the transition:
@@ -177,6 +187,11 @@ class CircuitBreaker:
 
     def record_failure(self, code: str) -> None:
         """An attempt got no answer from the endpoint (``code`` names the error)."""
+        self._record(code)
+        if self._start_prober:
+            self._ensure_prober()
+
+    def _record(self, code: str) -> None:
         opened = False
         with self._lock:
             self._last_error = code
@@ -197,19 +212,23 @@ class CircuitBreaker:
                 self.probe_interval,
             )
             self._notify(False)
-            if self._start_prober:
-                self._ensure_prober()
 
     # --- probing ---------------------------------------------------------------------
 
     def probe_once(self) -> bool:
-        """Run the probe now; close the breaker if it got an answer.  True if reachable."""
+        """Run the probe now; close the breaker if it got an answer.  True if reachable.
+
+        While closed, a failed probe counts like a failed request."""
         try:
             self._probe()
-        except Exception as exc:  # the probe's failure is the outage going on
-            with self._lock:
-                self._last_error = _describe(exc)
-            log.debug("probe of %s failed: %s", self.endpoint, _describe(exc))
+        except Exception as exc:  # no answer: the outage goes on (or begins)
+            code = _describe(exc)
+            log.debug("probe of %s failed: %s", self.endpoint, code)
+            if self._state == OPEN:
+                with self._lock:
+                    self._last_error = code
+            else:
+                self._record(code)
             return False
         self._transition(reachable=True, error="")
         return True
@@ -231,10 +250,22 @@ class CircuitBreaker:
             self._prober.start()
 
     def _probe_loop(self) -> None:
-        while self._state == OPEN and not self._stop.is_set():
-            if self.probe_once():
+        """Probe while the endpoint is suspect (every half interval) or out (every interval)."""
+        while not self._stop.is_set():
+            if self._settled():
                 return
-            self._stop.wait(self.probe_interval)
+            self._stop.wait(self.probe_interval if self._state == OPEN else self.probe_interval / 2)
+            if self._stop.is_set() or self._settled():
+                return
+            self.probe_once()
+
+    def _settled(self) -> bool:
+        """Healthy again: the prober ends (a new failure starts another)."""
+        with self._lock:
+            if self._state == CLOSED and self._failures == 0:
+                self._prober = None
+                return True
+            return False
 
     def _transition(self, *, reachable: bool, error: str) -> None:
         closed = False
