@@ -10,7 +10,10 @@ State of a directory inode:
 A listing streams ListObjectsV2 pages (delimiter "/") and merges each page
 into LMDB in one transaction, so memory holds one page, not the directory.
 When the last page is merged, names that were not seen are swept (only clean,
-bucket-backed entries; local-only data of later issues stays).  Only one
+bucket-backed entries; local-only data of later issues stays).  A listing
+whose directory was renamed or removed while a page was on its way is
+dropped before it merges anything more (checked right after each await, so
+the check and the merge are atomic for the other trio tasks).  Only one
 listing of a directory runs at a time; concurrent callers wait for it.
 
 A directory that was listed once is never held hostage by the bucket
@@ -292,6 +295,12 @@ class Namespace:
         ident = self.identity
         while True:
             page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
+            if not self._still_at(dir_inode.ino, prefix):
+                # Renamed or removed while the page was on its way (a change
+                # does not wait for a re-listing): these names belong to the
+                # old key; the next listing uses the new one.
+                log.debug("listing of %r dropped: the directory moved", prefix)
+                return
             if page is None:
                 break
             entries = [e for e in (self._object_entry(prefix, o) for o in page.objects) if e]
@@ -317,6 +326,13 @@ class Namespace:
         )
         self._after_merge(prefix, swept)
         self.listings_done += 1
+
+    def _still_at(self, ino: int, prefix: str) -> bool:
+        """Is directory ``ino`` still linked at ``prefix``?"""
+        try:
+            return self.prefix_of(self.get(ino)) == prefix
+        except NotFound:
+            return False
 
     def _after_merge(self, prefix: str, result: MergeResult) -> None:
         for name in result.conflicts:

@@ -337,7 +337,9 @@ class WriteOps:
         pending = [top]
         while pending:
             inode = pending.pop()
-            await self.namespace.ensure_listed(inode, stale_wait=0.0)
+            # Every key must be known: wait for a re-listing as a lookup
+            # does (bounded, and not at all while the endpoint is out).
+            await self.namespace.ensure_listed(inode)
             for _cookie, _name, child in self.meta.read_dir(inode.ino, 0, 1 << 30):
                 child_inode = self.namespace.get(child)
                 if child_inode.is_dir:
