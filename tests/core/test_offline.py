@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ import trio
 
 from tests.core.conftest import put
 from tests.faults import FaultProxy
-from tierfs.config import NamespaceConfig
+from tierfs.config import NamespaceConfig, WriteConfig
 from tierfs.core.namespace import REVALIDATE_WAIT
 from tierfs.errors import StoreUnavailable
 from tierfs.meta import ROOT_INO
@@ -173,3 +174,71 @@ async def test_uploads_that_failed_in_the_outage_go_up_when_the_endpoint_returns
     # Woken by the breaker's close, not after its backoff (up to a minute).
     assert await wait_for(lambda: len(journal) == 0, 8), journal.entries
     assert s3_store.get_range("up.bin", 0, len(BODY)) == BODY
+
+
+async def test_write_through_fsync_fails_at_once_while_the_endpoint_is_out(
+    make_fs: Any, s3_store: S3Store, fault_proxy: FaultProxy
+) -> None:
+    mount = await make_fs(write=WriteConfig(mode="through", upload_delay=0.0, part_size=8 << 20))
+    await mount.fs.opendir(ROOT_INO)
+    fault_proxy.refuse()
+    with pytest.raises(StoreUnavailable):  # refused attempts open the breaker
+        await trio.to_thread.run_sync(s3_store.head, "anything")
+    assert await wait_for(lambda: s3_store.breaker is not None and s3_store.breaker.is_open, 10)
+    started = trio.current_time()
+    with pytest.raises(StoreUnavailable) as info:
+        await mount.write_file("t.bin", b"through")
+    assert info.value.errno == errno.EIO
+    assert trio.current_time() - started < 1.0
+    assert await mount.read_file("t.bin") == b"through"  # durable locally, and queued
+    fault_proxy.restore()
+    await mount.flush()
+    assert s3_store.get_range("t.bin", 0, 100) == b"through"
+
+
+class BlockingLists:
+    """Forwards to a store; ``list_pages`` of ``prefix`` waits for ``release``."""
+
+    def __init__(self, inner: Any, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.release = threading.Event()
+        self.release.set()
+        self.started = threading.Event()
+
+    def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[Any]:
+        # A generator: the wait happens in ``next()``, on the listing's thread.
+        if prefix == self.prefix:
+            self.started.set()
+            self.release.wait(30)
+        yield from self.inner.list_pages(prefix, page_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_listing_of_a_directory_renamed_meanwhile_is_dropped(
+    make_fs: Any, s3_store: S3Store
+) -> None:
+    put(s3_store, "d/a.txt", b"a")
+    mount = await make_fs(namespace=SHORT_TTLS)
+    ns = mount.fs.namespace
+    d = await ns.resolve("d")
+    await mount.fs.opendir(d.ino)
+    blocking = BlockingLists(ns.store, "d/")
+    ns.store = blocking
+    blocking.release.clear()
+    await trio.sleep(0.4)  # the listing of d is stale
+    await mount.fs.opendir(d.ino)  # starts the re-listing in the background; it hangs
+    assert await wait_for(blocking.started.is_set, 2)
+    put(s3_store, "d/late.txt", b"late")  # the hung listing will see it under d/
+    with trio.fail_after(3):
+        await mount.fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", 0)
+    blocking.release.set()
+    await trio.sleep(0.5)  # the listing's page arrives after the rename
+    e = await ns.resolve("e")
+    names = {name for _c, name, _i in mount.fs.meta.read_dir(e.ino, 0, 100)}
+    assert names == {b"a.txt"}, names  # "late.txt" is under d/ in the bucket, not e/
+    ns.store = blocking.inner
+    await mount.flush()
+    assert s3_store.get_range("e/a.txt", 0, 10) == b"a"
