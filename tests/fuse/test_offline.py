@@ -226,3 +226,52 @@ def test_cache_serves_and_changes_land_locally_while_the_bucket_is_away(
     assert endpoint_state(m)["bytes_waiting"] == 0
     # The uncached file is readable again.
     assert read(m.path / "listed/cold.bin") == LISTED["listed/cold.bin"]
+
+
+@pytest.mark.slow
+def test_many_outages_lose_nothing(mount: MountFactory, fault_proxy: FaultProxy) -> None:
+    """Rounds of refuse / black hole / back, with writes in each outage and
+    between them: after the last round every file is in the bucket, with
+    the bytes written last, and every round's cached reads were served."""
+    rounds = 10
+    m = mount(
+        CACHED,
+        endpoint_url=fault_proxy.endpoint,
+        list_ttl="1s",
+        revalidate_ttl="1s",
+        upload_delay="0s",
+    )
+    os.makedirs(m.path / "out", exist_ok=True)
+    for name in CACHED:
+        assert read(m.path / name) == CACHED[name]
+    written: dict[str, bytes] = {}
+    for i in range(rounds):
+        getattr(fault_proxy, "refuse" if i % 2 == 0 else "black_hole")()
+        time.sleep(1.2)
+        for name in CACHED:
+            started = time.monotonic()
+            assert read(m.path / name) == CACHED[name]
+            assert time.monotonic() - started < EARLY_BOUND
+        for j in range(5):
+            name = f"out/r{i}-{j}.bin"
+            body = payload(name, 40 * KiB + i * 1000 + j)
+            started = time.monotonic()
+            (m.path / name).write_bytes(body)
+            assert time.monotonic() - started < EARLY_BOUND
+            written[name] = body
+        if i:
+            prev = f"out/r{i - 1}-0.bin"
+            os.rename(m.path / prev, m.path / f"{prev}.moved")
+            written[f"{prev}.moved"] = written.pop(prev)
+        fault_proxy.restore()
+        assert wait_until(
+            lambda: endpoint_state(m)["state"] == "reachable", BREAKER_WAIT, interval=0.5
+        ), m.log_tail()
+        if i % 3 == 2:
+            done = run_tierfs("flush", str(m.path), timeout=120)
+            assert done.returncode == 0, f"round {i}: {done.stderr}\n{m.log_tail()}"
+    done = run_tierfs("flush", str(m.path), timeout=120)
+    assert done.returncode == 0, f"{done.stderr}\n{m.log_tail()}"
+    for name, body in written.items():
+        assert bucket_body(m, name) == body, f"{name} did not reach the bucket"
+    assert endpoint_state(m)["outages"] >= rounds // 2  # every refusal opened the breaker
