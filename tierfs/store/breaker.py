@@ -218,17 +218,17 @@ class CircuitBreaker:
     def probe_once(self) -> bool:
         """Run the probe now; close the breaker if it got an answer.  True if reachable.
 
-        While closed, a failed probe counts like a failed request."""
+        While closed, a probe that gets no answer counts like such a request."""
         try:
             self._probe()
         except Exception as exc:  # no answer: the outage goes on (or begins)
-            code = _describe(exc)
+            code, unreachable = _describe(exc)
             log.debug("probe of %s failed: %s", self.endpoint, code)
-            if self._state == OPEN:
+            if self._state == CLOSED and unreachable:
+                self._record(code)
+            else:  # open: the outage goes on; closed: a reset proves nothing either way
                 with self._lock:
                     self._last_error = code
-            else:
-                self._record(code)
             return False
         self._transition(reachable=True, error="")
         return True
@@ -291,10 +291,12 @@ class CircuitBreaker:
                 log.exception("endpoint state listener failed")
 
 
-def _describe(exc: BaseException) -> str:
-    from tierfs.store.retry import error_code  # retry imports botocore: keep it lazy
+def _describe(exc: BaseException) -> tuple[str, bool]:
+    """The error's short name, and whether it means "no answer" (as for requests)."""
+    from tierfs.store.retry import classify  # retry imports botocore: keep it lazy
 
-    return error_code(exc)
+    verdict = classify(exc)
+    return verdict.code, verdict.unreachable
 
 
 def breaker_of(store: object) -> CircuitBreaker | None:
