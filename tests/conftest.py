@@ -24,6 +24,10 @@ Function scope:
   policy so that a broken test fails in seconds.
 - ``local_store``: a ``LocalStore`` on an empty directory under ``tmp_path``
   (``local_store.root`` is its path).
+- ``fault_proxy``: a ``tests.faults.FaultProxy`` in front of ``moto_server``
+  (``fault_proxy.endpoint`` is its URL): inject resets and truncations, or
+  take the endpoint away (``refuse()``, ``black_hole()``) and bring it back
+  (``restore()``).  Closed at teardown.
 
 Helpers: ``start_moto(log_path, extra_env=None)`` starts another moto server
 (for example one that enforces credentials) and returns ``(process,
@@ -242,3 +246,18 @@ def local_store(tmp_path: Path) -> Any:
     root = tmp_path / "bucket"
     root.mkdir()
     return LocalStore(root.as_uri())
+
+
+@pytest.fixture
+def fault_proxy(moto_server: str) -> Iterator[Any]:
+    """A FaultProxy in front of the session's moto server (see tests/faults.py)."""
+    from urllib.parse import urlsplit
+
+    from tests.faults import FaultProxy
+
+    parts = urlsplit(moto_server)
+    proxy = FaultProxy(parts.hostname or "127.0.0.1", int(parts.port or 80))
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -13,6 +13,10 @@ Use it between an S3 client and a loopback S3 server::
     # the next response to a matching request: the server did the work, the
     # client gets nothing (RST) or half of the response head then FIN
     proxy.fail_responses(1, kind="truncate", match=lambda line: line.startswith("POST"))
+    # take the endpoint away and bring it back, at run time:
+    proxy.refuse()       # connects get ECONNREFUSED; open connections are reset
+    proxy.black_hole()   # connects succeed, requests are read, nothing ever answers
+    proxy.restore()      # forward again (same port)
     ...
     proxy.close()
 
@@ -45,6 +49,15 @@ Invariants:
   every request.  Rules are consumed in the order they were added.
 - ``faults_injected`` counts the faults actually delivered (all kinds), so a
   test can prove that the faults happened.
+- Outage modes (``mode``): ``"forward"`` (normal), ``"refuse"`` (the
+  listening socket is closed, so a connect gets ECONNREFUSED as from a
+  server that is down; connections already open are reset), ``"black_hole"``
+  (connections are accepted and whatever the client sends is read and
+  dropped; no byte ever comes back, as behind a firewall that drops
+  answers; connections open at the switch are closed, so a pooled client
+  connection cannot bypass it).  ``restore()`` listens again on the same
+  port and forwards; black-holed connections are closed then.
+  ``swallowed`` counts the connections the black hole took in.
 """
 
 from __future__ import annotations
@@ -127,6 +140,7 @@ def _headers(head: bytes) -> tuple[str, dict[str, str]]:
 
 Match = str | Callable[[str], bool] | None
 FAULT_KINDS = ("reset", "truncate")
+FORWARD, REFUSE, BLACK_HOLE = "forward", "refuse", "black_hole"
 
 
 @dataclass
@@ -166,12 +180,85 @@ class FaultProxy:
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self.mode = FORWARD
+        self.refused = 0
+        self.swallowed = 0
+        self._swallowing: set[socket.socket] = set()
+        self._accept_threads: list[threading.Thread] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="faultproxy-accept", daemon=True
+        #: The proxy's URL, for an S3 client's ``endpoint_url``.
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._start_accepting()
+
+    def _start_accepting(self) -> None:
+        thread = threading.Thread(
+            target=self._accept_loop, args=(self._listener,), name="faultproxy-accept", daemon=True
         )
-        self._accept_thread.start()
+        self._accept_threads.append(thread)
+        thread.start()
+
+    # --- outages ----------------------------------------------------------------
+
+    def refuse(self) -> None:
+        """The endpoint is down: close the listening socket (connects get
+        ECONNREFUSED) and reset every open connection."""
+        with self._lock:
+            if self.mode == REFUSE:
+                return
+            self.mode = REFUSE
+        self._stop_listening()
+        self._drop_connections(rst=True)
+
+    def black_hole(self) -> None:
+        """Accept connections, read what comes, never answer; open connections are closed."""
+        with self._lock:
+            previous, self.mode = self.mode, BLACK_HOLE
+        if previous == REFUSE:
+            self._listen_again()
+        self._drop_connections(rst=False)
+
+    def restore(self) -> None:
+        """Forward again, on the same port."""
+        with self._lock:
+            previous, self.mode = self.mode, FORWARD
+            swallowing = list(self._swallowing)
+        if previous == REFUSE:
+            self._listen_again()
+        for s in swallowing:
+            self._forget(s)
+
+    def _stop_listening(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() does not
+        with contextlib.suppress(OSError):
+            self._listener.close()
+
+    def _listen_again(self) -> None:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._listener = socket.create_server(("127.0.0.1", self.port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self._start_accepting()
+
+    def _drop_connections(self, *, rst: bool) -> None:
+        with self._lock:
+            socks = list(self._socks - self._swallowing)
+        self._forget(*socks, rst=rst)
+
+    def _swallow(self, client: socket.socket) -> None:
+        """Black hole: read and drop everything the client sends, answer nothing."""
+        with contextlib.suppress(OSError):
+            while client.recv(65536):
+                pass
+        with self._lock:
+            self._swallowing.discard(client)
+        self._forget(client)
 
     # --- control ----------------------------------------------------------------
 
@@ -209,10 +296,7 @@ class FaultProxy:
     def close(self) -> None:
         """Stop accepting, close every connection, join the threads."""
         self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() does not
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._stop_listening()
         with self._lock:
             socks = list(self._socks)
         for s in socks:
@@ -220,7 +304,8 @@ class FaultProxy:
                 s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
-        self._accept_thread.join(timeout=5)
+        for t in self._accept_threads:
+            t.join(timeout=5)
         for t in self._threads:
             t.join(timeout=5)
 
@@ -276,12 +361,26 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 s.close()
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
+            if self.mode == REFUSE:  # accepted just before the listener closed
+                with self._lock:
+                    self.refused += 1
+                self._forget(client, rst=True)
+                continue
+            if self.mode == BLACK_HOLE:
+                with self._lock:
+                    self.swallowed += 1
+                    self._socks.add(client)
+                    self._swallowing.add(client)
+                t = threading.Thread(target=self._swallow, args=(client,), daemon=True)
+                t.start()
+                self._threads.append(t)
+                continue
             try:
                 upstream = socket.create_connection(self.upstream, timeout=10)
                 upstream.settimeout(None)

@@ -174,7 +174,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"reads:    hit ratio {'-' if hit is None else f'{hit:.1%}'}, "
         f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"
     )
+    print(f"endpoint: {_endpoint_line(status.get('endpoint') or {})}")
     return 0
+
+
+def _endpoint_line(endpoint: dict[str, Any]) -> str:
+    """``reachable`` or ``UNREACHABLE since ... (for ...), last error ...; N bytes waiting``."""
+    waiting = format_size(int(endpoint.get("bytes_waiting") or 0))
+    since = endpoint.get("since")
+    if endpoint.get("state", "reachable") == "reachable":
+        return f"reachable; {waiting} waiting for upload"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "?"
+    lasted = f" (for {time.time() - since:.0f} s)" if since else ""
+    return (
+        f"UNREACHABLE since {when}{lasted}, last error: {endpoint.get('last_error') or '?'}; "
+        f"{waiting} waiting for upload"
+    )
 
 
 def cmd_where(args: argparse.Namespace) -> int:

@@ -159,6 +159,11 @@ class StoreUnavailable(StoreError):
     errno = _errno.EIO
 
 
+class EndpointUnreachable(StoreUnavailable):
+    """The endpoint's circuit breaker is open: refused without a request
+    (see ``tierfs.store.breaker``)."""
+
+
 class PreconditionFailed(StoreError):
     """The object changed under us (If-Match failed)."""
 

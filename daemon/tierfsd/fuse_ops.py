@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from tierfs.core import Attributes, TierFS
-from tierfs.errors import TierfsError
+from tierfs.errors import EndpointUnreachable, TierfsError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,9 @@ def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         except pyfuse3.FUSEError:
             raise
         except TierfsError as exc:
-            if exc.errno == errno.EIO:
+            if isinstance(exc, EndpointUnreachable):  # the breaker logs the outage once
+                log.debug("%s: %s", fn.__name__, exc)
+            elif exc.errno == errno.EIO:
                 log.warning("%s: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:

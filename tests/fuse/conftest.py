@@ -3,7 +3,8 @@
 ``mount`` is a factory: ``mount(objects={...}, nvme="16MiB", ...)`` puts the
 objects into a fresh bucket (under the prefix ``data/``), writes a config
 with two small tiers and short TTLs (and, if ``upload_delay=`` or
-``write_mode=`` is given, a ``[write]`` table) under ``tmp_path``, runs ``tierfs mount
+``write_mode=`` is given, a ``[write]`` table; ``endpoint_url=`` points the
+daemon at another endpoint, e.g. the ``fault_proxy`` fixture's) under ``tmp_path``, runs ``tierfs mount
 CONFIG MP`` as a new user would and returns a ``Mount``.  ``Mount.umount()``
 and ``Mount.remount()`` cycle the same config and state dir.
 
@@ -381,6 +382,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         space_wait: str | None = None,
         part_size: str | None = None,
         options: str = "",
+        endpoint_url: str | None = None,
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -392,7 +394,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         config_path = base / "tierfs.toml"
         write_config(
             config_path,
-            endpoint=endpoint,
+            endpoint=endpoint_url or endpoint,
             bucket=bucket_name,
             prefix=PREFIX,
             state_dir=state_dir,

@@ -16,6 +16,7 @@ Mutations live in ``writes`` (WriteOps) and the journal's execution in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -29,6 +30,7 @@ from tierfs.config import Config
 from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
+from tierfs.store.breaker import breaker_of
 from tierfs.tiers.tier import Tier
 
 from .blockcache import BlockCache, CachedFile, ReadState
@@ -157,6 +159,11 @@ class TierFS(WriteOps, SyncOps):
         self.namespace.being_deleted = self.journal.being_deleted
         self.namespace.protects = self.journal.protects
         self.namespace.attrs_owed = self.journal.attrs_owed
+        self.namespace.spawn = self._spawn
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self.endpoint = breaker_of(store)
+        if self.endpoint is not None:
+            self.endpoint.add_listener(self._endpoint_changed)
         self._handles: dict[int, Handle] = {}
         #: FUSE requests served (counted by the FUSE layer); the uploader
         #: holds back while they come fast.
@@ -201,6 +208,7 @@ class TierFS(WriteOps, SyncOps):
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Background work of the core; runs until cancelled."""
+        self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.blocks.start(nursery)
@@ -208,6 +216,22 @@ class TierFS(WriteOps, SyncOps):
             nursery.start_soon(self._commit_periodically)
             nursery.start_soon(self._remove_orphan_cache_files)
             task_status.started()
+
+    def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
+        """Start ``fn(*args)`` in the workers' nursery; False when none runs."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(fn, *args)
+        return True
+
+    def _endpoint_changed(self, reachable: bool) -> None:
+        """Breaker listener (any thread): the endpoint answers again, so what
+        failed during the outage is tried now instead of after its backoff."""
+        token = self._trio_token
+        if not reachable or token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # the daemon is stopping
+            token.run_sync_soon(self.journal.retry_failed_now)
 
     async def _commit_periodically(self) -> None:
         """Batch metadata commits while the workers run (MetaDB "Group commit").
@@ -461,6 +485,17 @@ class TierFS(WriteOps, SyncOps):
                 total += inode.size
         return total
 
+    def _endpoint_status(self) -> dict[str, object]:
+        """Can the bucket be reached: state, since when (wall clock), the last
+        transport error, and the bytes written here that wait for it."""
+        if self.endpoint is None:  # a local directory: always there
+            health: dict[str, object] = {"state": "reachable", "since": None, "last_error": ""}
+        else:
+            health = self.endpoint.snapshot().as_dict()
+        health["bytes_waiting"] = self._dirty_bytes()
+        health["uploads_waiting"] = len(self.journal)
+        return health
+
     def status(self) -> dict[str, object]:
         tiers = []
         for tier in self.tiers:
@@ -488,6 +523,7 @@ class TierFS(WriteOps, SyncOps):
             "pending_uploads": len(self.journal),
             "uploading": len(self.journal.running),
             "last_sync_error": self.last_sync_error,
+            "endpoint": self._endpoint_status(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
             "counters": {
@@ -504,6 +540,7 @@ class TierFS(WriteOps, SyncOps):
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,
                 "uploaded_bytes": self.stats_uploaded_bytes,
+                "stale_opens": self.namespace.stale_opens,
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),

@@ -299,6 +299,14 @@ class Journal:
         close, or a writer short of space (which hurries, see ``HURRY_WAIT``)?"""
         return self.waiters > 0 or trio.current_time() - self.hurried_at < HURRY_WAIT
 
+    def retry_failed_now(self) -> None:
+        """The bucket answers again: entries that failed meanwhile are due now,
+        and their failure counts (which a flush judges) start over."""
+        for seq in self.failures:
+            self.not_before[seq] = 0.0
+        self.failures.clear()
+        self.wake()
+
     def retry_later(self, seq: int, delay: float) -> None:
         self.failures[seq] = self.failures.get(seq, 0) + 1
         self.not_before[seq] = trio.current_time() + delay

@@ -10,12 +10,29 @@ State of a directory inode:
 A listing streams ListObjectsV2 pages (delimiter "/") and merges each page
 into LMDB in one transaction, so memory holds one page, not the directory.
 When the last page is merged, names that were not seen are swept (only clean,
-bucket-backed entries; local-only data of later issues stays).  Only one
+bucket-backed entries; local-only data of later issues stays).  A listing
+whose directory was renamed or removed while a page was on its way is
+dropped before it merges anything more (checked right after each await, so
+the check and the merge are atomic for the other trio tasks).  Only one
 listing of a directory runs at a time; concurrent callers wait for it.
 
-If a re-listing fails (bucket unreachable), the stale listing is served and a
-warning is logged; a directory that was never listed fails with the store's
-errno instead.
+A directory that was listed once is never held hostage by the bucket
+(stale-while-revalidate, stale-if-error):
+
+- while the endpoint's circuit breaker is open, its LMDB listing is served
+  at once and no re-listing is tried;
+- otherwise the re-listing runs as a background task (``spawn``, set by
+  TierFS; inline when there is none), and a caller waits for it at most
+  ``STALE_LISTING_WAIT`` seconds from the start of that re-listing
+  (``stale_wait``; namespace changes pass 0) before it is served the
+  listing it has; not at all while the last request to the endpoint got no
+  answer or such a wait ran out less than ``SLOW_HOLDOFF`` seconds ago
+  (``endpoint_suspect``).  A slow re-listing finishes in the
+  background; one that fails leaves the old listing and is logged.
+
+A directory that was never listed needs the bucket: the caller waits for the
+listing, which fails with the store's errno (EIO within the store's
+foreground bound, at once while the breaker is open).
 
 Keys that cannot be names (empty segment, ``.``/``..``, NUL, > 255 bytes) are
 skipped with one warning per key per mount.  When both the object ``a`` and
@@ -50,7 +67,9 @@ the data, so a shadow written before its object is always seen), HEADs the
 few names too long to carry a shadow, and settles the attributes in one
 transaction (``MetaDB.settle_attrs``).  Lookups wait for a running listing
 and so does ``readdir`` (``wait_listing``): no name is handed to the kernel
-before its attributes are settled.  If the shadow listing fails, the new
+before its attributes are settled.  A re-listing of a directory listed
+before is waited for only within the outage bounds below; a name it adds
+meanwhile is shown provisional (owner-only), never wider.  If the shadow listing fails, the new
 names stay provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
@@ -63,11 +82,21 @@ a node that crashed) are remembered per directory in memory: a file created
 under such a name takes them into its shadow ledger, and its upload deletes
 them (``SyncOps``).  Mounts of a sub-prefix of another mount's prefix do not
 see that mount's shadows; mount the same prefix on every node.
+
+Stale-if-error: while ``endpoint_suspect`` (breaker open, the last request
+got no answer, or a bounded wait ran out lately: no HEAD is sent then), or
+when the HEAD fails for a
+transport reason (StoreUnavailable) or takes longer than
+``REVALIDATE_WAIT`` seconds, the cached copy is served as it is and
+``validated_at`` is left alone (the next open after the outage asks
+again); a HEAD that outlives the wait is abandoned to its thread.  Only
+"the object is gone" (404) and other answers of the bucket act on the file.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from array import array
 from collections.abc import Callable
@@ -76,9 +105,17 @@ from dataclasses import dataclass
 import trio
 
 from tierfs.config import NamespaceConfig
-from tierfs.errors import NotADirectory, NotFound, ObjectNotFound, StoreError
+from tierfs.errors import (
+    EndpointUnreachable,
+    NotADirectory,
+    NotFound,
+    ObjectNotFound,
+    StoreError,
+    StoreUnavailable,
+)
 from tierfs.meta import ROOT_INO, Inode, ListedEntry, MergeResult, MetaDB, SyncState
 from tierfs.store import ObjectInfo, ObjectStore
+from tierfs.store.breaker import breaker_of
 
 from .shadow import (
     SHADOW_ROOT,
@@ -93,6 +130,22 @@ from .shadow import (
 log = logging.getLogger(__name__)
 
 NAME_MAX = 255
+
+#: Seconds a lookup or readdir waits for the re-listing of a directory it
+#: already has a listing of, before it is served that listing.
+STALE_LISTING_WAIT = 1.0
+#: Seconds an open waits for the revalidation HEAD of a cached clean file.
+REVALIDATE_WAIT = 1.0
+#: After one of those waits ran out, optional waits are skipped this long.
+SLOW_HOLDOFF = 5.0
+
+#: Starts ``fn(*args)`` as a background task; False if there is no nursery.
+Spawn = Callable[..., bool]
+
+
+def _no_spawn(*args: object) -> bool:
+    return False
+
 
 #: Called with (ino, tiers that held its blocks, still_exists) whenever
 #: blocks of a file were dropped because the bucket changed or it vanished.
@@ -150,9 +203,33 @@ class Namespace:
         #: dir ino -> {name: shadow entries} found by its last listing for
         #: names it does not hold (see "Attributes of listed names").
         self.orphan_shadows: dict[int, dict[bytes, list[ShadowAttrs]]] = {}
-        self._listing: dict[int, trio.Event] = {}
+        #: Set by TierFS: start a background task (see ``Spawn``).
+        self.spawn: Spawn = _no_spawn
+        self.endpoint = breaker_of(store)
+        #: Directories being listed: (done, when it started on the trio clock).
+        self._listing: dict[int, tuple[trio.Event, float]] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
+        self._slow_until = -math.inf
+        #: Revalidations that served the cached copy because the bucket did
+        #: not answer (stale-if-error).
+        self.stale_opens = 0
+
+    def endpoint_down(self) -> bool:
+        """Is the endpoint's circuit breaker open (requests fail at once)?"""
+        return self.endpoint is not None and self.endpoint.is_open
+
+    def endpoint_suspect(self) -> bool:
+        """Open, or the last request to the endpoint got no answer, or a wait
+        for it ran out in the last ``SLOW_HOLDOFF`` seconds."""
+        if trio.current_time() < self._slow_until:
+            return True
+        return self.endpoint is not None and self.endpoint.suspect
+
+    def _waited_in_vain(self) -> None:
+        """A bounded wait for the bucket ran out: the next ones are not worth it
+        for a while (the request is still out there; the breaker learns from it)."""
+        self._slow_until = trio.current_time() + SLOW_HOLDOFF
 
     # --- inodes and keys -----------------------------------------------------------
 
@@ -202,35 +279,100 @@ class Namespace:
             inode = await self.lookup(inode.ino, part.encode())
         return inode
 
-    async def wait_listing(self, ino: int) -> None:
-        """Wait for a listing of directory ``ino`` that is running, if any."""
+    async def wait_listing(self, ino: int, stale_wait: float = STALE_LISTING_WAIT) -> None:
+        """Wait for a listing of directory ``ino`` that is running, if any.
+
+        A first listing is waited for (its names are provisional until it
+        settles their attributes); a re-listing at most ``stale_wait``
+        seconds from its start, and not at all while the endpoint is
+        suspect: names it adds stay provisional (owner-only, never wider)
+        until it settles them.
+        """
         running = self._listing.get(ino)
-        if running is not None:
-            await running.wait()
+        if running is None:
+            return
+        done, started = running
+        inode = self.meta.get_inode(ino)
+        if inode is not None and inode.listed_at > 0:
+            if self.endpoint_suspect():
+                return
+            with trio.move_on_at(started + stale_wait):
+                await done.wait()
+            return
+        await done.wait()
 
     def shadow_fits(self, key: str) -> bool:
         """Can the object (or directory, no trailing "/") at ``key`` carry a
         shadow entry in this store?  Writers and readers decide alike."""
         return self.store.key_fits(longest_shadow_key(key))
 
-    async def ensure_listed(self, dir_inode: Inode) -> None:
+    async def ensure_listed(self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT) -> None:
+        """List ``dir_inode`` if its listing is older than ``list_ttl``.
+
+        A directory listed before waits at most ``stale_wait`` seconds for
+        its re-listing (see the module docstring); one never listed waits
+        for its listing and raises its error.
+        """
         if time.time() - dir_inode.listed_at < self.config.list_ttl:
             return
         ino = dir_inode.ino
-        running = self._listing.get(ino)
-        if running is not None:
-            await running.wait()
+        have_listing = dir_inode.listed_at > 0
+        if have_listing and self.endpoint_down():
             return
-        done = self._listing[ino] = trio.Event()
+        running = self._listing.get(ino)
+        if running is None:
+            running = self._listing[ino] = (trio.Event(), trio.current_time())
+            if not (have_listing and self.spawn(self._relist_quietly, dir_inode, running[0])):
+                await self._relist(dir_inode, running[0])
+                return
+        done, started = running
+        if have_listing:
+            # Bounded from the start of the re-listing, not per caller: the
+            # lookups of an ``ls -l`` that queue behind one slow re-listing
+            # wait ``stale_wait`` in all, not each.
+            if self.endpoint_suspect():
+                return  # the last request got no answer: do not wait for this one
+            with trio.move_on_at(started + stale_wait) as waited:
+                await done.wait()
+            if waited.cancelled_caught and stale_wait > 0:
+                self._waited_in_vain()
+            return
+        await done.wait()
+        current = self.meta.get_inode(ino)
+        if current is None or current.listed_at == 0:
+            raise StoreUnavailable(
+                f"cannot list {self.prefix_of(dir_inode) or '/'!r}: the bucket did not answer"
+            )
+
+    async def _relist(self, dir_inode: Inode, done: trio.Event) -> None:
+        """One listing of ``dir_inode``; a failed re-listing keeps the old one."""
         try:
             await self._list(dir_inode)
         except StoreError as exc:
             if dir_inode.listed_at == 0:
                 raise
-            log.warning("re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc)
+            if isinstance(exc, StoreUnavailable):  # the breaker logs the outage once
+                level = logging.DEBUG if isinstance(exc, EndpointUnreachable) else logging.INFO
+                log.log(
+                    level,
+                    "re-listing %r failed, serving the cached listing: %s",
+                    dir_inode.name,
+                    exc,
+                )
+            else:
+                log.warning(
+                    "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
+                )
         finally:
-            del self._listing[ino]
+            del self._listing[dir_inode.ino]
             done.set()
+
+    async def _relist_quietly(self, dir_inode: Inode, done: trio.Event) -> None:
+        """``_relist`` as a background task: nothing may escape into the nursery."""
+        try:
+            await self._relist(dir_inode, done)
+        except Exception:
+            log.exception("background re-listing of %r failed", dir_inode.name)
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.prefix_of(dir_inode)
@@ -243,6 +385,12 @@ class Namespace:
         too_long: list[tuple[bytes, int]] = []
         while True:
             page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
+            if not self._still_at(dir_inode.ino, prefix):
+                # Renamed or removed while the page was on its way (a change
+                # does not wait for a re-listing): these names belong to the
+                # old key; the next listing uses the new one.
+                log.debug("listing of %r dropped: the directory moved", prefix)
+                return
             if page is None:
                 break
             entries = [e for e in (self._object_entry(prefix, o) for o in page.objects) if e]
@@ -268,6 +416,9 @@ class Namespace:
                     too_long.append((name, ino))
             self._after_merge(prefix, result)
         await self._settle_attrs(dir_inode.ino, prefix, unsettled, too_long)
+        if not self._still_at(dir_inode.ino, prefix):
+            log.debug("listing of %r not finished: the directory moved", prefix)
+            return
         swept = self.meta.finish_listing(
             dir_inode.ino, gen, time.time(), prefix=prefix, protects=self.protects
         )
@@ -342,6 +493,13 @@ class Namespace:
                     continue
                 name, found = parsed
                 seen.setdefault(name.encode(), []).append(found)
+
+    def _still_at(self, ino: int, prefix: str) -> bool:
+        """Is directory ``ino`` still linked at ``prefix``?"""
+        try:
+            return self.prefix_of(self.get(ino)) == prefix
+        except NotFound:
+            return False
 
     def _after_merge(self, prefix: str, result: MergeResult) -> None:
         for name in result.conflicts:
@@ -421,11 +579,26 @@ class Namespace:
         if now - inode.validated_at < self.config.revalidate_ttl:
             return inode, False
         key = inode.origin_key
+        if self.endpoint_suspect():
+            self.stale_opens += 1
+            return inode, False
+        info = None
         try:
-            info = await trio.to_thread.run_sync(self.store.head, key, limiter=self._limiter)
+            with trio.move_on_after(REVALIDATE_WAIT):
+                info = await trio.to_thread.run_sync(
+                    self.store.head, key, limiter=self._limiter, abandon_on_cancel=True
+                )
         except ObjectNotFound:
             self._forget_vanished(inode)
             raise NotFound(f"{key} was deleted from the bucket") from None
+        except StoreUnavailable as exc:
+            log.debug("revalidating %r failed, serving the cached copy: %s", key, exc)
+            self.stale_opens += 1
+            return inode, False
+        if info is None:
+            self._waited_in_vain()
+            self.stale_opens += 1
+            return inode, False
         changed = info.etag != inode.etag
         if changed:
             tiers = self.meta.drop_blocks(inode.ino)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from tierfs.errors import ObjectNotFound, StoreError, TierfsError
+from tierfs.errors import EndpointUnreachable, ObjectNotFound, StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, SyncState
 from tierfs.store import abort_stale_uploads
 
@@ -120,7 +120,11 @@ class SyncOps:
             failures = self.journal.failures.get(seq, 0)
             delay = min(RETRY_MAX, RETRY_BASE * 2**failures)
             self.last_sync_error = f"{entry['op']}: {exc}"
-            log.warning(
+            # While the endpoint is unreachable every entry fails at once: the
+            # breaker logs the outage once, the entries only at debug level.
+            level = logging.DEBUG if isinstance(exc, EndpointUnreachable) else logging.WARNING
+            log.log(
+                level,
                 "%s failed (attempt %d), retrying in %.0f s: %s",
                 entry["op"],
                 failures + 1,

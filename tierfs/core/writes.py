@@ -32,6 +32,15 @@ side of each change:
 * ``.tierfs-attrs`` in the root is reserved for the shadow: creating or
   renaming anything to that name fails with EPERM.
 
+No change waits for the bucket when this node has a listing of the
+directories involved (``ensure_listed(..., stale_wait=0)``): while the
+endpoint is unreachable, changes land in LMDB and the journal at local speed
+and go up when it answers again.  Only a directory never listed (whose
+names are unknown) has to be listed first, and fails with EIO if the bucket
+does not answer.  In write-through mode, fsync and close fail at once with
+EIO while the endpoint's circuit breaker is open (the data stays durable
+locally and queued).
+
 Hard links are refused with EPERM, and so are device nodes; FIFOs and
 sockets are empty objects whose mode carries the type.  Extended attributes: ``user.*`` only,
 kept in LMDB on this node (not in the bucket).
@@ -46,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from tierfs.errors import (
     DirectoryNotEmpty,
+    EndpointUnreachable,
     Exists,
     InvalidArgument,
     IsADirectory,
@@ -98,7 +108,10 @@ class WriteOps:
         inode = self.namespace.get(parent)
         if not inode.is_dir:
             raise NotADirectory(f"inode {parent} is not a directory")
-        await self.namespace.ensure_listed(inode)
+        # A listing this node has is good enough for a change (the kernel's
+        # lookup just before waited for a fresh one, within its bound): a
+        # change lands locally at once, also while the bucket is away.
+        await self.namespace.ensure_listed(inode, stale_wait=0.0)
         return inode
 
     def _new_inode(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
@@ -257,7 +270,7 @@ class WriteOps:
         inode = self._existing_child(parent, name)
         if not inode.is_dir:
             raise NotADirectory(name.decode(errors="replace"))
-        await self.namespace.ensure_listed(inode)
+        await self.namespace.ensure_listed(inode, stale_wait=0.0)
         if self.meta.count_children(inode.ino):
             raise DirectoryNotEmpty(name.decode(errors="replace"))
         key = child_key(self.namespace.key_of(dir_inode), name)
@@ -295,7 +308,7 @@ class WriteOps:
             if not inode.is_dir and target.is_dir:
                 raise IsADirectory(new_name.decode(errors="replace"))
             if target.is_dir:
-                await self.namespace.ensure_listed(target)
+                await self.namespace.ensure_listed(target, stale_wait=0.0)
                 if self.meta.count_children(target.ino):
                     raise DirectoryNotEmpty(new_name.decode(errors="replace"))
         if inode.is_dir:
@@ -350,6 +363,8 @@ class WriteOps:
         pending = [top]
         while pending:
             inode = pending.pop()
+            # Every key must be known: wait for a re-listing as a lookup
+            # does (bounded, and not at all while the endpoint is out).
             await self.namespace.ensure_listed(inode)
             for _cookie, _name, child in self.meta.read_dir(inode.ino, 0, 1 << 30):
                 child_inode = self.namespace.get(child)
@@ -478,6 +493,11 @@ class WriteOps:
         inode = self.namespace.get(ino)
         if self._write_through(inode):
             self.journal.schedule(ino, 0.0)
+            if self.namespace.endpoint_down():
+                raise EndpointUnreachable(
+                    f"{self.namespace.key_of(inode)}: written locally, not yet in the bucket "
+                    "(the endpoint is unreachable); it goes up when the endpoint answers"
+                )
             await self.wait_uploaded(ino)
         else:
             self.journal.schedule(ino, self.config.write.upload_delay)

@@ -21,6 +21,19 @@ Invariants:
   429, the throttling / timeout error codes, connection failures, and
   reset or truncated response bodies.  Client errors (4xx such as NoSuchKey,
   AccessDenied, NoSuchBucket, PreconditionFailed) are never retried.
+- After an attempt that got no answer (``Verdict.unreachable``: refused,
+  timed out), the next one starts only if it can end inside the budget,
+  judged by how long that attempt took: after a read timeout of T seconds
+  with less than T (plus the backoff) left, we give up at once instead of
+  waiting another T for a black hole.  So a foreground policy with a budget
+  of a few seconds bounds a call by about that budget, whatever the
+  endpoint does.
+- With a :class:`~tierfs.store.breaker.CircuitBreaker` (``breaker=``),
+  every attempt asks it first (an open breaker raises EndpointUnreachable
+  at once, also between two attempts of one call), and reports how it
+  ended: an HTTP answer of any kind is a success for the breaker, a failure
+  with ``Verdict.unreachable`` (no answer at all, or a 502/504 from a
+  gateway) counts towards opening it.
 - A permanent failure becomes ``map_error(exc)`` (the store's one mapping
   function).  A transient failure that outlives the budget becomes
   :class:`~tierfs.errors.StoreUnavailable` whose message names the
@@ -39,7 +52,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from botocore.exceptions import (
     ClientError,
@@ -55,6 +68,9 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.exceptions import ProtocolError as URLLib3ProtocolError
 
 from tierfs.errors import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from tierfs.store.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +111,22 @@ RETRYABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (
     ConnectionError,  # builtin: ConnectionResetError, BrokenPipeError, ...
     TimeoutError,
 )
+
+#: Failures that mean the endpoint gave no answer at all: it is down, refuses
+#: connections, or accepts them and never answers (a black hole).  A body cut
+#: short after the answer began is not among them (the server is there), nor
+#: a connection reset while a request was sent: a server that went down
+#: resets what was in flight and then refuses new connections (counted),
+#: while a flaky path that resets now and then must not stop every request.
+UNREACHABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    EndpointConnectionError,  # includes ConnectTimeoutError
+    ConnectTimeoutError,
+    ReadTimeoutError,
+    TimeoutError,
+)
+
+#: HTTP statuses of a gateway whose backend is unreachable.
+UNREACHABLE_STATUSES: frozenset[int] = frozenset({502, 504})
 
 
 class TruncatedBody(Exception):
@@ -166,6 +198,8 @@ class Verdict:
     retry: bool
     code: str
     retry_after: float | None = None
+    #: The endpoint gave no answer (counts towards opening the circuit breaker).
+    unreachable: bool = False
 
 
 def error_code(exc: BaseException) -> str:
@@ -226,13 +260,18 @@ def classify(exc: BaseException) -> Verdict:
         retry = not not_implemented and (
             status >= 500 or status == 429 or s3_code in RETRYABLE_CODES
         )
-        return Verdict(retry=retry, code=code, retry_after=retry_after if retry else None)
+        return Verdict(
+            retry=retry,
+            code=code,
+            retry_after=retry_after if retry else None,
+            unreachable=status in UNREACHABLE_STATUSES,
+        )
     if isinstance(exc, TruncatedBody):
         return Verdict(retry=True, code=code)
     if isinstance(exc, Transient):
         return Verdict(retry=True, code=exc.code)
     if isinstance(exc, RETRYABLE_EXCEPTIONS):
-        return Verdict(retry=True, code=code)
+        return Verdict(retry=True, code=code, unreachable=isinstance(exc, UNREACHABLE_EXCEPTIONS))
     return Verdict(retry=False, code=code)
 
 
@@ -246,6 +285,7 @@ def run_with_retry(
     sleep: Callable[[float], object] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> T:
     """Call ``fn()`` until it succeeds, fails permanently, or the policy is spent.
 
@@ -255,20 +295,32 @@ def run_with_retry(
     ``sleep`` may also be an interruptible wait such as
     ``threading.Event.wait`` (its return value is ignored), so that a part
     upload stops backing off when a sibling part already failed.
+    ``breaker`` (see the module docstring) is asked before every attempt.
     """
     started = clock()
     attempt = 0
     while True:
         attempt += 1
+        if breaker is not None:
+            breaker.before_attempt(op, target)
+        attempt_started = clock()
         try:
-            return fn()
-        except StoreError:
+            result = fn()
+        except StoreError as exc:
+            if breaker is not None and not isinstance(exc, StoreUnavailable):
+                breaker.record_success()  # the store judged an answer it got
             raise
         except Exception as exc:
             verdict = classify(exc)
+            if breaker is not None:
+                if verdict.unreachable:
+                    breaker.record_failure(verdict.code)
+                else:
+                    breaker.record_success()
             if not verdict.retry:
                 raise map_error(exc) from exc
-            elapsed = clock() - started
+            now = clock()
+            elapsed = now - started
             remaining = policy.budget - elapsed
             if attempt >= policy.max_attempts:
                 _give_up(op, target, attempt, elapsed, verdict, exc, "attempts exhausted")
@@ -276,6 +328,9 @@ def run_with_retry(
             if verdict.retry_after is not None:
                 delay = max(delay, min(verdict.retry_after, policy.max_retry_after))
             if delay > remaining:
+                _give_up(op, target, attempt, elapsed, verdict, exc, "time budget spent")
+            if verdict.unreachable and delay + (now - attempt_started) > remaining:
+                # The next attempt would likely wait as long again, past the budget.
                 _give_up(op, target, attempt, elapsed, verdict, exc, "time budget spent")
             log.debug(
                 "%s %s: attempt %d failed (%s); retrying in %.3fs",
@@ -287,6 +342,10 @@ def run_with_retry(
             )
             if delay > 0:
                 sleep(delay)
+        else:
+            if breaker is not None:
+                breaker.record_success()
+            return result
 
 
 def _give_up(

@@ -21,6 +21,22 @@ Invariants:
   credentials (they come only from the standard AWS chain and are never
   read, stored or logged here).  User info in an endpoint URL is stripped
   from messages.
+- Timeouts are bounded so that no FUSE request waits long on a dead or
+  black-holed endpoint: ``CONNECT_TIMEOUT`` and ``READ_TIMEOUT`` (the wait
+  for the next bytes of an answer) are a few seconds, and foreground
+  requests (``head``, ``list_pages``, ``get_range*``, ``check``) run with
+  ``foreground_retry``: the store's policy with its budget cut to
+  ``FOREGROUND_BUDGET``.  Requests that carry or assemble large bodies
+  (PutObject, UploadPart, CompleteMultipartUpload, CopyObject,
+  UploadPartCopy) run in the background (uploader) and may legitimately
+  wait longer for their answer: they get ``UPLOAD_READ_TIMEOUT`` through
+  botocore's per-request ``read_timeout`` (request context; older botocore
+  ignores it and they get ``READ_TIMEOUT``, which only means more retries).
+- One :class:`~tierfs.store.breaker.CircuitBreaker` (``self.breaker``) sits
+  in the one retry path: every request asks it first, and while the
+  endpoint is unreachable every call fails at once with
+  EndpointUnreachable; its probe is a bare HeadBucket (no retries, the
+  short timeouts), and any HTTP answer to it counts as "reachable".
 - Path-style addressing is used whenever an ``endpoint_url`` is given
   (moto, MinIO, Ceph, s3rver have no virtual-host DNS).
 - Checksums: ``request_checksum_calculation``/``response_checksum_validation``
@@ -79,6 +95,7 @@ import dataclasses
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -105,6 +122,7 @@ from tierfs.errors import (
     StoreUnavailable,
 )
 from tierfs.store.base import ListPage, ObjectInfo, UploadInfo
+from tierfs.store.breaker import CircuitBreaker
 from tierfs.store.local import metadata_mtime, validate_metadata
 from tierfs.store.multipart import (
     DEFAULT_CONCURRENCY,
@@ -126,6 +144,7 @@ from tierfs.store.retry import (
     DEFAULT_POLICY,
     RETRYABLE_CODES,
     RETRYABLE_EXCEPTIONS,
+    UNREACHABLE_STATUSES,
     RetryPolicy,
     Transient,
     TruncatedBody,
@@ -138,8 +157,23 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-CONNECT_TIMEOUT = 5.0
-READ_TIMEOUT = 30.0
+#: Seconds to establish a TCP connection (and TLS) to the endpoint.
+CONNECT_TIMEOUT = 2.0
+#: Seconds without a byte of an answer after which a request gives up.
+READ_TIMEOUT = 3.0
+#: The same for requests whose answer may come late after a large body
+#: (see the module docstring); they run in the background.
+UPLOAD_READ_TIMEOUT = 30.0
+#: Time budget of the retries of one foreground request (seconds).
+FOREGROUND_BUDGET = 5.0
+#: Operations that get ``UPLOAD_READ_TIMEOUT``.
+UPLOAD_OPERATIONS = (
+    "PutObject",
+    "UploadPart",
+    "CompleteMultipartUpload",
+    "CopyObject",
+    "UploadPartCopy",
+)
 MAX_KEY_BYTES = 1024
 DEFAULT_UPLOAD_WORKERS = 16
 DELETE_BATCH = 1000  # DeleteObjects' limit
@@ -291,12 +325,19 @@ class S3Store:
         check_retry: RetryPolicy | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        upload_read_timeout: float = UPLOAD_READ_TIMEOUT,
         upload_workers: int = DEFAULT_UPLOAD_WORKERS,
+        circuit_breaker: bool = True,
     ) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
         self.retry = retry or DEFAULT_POLICY
         self.check_retry = check_retry or CHECK_POLICY
+        self.foreground_retry = dataclasses.replace(
+            self.retry,
+            budget=min(self.retry.budget, FOREGROUND_BUDGET),
+            max_retry_after=min(self.retry.max_retry_after, FOREGROUND_BUDGET / 2),
+        )
         self.abort_retry = dataclasses.replace(
             self.retry,
             max_attempts=min(self.retry.max_attempts, ABORT_MAX_ATTEMPTS),
@@ -334,12 +375,34 @@ class S3Store:
         self.calls: collections.Counter[str] = collections.Counter()
         self._calls_lock = threading.Lock()
         self.client.meta.events.register("before-call.s3", self._count_call)
+        self.upload_read_timeout = upload_read_timeout
+        for operation in UPLOAD_OPERATIONS:
+            self.client.meta.events.register(
+                f"before-call.s3.{operation}", self._lengthen_read_timeout
+            )
+        self.breaker: CircuitBreaker | None = (
+            CircuitBreaker(self.endpoint, self._probe) if circuit_breaker else None
+        )
         #: Over plain HTTP botocore signs each payload's SHA-256 already.
         self._send_md5 = str(self.client.meta.endpoint_url).startswith("https")
 
     def _count_call(self, model: Any, **_: Any) -> None:
         with self._calls_lock:
             self.calls[model.name] += 1
+
+    def _lengthen_read_timeout(self, context: dict[str, Any], **_: Any) -> None:
+        """botocore hook: upload requests wait ``upload_read_timeout`` for their answer."""
+        context["read_timeout"] = self.upload_read_timeout
+
+    def _probe(self) -> None:
+        """The breaker's probe: one bare HeadBucket; returns if the endpoint answered."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            status = http_status(exc) or 0
+            if status in UNREACHABLE_STATUSES:
+                raise
+            # Any other answer (403, 404, 500, 503 ...): the endpoint is there.
 
     def _body_checksum(self, data: bytes) -> dict[str, str]:
         """Extra arguments that give a body its end-to-end checksum."""
@@ -357,6 +420,8 @@ class S3Store:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if self.breaker is not None:
+            self.breaker.close()
         self.client.close()
 
     # --- helpers -----------------------------------------------------------
@@ -402,10 +467,14 @@ class S3Store:
         target = f"s3://{self.bucket}/{full_key}" if full_key is not None else f"s3://{self.bucket}"
         if bucket_level:
             target = f"{target} at {self.endpoint}"
-        if sleep is None:
-            return run_with_retry(policy or self.retry, fn, op=op, target=target, map_error=mapper)
         return run_with_retry(
-            policy or self.retry, fn, op=op, target=target, map_error=mapper, sleep=sleep
+            policy or self.retry,
+            fn,
+            op=op,
+            target=target,
+            map_error=mapper,
+            sleep=sleep or time.sleep,
+            breaker=self.breaker,
         )
 
     # --- ObjectStore ---------------------------------------------------------
@@ -450,7 +519,10 @@ class S3Store:
             if token is not None:
                 params["ContinuationToken"] = token
             resp = self._call(
-                "list", full_prefix, lambda p=params: self.client.list_objects_v2(**p)
+                "list",
+                full_prefix,
+                lambda p=params: self.client.list_objects_v2(**p),
+                policy=self.foreground_retry,
             )
             objects = [
                 ObjectInfo(
@@ -476,7 +548,10 @@ class S3Store:
     def head(self, key: str) -> ObjectInfo:
         full = self._full_key(key)
         resp = self._call(
-            "head", full, lambda: self.client.head_object(Bucket=self.bucket, Key=full)
+            "head",
+            full,
+            lambda: self.client.head_object(Bucket=self.bucket, Key=full),
+            policy=self.foreground_retry,
         )
         metadata = {str(k).lower(): str(v) for k, v in (resp.get("Metadata") or {}).items()}
         last_modified = resp.get("LastModified")
@@ -518,7 +593,7 @@ class S3Store:
                 raise
             return read(resp["Body"], resp)
 
-        return self._call("get_range", full, attempt)
+        return self._call("get_range", full, attempt, policy=self.foreground_retry)
 
     def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
         full = self._full_key(key)
