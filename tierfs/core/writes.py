@@ -398,6 +398,7 @@ class WriteOps:
             raise PermissionDenied("file handle is not open for writing")
         cf = handle.cached
         await self._make_dirty(cf)
+        self._content_changed_locally(cf.ino)
         written = await self.blocks.write(cf, offset, data)
         cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
         return written
@@ -410,6 +411,7 @@ class WriteOps:
         cf = self.blocks.acquire(inode)
         try:
             await self._make_dirty(cf)
+            self._content_changed_locally(cf.ino)
             await self.blocks.truncate(cf, size)
             cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
             await self._commit(cf, sync=False)
@@ -418,11 +420,23 @@ class WriteOps:
         finally:
             self.blocks.release(cf)
 
+    def _content_changed_locally(self: TierFS, ino: int) -> None:
+        """New bytes: an upload refused for damage (see ``sync``) may be tried again."""
+        if ino in self._upload_refused:
+            self._upload_refused.discard(ino)
+            seq = self.journal.upload_seq.get(ino)
+            if seq is not None:
+                self.journal.failures.pop(seq, None)
+
     async def _commit(self: TierFS, cf: CachedFile, *, sync: bool) -> None:
         """Make the file's writes durable on the local tier (``sync``: also
-        fdatasync), and its upload owed in the journal."""
+        fdatasync), with the digests of its dirty blocks (``BlockCache.seal``),
+        and its upload owed in the journal.  ``sync`` commits the whole
+        metadata group, so every namespace change made before it (the
+        file's create, a parent directory made just before) is durable too."""
         if sync:
             await self.blocks.sync_data(cf)
+        await self.blocks.seal(cf)  # digests of the dirty blocks, committed with them
         if cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None:
             with self.journal.write() as w:
                 self.blocks.commit_records(cf, w.tx)
