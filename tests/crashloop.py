@@ -20,6 +20,14 @@ One round (``CrashLoop.round``):
    manifest entry of every round so far: the name is there and the bytes
    are equal.  What is missing or different is reported by path.
 
+Writers are *pinned* to the mount (``writer_main``): a writer that used
+plain paths would, after ``fusermount3 -uz`` of the dead mount, go on
+creating and fsyncing files in the bare mount point directory and promise
+files tierfs never saw: the "last file fsynced before the kill is lost" of
+a naive loop.  Each round lists (and removes) what it finds under the bare
+mount point before remounting (``RoundResult.stray``), so such a loop shows
+where its "lost" files went.
+
 ``CrashLoop`` keeps the totals (files fsynced, files lost, files damaged)
 over its rounds, for the regression test and the long opt-in loop alike.
 

@@ -8,6 +8,21 @@ State of a file (``Inode.state``):
           locally; the upload entry becomes due upload_delay later
     DIRTY --upload done, no change meanwhile--> CLEAN (see ``sync``)
 
+fsync and names.  ``fsync`` fdatasyncs the file's cache files, seals and
+commits its block map, and then commits the whole metadata group
+(``MetaDB.sync``): every namespace change made before it (the file's own
+create, a parent directory made just before it, as ``torch.save`` into a
+new ``step-N/`` does) is durable when it returns, with no fsync of the
+directory, as on ext4.  A kill -9 loop once reported the last file fsynced
+before each kill as gone after the remount (2 of 703): the writers used
+plain paths, and once the dead mount was lazily unmounted their next
+mkdir/create/write/fsync landed in the bare mount point directory, never
+reaching tierfs (the daemon logged no create for them, and the files were
+found under the unmounted mount point).  ``tests/crashloop.py`` pins its
+writers to the mount (paths resolved from an fd of the mount's root, and
+the file's device checked before it is promised); with them, no fsynced
+file is lost.
+
 Every namespace change commits its LMDB change and the journal entries that
 carry it to the bucket in ONE transaction (``Journal.write``).  The bucket
 side of each change:
