@@ -16,9 +16,11 @@ One round (``CrashLoop.round``):
    kill cuts something), SIGKILLs the daemon (the PID ``tierfs status``
    reports, which the ``mount`` fixture started), lazily unmounts the dead
    mount (``fusermount3 -uz``) and waits for the writers to fail and exit;
-3. it remounts on the same config, state dir and tiers and checks EVERY
-   manifest entry of every round so far: the name is there and the bytes
-   are equal.  What is missing or different is reported by path.
+3. it remounts on the same config, state dir and tiers and checks every
+   manifest entry of the round: the name is there and the bytes are equal.
+   What is missing or different is reported by path.  ``check_all`` checks
+   the promises of every round (call it at the end: a later crash must not
+   lose an earlier file either).
 
 Writers are *pinned* to the mount (``writer_main``): a writer that used
 plain paths would, after ``fusermount3 -uz`` of the dead mount, go on
@@ -189,8 +191,8 @@ def kill9(m: Mount, pid: int) -> None:
 class RoundResult:
     fsynced: int  # promises of this round
     pending_at_kill: int  # journal entries still owed to the bucket at the kill
-    lost: list[str]  # every round so far: names gone after the remount
-    damaged: list[str]  # every round so far: names present with other bytes
+    lost: list[str]  # promises of this round: names gone after the remount
+    damaged: list[str]  # promises of this round: names present with other bytes
     #: Files found under the bare mount point after the unmount: written
     #: after the mount was gone, by a writer that was not pinned to it.
     stray: list[str]
@@ -217,11 +219,11 @@ class CrashLoop:
 
     @property
     def lost(self) -> list[str]:
-        return self.rounds[-1].lost if self.rounds else []
+        return [name for r in self.rounds for name in r.lost]
 
     @property
     def damaged(self) -> list[str]:
-        return self.rounds[-1].damaged if self.rounds else []
+        return [name for r in self.rounds for name in r.damaged]
 
     def _start_writer(self, n: int, manifest: Path, tag: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -278,7 +280,7 @@ class CrashLoop:
         fsynced = sum(len(read_manifest(p)) for p in manifests)
         stray = self._remove_strays()
         m.mount()
-        lost, damaged = self.check()
+        lost, damaged = self.check(manifests)
         result = RoundResult(fsynced, pending, lost, damaged, stray)
         self.rounds.append(result)
         return result
@@ -296,11 +298,15 @@ class CrashLoop:
                 child.unlink()
         return stray
 
-    def check(self) -> tuple[list[str], list[str]]:
-        """Every promise of every round: (lost names, damaged names)."""
+    def check_all(self) -> tuple[list[str], list[str]]:
+        """Every promise of every round so far: (lost names, damaged names)."""
+        return self.check(self._manifests)
+
+    def check(self, manifests: list[Path]) -> tuple[list[str], list[str]]:
+        """The promises in ``manifests``: (lost names, damaged names)."""
         lost: list[str] = []
         damaged: list[str] = []
-        for manifest in self._manifests:
+        for manifest in manifests:
             for promise in read_manifest(manifest):
                 try:
                     data = (self.mount.path / promise.path).read_bytes()

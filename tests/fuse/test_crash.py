@@ -508,6 +508,7 @@ def test_kill9_loop_keeps_every_fsynced_file(
         assert not result.lost and not result.damaged, loop.summary()
         assert not result.stray, f"a pinned writer wrote beside the mount: {loop.summary()}"
     assert loop.fsynced >= 3 * 2 * loop.min_files, loop.summary()
+    assert loop.check_all() == ([], []), loop.summary()
     assert all(r.pending_at_kill > 0 for r in loop.rounds), (
         f"nothing was owed to the bucket at a kill: {loop.summary()}"
     )
@@ -523,6 +524,7 @@ def test_kill9_loop_long(mount: MountFactory, tmp_path: Path, upload_delay: str)
     print(f"kill -9 loop (upload_delay {upload_delay}): {loop.summary()}")
     assert all(r.pending_at_kill > 0 for r in loop.rounds), loop.summary()
     assert not loop.lost and not loop.damaged, loop.summary()
+    assert loop.check_all() == ([], []), loop.summary()
     assert not any(r.stray for r in loop.rounds), loop.summary()
 
 

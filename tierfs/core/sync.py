@@ -207,6 +207,7 @@ class SyncOps:
             unchanged = (
                 current is not None
                 and version == cf.version
+                and not cf.writing  # a write in flight has not bumped the version yet
                 and self.namespace.key_of(current) == key
                 and seq in self.journal.entries
             )
