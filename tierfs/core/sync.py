@@ -296,6 +296,7 @@ class SyncOps:
             inode.origin_size = size
             inode.validated_at = time.time()
             w.tx.put_inode(inode)
+            w.tx.mark_seen(inode)  # a listing running now may predate the object
             w.tx.clear_failed(inode.ino)  # every block it holds passed its check
             w.remove(seq)
         self.blocks.committed(cf)
@@ -319,6 +320,7 @@ class SyncOps:
             if inode is not None and last_copy and inode.origin_key == entry["dst"]:
                 inode.etag = etag  # a multipart copy has a new ETag
                 w.tx.put_inode(inode)
+                w.tx.mark_seen(inode)  # a listing running now may predate the copy
             w.remove(seq)
 
     async def _run_mkdir(self: TierFS, seq: int, entry: Entry) -> None:
@@ -335,6 +337,7 @@ class SyncOps:
             ):
                 inode.state = SyncState.CLEAN
                 w.tx.put_inode(inode)
+                w.tx.mark_seen(inode)  # a listing running now may predate the marker
             w.remove(seq)
 
     async def _run_setmeta(self: TierFS, seq: int, entry: Entry) -> None:

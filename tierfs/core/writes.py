@@ -20,8 +20,13 @@ mkdir/create/write/fsync landed in the bare mount point directory, never
 reaching tierfs (the daemon logged no create for them, and the files were
 found under the unmounted mount point).  ``tests/crashloop.py`` pins its
 writers to the mount (paths resolved from an fd of the mount's root, and
-the file's device checked before it is promised); with them, no fsynced
-file is lost.
+the file's device checked before it is promised).  The same loop found a
+real loss after the remount: the replayed uploads completed while a
+re-listing of their directory ran, and the listing's sweep dropped each
+file that became clean after its LIST was sent (the object was not in that
+LIST), so a fsynced file gave ENOENT until the next listing brought it back
+under a new inode.  Completing an upload, copy or marker now stamps the
+name as seen by the running listing (``MetaTxn.mark_seen``).
 
 Every namespace change commits its LMDB change and the journal entries that
 carry it to the bucket in ONE transaction (``Journal.write``).  The bucket

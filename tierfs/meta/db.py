@@ -463,7 +463,10 @@ class MetaDB:
         """Drop names not seen in listing ``gen`` and stamp the directory listed.
 
         A vanished name is swept only if nothing local depends on it: see
-        ``_holds_local_data``.
+        ``_holds_local_data``.  A name whose object this node created while
+        the listing ran (an upload that made a dirty file clean, a copy, a
+        marker) was stamped ``gen`` by ``MetaTxn.mark_seen``: the LIST may
+        predate the object, so its absence proves nothing.
         The sweep reads the dentries in pages, so a huge directory is never in
         memory whole.
         """
@@ -820,6 +823,21 @@ class MetaTxn:
         )
         self.txn.put(dirseq_key(parent.ino, cookie), name, db=self.db._dirseq)
         self.put_inode(parent)
+
+    def mark_seen(self, inode: Inode) -> None:
+        """This node just put ``inode``'s object into the bucket (an upload,
+        a copy, a directory marker): count its dentry as seen by the
+        parent's current listing.  A listing whose LIST ran before the
+        object existed would otherwise sweep the name as vanished from the
+        bucket the moment the inode became clean (see ``finish_listing``)."""
+        key = dentry_key(inode.parent, inode.name)
+        raw = self.txn.get(key, db=self.db._dentries)
+        parent = self.get_inode(inode.parent)
+        if raw is None or parent is None:
+            return
+        ino, cookie, _gen = decode_dentry(raw)
+        if ino == inode.ino:
+            self.txn.put(key, encode_dentry(ino, cookie, parent.list_gen), db=self.db._dentries)
 
     def unlink(self, parent: int, name: bytes) -> int | None:
         raw = self.txn.get(dentry_key(parent, name), db=self.db._dentries)
