@@ -80,3 +80,22 @@ async def test_copy_completing_during_a_listing_keeps_the_renamed_file(make_fs: 
     finish()
     assert mount.fs.meta.lookup(ROOT_INO, b"b.bin") == ino, "the listing swept the file"
     assert await mount.read_file("b.bin") == b"x" * 1000
+
+
+async def test_overwrite_completing_during_a_listing_is_not_reverted(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """The LIST still shows the object's previous version (size, ETag): the
+    listing must not take it for a change in the bucket and drop the new
+    content's blocks."""
+    mount = await make_fs(write=HELD)
+    await mount.write_file("f.bin", b"old")
+    await mount.flush()
+    old = s3_store.head("f.bin")
+    await mount.write_file("f.bin", b"new content")
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"f.bin", False, 3, old.etag)])
+    await mount.flush()
+    finish()
+    where = await mount.fs.where("f.bin")
+    assert where["size"] == len(b"new content") and where["cached_bytes"] == where["size"], where
+    assert await mount.read_file("f.bin") == b"new content"

@@ -400,6 +400,10 @@ class MetaDB:
                         txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
                         if not entry.is_dir and protects(ino):
                             pass  # its object is being moved or replaced: not the truth
+                        elif not entry.is_dir and seen_gen == gen:
+                            # ``mark_seen``: this node put the object while the
+                            # listing ran; the LIST entry may be older than it.
+                            pass
                         elif not entry.is_dir and (
                             inode.etag != entry.etag or inode.size != entry.size
                         ):
