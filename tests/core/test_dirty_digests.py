@@ -207,3 +207,28 @@ async def test_overlapping_writes_of_a_block_are_sealed_from_what_landed(
     assert rec.sealed and rec.digest == blockcache.block_digest(landed)
     mount = await mount.remount()
     assert await mount.read_file("race.bin") == landed
+
+
+async def test_partial_write_into_a_damaged_block_fails_and_does_not_launder_it(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """A write that keeps some bytes of a damaged dirty block would give the
+    damage a valid digest at the next seal: it gets EIO and changes nothing;
+    a write of the whole block replaces the damage."""
+    mount = await make_fs(write=HELD)
+    data = os.urandom(2 * MiB)
+    ino = await mount.write_file("w.bin", data)
+    mount = await mount.remount()  # nothing verified in this mount yet
+    flip(cache_file(mount, ino), MiB + 10)
+    opened = await mount.fs.open(ino, os.O_WRONLY)
+    try:
+        with pytest.raises(TierfsError) as raised:
+            await mount.fs.write(opened.fh, MiB + 100, b"patch")
+        assert raised.value.errno == errno.EIO
+        assert (await mount.fs.where("w.bin"))["state"] == "failed"
+        await mount.fs.write(opened.fh, MiB, data[MiB:])  # the whole block, from a good copy
+    finally:
+        await mount.fs.release(opened.fh)
+    await mount.flush()
+    assert s3_store.get_range("w.bin", 0, len(data)) == data
+    assert (await mount.fs.where("w.bin"))["state"] == "clean"

@@ -38,9 +38,11 @@ that ended up in the file.  A sealed block is verified, like a clean one,
 on its first read after it was sealed (once per block per mount, and again
 after every new seal), and every sealed or clean block is verified by
 ``UploadSource`` while the upload reads it: a mismatch aborts the upload
-before the wrong bytes complete an object.  A block that changed while the
-check ran (a write in flight, a new record) is not damage: the check is
-skipped or the upload retried.
+before the wrong bytes complete an object.  A write that keeps some bytes
+of a block not verified yet checks it first (as a read-modify-write would),
+so that new bytes are never built on damaged ones and sealed with them.  A
+block that changed while the check ran (a write in flight, a new record) is
+not damage: the check is skipped or the upload retried.
 
 On damage (``on_damage``, set by TierFS) the file is marked ``failed`` in
 LMDB, which ``tierfs where`` and ``tierfs status`` show, the daemon log
@@ -860,6 +862,16 @@ class BlockCache:
             if b not in cf.blocks
             and b * bs < origin
             and not (offset <= b * bs and end >= min((b + 1) * bs, origin))
+        )
+        # A present block that keeps some of its bytes is checked first, if
+        # it has not been: new bytes must not be built on damaged ones (the
+        # next seal would give the damage a valid digest).
+        rmw += sorted(
+            b
+            for b in {first, last}
+            if b in cf.blocks
+            and not self._ready(cf, b, cf.blocks[b])
+            and not (offset <= b * bs and end >= min((b + 1) * bs, cf.inode.size))
         )
         if rmw:
             await self._ensure(cf, rmw)

@@ -418,8 +418,8 @@ class WriteOps:
             raise PermissionDenied("file handle is not open for writing")
         cf = handle.cached
         await self._make_dirty(cf)
-        self._content_changed_locally(cf.ino)
         written = await self.blocks.write(cf, offset, data)
+        self._content_changed_locally(cf.ino)
         cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
         return written
 
