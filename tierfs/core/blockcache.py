@@ -35,8 +35,9 @@ hash, and ``seal`` reads the block back once, in a thread.  The running
 hash of a write is only adopted if no other write touched the block while
 it was in flight (``CachedFile.writing``), so it always describes the bytes
 that ended up in the file.  A sealed block is verified, like a clean one,
-on its first read after it was sealed (once per block per mount, and again
-after every new seal), and every sealed or clean block is verified by
+once per block per mount: on its first read after a seal from a running
+digest (those bytes were never read back), while a seal that read the block
+back counts as its check.  Every sealed or clean block is verified by
 ``UploadSource`` while the upload reads it: a mismatch aborts the upload
 before the wrong bytes complete an object.  A write that keeps some bytes
 of a block not verified yet checks it first (as a read-modify-write would),
@@ -1084,6 +1085,8 @@ class BlockCache:
         for (blockno, rec), digest in zip(reread, digests, strict=True):
             if not self._changed_since(cf, blockno, rec):
                 cf.blocks[blockno] = dataclasses.replace(rec, digest=digest, sealed=True)
+                # Hashed from the tier just now: as verified as a first read.
+                self._verified.add((cf.ino, blockno))
 
     def commit_records(self, cf: CachedFile, tx: MetaTxn) -> None:
         """Write uncommitted block changes into ``tx`` (the caller's

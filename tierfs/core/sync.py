@@ -179,7 +179,7 @@ class SyncOps:
             else:
                 await self.blocks.make_local(cf)
                 if version != cf.version:
-                    self.journal.retry_later(seq, self.config.write.upload_delay)
+                    self._retry_changed(seq)
                     return
                 source = self.blocks.upload_source(cf)
                 size = source.size
@@ -214,12 +214,21 @@ class SyncOps:
             if not unchanged:
                 log.info("%r changed during its upload; it stays dirty and goes up again", key)
                 if ino not in self.journal.held:
-                    self.journal.retry_later(seq, self.config.write.upload_delay)
-                    self.journal.failures.pop(seq, None)
+                    self._retry_changed(seq)
                 return
             self._mark_clean(seq, cf, key, etag, size, digests)
         finally:
             self.blocks.release(cf)
+
+    def _retry_changed(self: TierFS, seq: int) -> None:
+        """The file changed under its upload: go again after ``upload_delay``,
+        or at once if a flush (or a write-through close) waits for it: it
+        hurried the entry before this attempt ended, and would otherwise
+        wait out the delay."""
+        self.journal.retry_later(
+            seq, 0.0 if self.journal.waiters else self.config.write.upload_delay
+        )
+        self.journal.failures.pop(seq, None)  # a change is not a failure of the bucket
 
     def _upload_found_damage(
         self: TierFS, seq: int, cf: Any, version: int, exc: BlockDamaged
@@ -229,8 +238,7 @@ class SyncOps:
         rec = cf.blocks.get(exc.blockno)
         if version != cf.version or cf.writing or rec is None:
             log.info("%r changed during its upload; it stays dirty and goes up again", cf.key)
-            self.journal.retry_later(seq, self.config.write.upload_delay)
-            self.journal.failures.pop(seq, None)
+            self._retry_changed(seq)
             return
         if not rec.dirty:
             # A clean copy of origin bytes: drop it, the next attempt refetches it.
