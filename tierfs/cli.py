@@ -170,6 +170,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(
         f"dirty:    {format_size(status['dirty_bytes'])}, {status['pending_uploads']} uploads pending"
     )
+    if status.get("failed_files"):
+        print(
+            f"FAILED:   {status['failed_files']} files hold damaged local changes and are "
+            "not uploaded (`tierfs where` shows them as failed; see the daemon log)"
+        )
     print(
         f"reads:    hit ratio {'-' if hit is None else f'{hit:.1%}'}, "
         f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"

@@ -101,6 +101,18 @@ class ChecksumMismatch(TierfsError):
     errno = _errno.EIO
 
 
+class BlockDamaged(ChecksumMismatch):
+    """The bytes of block ``blockno`` on its tier differ from the digest
+    recorded for them (``dirty``: the only copy; it cannot be refetched)."""
+
+    def __init__(
+        self, message: str = "", *, blockno: int = -1, dirty: bool = True, errno: int | None = None
+    ) -> None:
+        super().__init__(message, errno=errno)
+        self.blockno = blockno
+        self.dirty = dirty
+
+
 # --- configuration -----------------------------------------------------------------
 
 

@@ -36,7 +36,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -47,12 +46,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.crashloop import CrashLoop, kill9, mounted
 from tests.faults import FaultProxy
 from tests.fuse.conftest import (
     Mount,
     MountFactory,
-    fusermount,
-    is_tierfsd,
     run_tierfs,
     wait_until,
 )
@@ -72,14 +70,6 @@ def sha(data: bytes) -> str:
 
 def pattern(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
-
-
-def mounted(path: Path) -> bool:
-    """Is something mounted at ``path``?  ``os.path.ismount`` says no for a
-    mount whose daemon died (stat fails with ENOTCONN); mountinfo knows."""
-    target = os.fsencode(str(path.resolve())).replace(b" ", b"\\040")
-    with open("/proc/self/mountinfo", "rb") as f:
-        return any(line.split()[4] == target for line in f)
 
 
 def with_write_config(m: Mount, **write: str) -> None:
@@ -140,18 +130,6 @@ def open_uploads(m: Mount) -> list[dict[str, Any]]:
 
 def daemon_pid(m: Mount) -> int:
     return int(m.status()["pid"])
-
-
-def kill9(m: Mount, pid: int) -> None:
-    """SIGKILL the daemon of ``m`` (its PID from ``tierfs status``), then
-    lazily unmount the dead mount."""
-    assert pid in m.pids, f"daemon pid {pid} was not started by this test"
-    assert is_tierfsd(pid), f"pid {pid} is not a live tierfs daemon"
-    os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not is_tierfsd(pid), timeout=10), f"pid {pid} survived SIGKILL"
-    done = fusermount("-uz", str(m.path))
-    assert done.returncode == 0, f"fusermount3 -uz failed: {done.stderr.strip()}"
-    assert wait_until(lambda: not mounted(m.path), timeout=10), "the dead mount is still there"
 
 
 def flush(m: Mount, timeout: float = 120.0) -> None:
@@ -495,3 +473,78 @@ def test_delete_of_a_new_file_waits_for_its_upload_in_flight(
     assert done.returncode == 0, done.stderr
     assert proxy.faults_injected == 1, "the PUT's answer was not lost: test proves nothing"
     assert bucket_keys(m) == [], "the unlinked file's object came back"
+
+
+# --- the kill -9 loop: fsync makes a new file's name durable ------------------------------------
+
+
+def crash_loop(
+    mount: MountFactory, tmp_path: Path, *, seed: int, upload_delay: str, pinned: bool = True
+) -> CrashLoop:
+    m = mount(
+        nvme="256MiB",
+        hdd="512MiB",
+        block_size="1MiB",
+        list_ttl="1s",
+        revalidate_ttl="1s",
+        upload_delay=upload_delay,
+    )
+    workdir = tmp_path / "crashloop"
+    workdir.mkdir()
+    return CrashLoop(m, workdir, writers=2, min_files=3, max_pause=1.0, seed=seed, pinned=pinned)
+
+
+@pytest.mark.parametrize("upload_delay", ["1h", "0s"])
+def test_kill9_loop_keeps_every_fsynced_file(
+    mount: MountFactory, tmp_path: Path, upload_delay: str
+) -> None:
+    """A few rounds of create (some in new directories), write, fsync,
+    kill -9, remount: every fsynced file is there by its name, with its bytes.
+    With ``upload_delay = 1h`` nothing but directory markers reaches the
+    bucket before a kill; with ``0s`` uploads race the kills."""
+    loop = crash_loop(mount, tmp_path, seed=11, upload_delay=upload_delay)
+    for _ in range(3):
+        result = loop.round()
+        assert not result.lost and not result.damaged, loop.summary()
+        assert not result.stray, f"a pinned writer wrote beside the mount: {loop.summary()}"
+    assert loop.fsynced >= 3 * 2 * loop.min_files, loop.summary()
+    assert loop.check_all() == ([], []), loop.summary()
+    # The proof that the kills cut something: uploads were still owed.  With
+    # no upload delay a round may find everything uploaded, not all rounds.
+    owed = [r.pending_at_kill > 0 for r in loop.rounds]
+    assert all(owed) if upload_delay == "1h" else any(owed), (
+        f"nothing was owed to the bucket at a kill: {loop.summary()}"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("upload_delay", ["5s", "0s"])
+def test_kill9_loop_long(mount: MountFactory, tmp_path: Path, upload_delay: str) -> None:
+    """The long loop: 20 rounds.  Prints the totals (files fsynced, lost)."""
+    loop = crash_loop(mount, tmp_path, seed=20, upload_delay=upload_delay)
+    for _ in range(20):
+        loop.round()
+    print(f"kill -9 loop (upload_delay {upload_delay}): {loop.summary()}")
+    assert sum(r.pending_at_kill > 0 for r in loop.rounds) >= 15, loop.summary()
+    assert not loop.lost and not loop.damaged, loop.summary()
+    assert loop.check_all() == ([], []), loop.summary()
+    assert not any(r.stray for r in loop.rounds), loop.summary()
+
+
+@pytest.mark.slow
+def test_kill9_loop_losses_of_a_path_writer_are_beside_the_mount(
+    mount: MountFactory, tmp_path: Path
+) -> None:
+    """Why a naive kill -9 loop "loses" the last file fsynced before a kill.
+
+    A writer that uses plain paths goes on after ``fusermount3 -uz``: its
+    paths now name the bare mount point directory, so its next mkdir,
+    create, write and fsync succeed THERE, and it promises a file tierfs
+    never saw.  Every file such a loop reports lost must be one of those."""
+    loop = crash_loop(mount, tmp_path, seed=21, upload_delay="5s", pinned=False)
+    for _ in range(20):
+        loop.round()
+    print(f"kill -9 loop, writers on plain paths: {loop.summary()}")
+    stray = {name for r in loop.rounds for name in r.stray}
+    assert set(loop.lost) <= stray, f"lost files that were written to the mount: {loop.summary()}"
+    assert not loop.damaged, loop.summary()

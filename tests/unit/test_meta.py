@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from tierfs.errors import SchemaMismatch
 from tierfs.meta import ROOT_INO, BlockRecord, ListedEntry, MetaDB
-from tierfs.meta.records import Inode, decode_inode, encode_inode
+from tierfs.meta.records import (
+    _BLOCK,
+    Inode,
+    block_key,
+    decode_block,
+    decode_inode,
+    encode_block,
+    encode_inode,
+)
 
 IDENT = {"file_mode": 0o644, "dir_mode": 0o755, "uid": 0, "gid": 0}
 
@@ -174,3 +182,54 @@ def test_a_killed_writer_loses_only_the_uncommitted_group_and_never_reuses_inode
     finally:
         db.close()
     assert not MetaDB(tmp_path, "s3://b").unclean_start
+
+
+def test_sealed_dirty_block_record_round_trip_and_older_records() -> None:
+    for rec in (
+        BlockRecord(tier=1, digest=2**64 - 1, nbytes=4096, dirty=True, sealed=True),
+        BlockRecord(tier=0, digest=0, nbytes=7, dirty=True),
+        BlockRecord(tier=0, digest=5, nbytes=7),
+    ):
+        assert decode_block(encode_block(rec)) == rec
+    # A dirty record written before seals existed (flags = 1): no digest.
+    old = decode_block(_BLOCK.pack(1, 0, 0, 4096, 1))
+    assert old.dirty and not old.sealed and not old.checkable
+    # "sealed" means nothing on a clean record: its digest always holds.
+    assert decode_block(encode_block(BlockRecord(0, 9, 1, dirty=False, sealed=True))).checkable
+
+
+def test_recount_residency_re_derives_usage_from_the_block_map(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    merge(db, [ListedEntry(b"a", False, 30, "e1"), ListedEntry(b"b", False, 5, "e1")])
+    a, b = db.lookup(ROOT_INO, b"a"), db.lookup(ROOT_INO, b"b")
+    assert a is not None and b is not None
+    db.add_block(a, 0, BlockRecord(tier=0, digest=1, nbytes=10))
+    db.add_block(a, 1, BlockRecord(tier=1, digest=1, nbytes=20))
+    db.add_block(b, 0, BlockRecord(tier=0, digest=1, nbytes=5))
+    # A drift: a's block 0 vanished from the map but not from the accounting.
+    with db.write() as w:
+        w.txn.delete(block_key(a, 0), db=db._blocks)
+    assert db.tier_usage(0).bytes == 15
+    db.recount_residency(a)
+    assert db.residency(a) == {1: 20}
+    assert (db.tier_usage(0).bytes, db.tier_usage(0).files) == (5, 1)
+    assert (db.tier_usage(1).bytes, db.tier_usage(1).files) == (20, 1)
+    db.recount_residency(a)  # nothing to correct: nothing changes
+    assert (db.tier_usage(0).bytes, db.tier_usage(1).bytes) == (5, 20)
+
+
+def test_failed_files_are_recorded_until_the_inode_goes(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    merge(db, [ListedEntry(b"a", False, 30, "e1")])
+    ino = db.lookup(ROOT_INO, b"a")
+    assert ino is not None
+    assert db.failed_blocks(ino) == [] and db.failed_files() == {}
+    assert db.mark_failed(ino, 3) and db.mark_failed(ino, 1)
+    assert not db.mark_failed(ino, 3)
+    db.close()
+    db = MetaDB(tmp_path, "s3://b")
+    assert db.failed_blocks(ino) == [1, 3]
+    assert db.failed_files() == {ino: [1, 3]}
+    with db.write() as w:
+        w.delete_inode(ino)
+    assert db.failed_files() == {}

@@ -6,16 +6,52 @@ A file's bytes are cut into blocks of ``block_size``.  Per block, the states:
     absent, below origin_size --fetch (ranged GET, pwrite, xxh3)--> clean+verified
     absent, at/after origin_size: a hole, reads as zeros (nothing stored)
     clean (from an earlier mount) --first read: xxh3 ok--> clean+verified
-    clean --first read: xxh3 mismatch--> absent (refetched; never served)
+    clean --first read: xxh3 mismatch--> absent (refetched; never served;
+          the tier's accounting of the file is re-derived)
     clean --bucket ETag changed / evicted--> absent
-    any --write--> dirty (uncommitted) --commit (fsync/close)--> dirty (in LMDB)
+    any --write--> dirty, unsealed (no digest; served as written)
+    dirty, unsealed --commit (close/fsync/truncate: ``seal``)--> dirty, sealed
+          (the xxh3 of its bytes is in the record, committed with it)
+    dirty, sealed --first read: xxh3 ok--> dirty, sealed+verified
+    dirty, sealed --first read or upload: xxh3 mismatch--> DAMAGED: reads of
+          it get EIO, the file is ``failed`` and is never uploaded
     dirty --upload done, content unchanged--> clean (digest from the upload)
 
 A write to an absent block that holds origin bytes it does not fully cover
-fetches the block first (read-modify-write).  Dirty blocks carry no digest
-until they are uploaded: hashing every write would cost more than it
-protects, and a dirty block cannot be refetched anyway.  They are never
-evicted.
+fetches the block first (read-modify-write).  Dirty blocks are never
+evicted or dropped, damaged ones included: they are the only copy.
+
+Dirty-block digests.  A dirty block's digest is recorded when its bytes are
+committed to the tier (``seal``, called by every commit), so that a bit
+flip in a tier file between commit and upload is caught, like one in a
+clean block, instead of being served and uploaded.  Cost is kept off the
+write path: each write of a block that starts where the previous one ended
+(from offset 0 of the block) feeds a running xxh3 of that block
+(``_BlockHasher``; inline for small writes, in the worker thread for direct
+ones), so a sequential writer's blocks are sealed from the bytes already
+held, at no extra I/O.  Any other pattern (a rewrite inside the block, a
+truncate, two writes of one block in flight at once) drops the running
+hash, and ``seal`` reads the block back once, in a thread.  The running
+hash of a write is only adopted if no other write touched the block while
+it was in flight (``CachedFile.writing``), so it always describes the bytes
+that ended up in the file.  A sealed block is verified, like a clean one,
+once per block per mount: on its first read after a seal from a running
+digest (those bytes were never read back), while a seal that read the block
+back counts as its check.  Every sealed or clean block is verified by
+``UploadSource`` while the upload reads it: a mismatch aborts the upload
+before the wrong bytes complete an object.  A write that keeps some bytes
+of a block not verified yet checks it first (as a read-modify-write would),
+so that new bytes are never built on damaged ones and sealed with them.  A
+block that changed while the check ran (a write in flight, a new record) is
+not damage: the check is skipped or the upload retried.
+
+On damage (``on_damage``, set by TierFS) the file is marked ``failed`` in
+LMDB, which ``tierfs where`` and ``tierfs status`` show, the daemon log
+names the file and block, and the upload is refused until the file's
+content changes.  What an operator does then: the damaged block's bytes
+are lost (it was the only copy); restore the file from a good copy (or
+rewrite the lost range) through the mount, or delete it.  A rewrite makes
+the file upload again, and a clean upload clears ``failed``.
 
 ``CachedFile`` is the in-memory state of one inode while it is open or has a
 fetch or upload in flight: the live ``Inode`` (size, origin, sync state),
@@ -63,6 +99,7 @@ a fetch holds one block in memory between GET and pwrite, and at most
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import logging
 import mmap
@@ -75,7 +112,7 @@ from dataclasses import dataclass, field
 import trio
 import xxhash
 
-from tierfs.errors import NoSpace, PreconditionFailed, StoreError, TierfsError
+from tierfs.errors import BlockDamaged, NoSpace, PreconditionFailed, StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, MetaTxn, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers.tier import Tier
@@ -110,6 +147,40 @@ def block_digest(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def _read_and_hash(fd: int, offset: int, nbytes: int) -> int:
+    """Thread: xxh3 of ``nbytes`` at ``offset`` (zeros past the file's end)."""
+    data = os.pread(fd, nbytes, offset)
+    if len(data) < nbytes:  # past the cache file's end: never written, zeros
+        data += bytes(nbytes - len(data))
+    return block_digest(data)
+
+
+class _BlockHasher:
+    """Running xxh3 of a block's bytes ``[0, length)``, fed by writes in
+    offset order; a full block keeps only its digest."""
+
+    __slots__ = ("_state", "digest", "length")
+
+    def __init__(self) -> None:
+        self._state: xxhash.xxh3_64 | None = xxhash.xxh3_64()
+        self.length = 0
+        self.digest = 0
+
+    def extends(self, start: int) -> bool:
+        return self._state is not None and self.length == start
+
+    def update(self, data: bytes | memoryview, block_size: int) -> None:
+        assert self._state is not None
+        self._state.update(data)
+        self.length += len(data)
+        if self.length >= block_size:
+            self.digest = self._state.intdigest()
+            self._state = None
+
+    def result(self) -> int:
+        return self._state.intdigest() if self._state is not None else self.digest
+
+
 class _Flight:
     """One fetch or verification of one block, shared by all who wait for it."""
 
@@ -135,6 +206,12 @@ class CachedFile:
     reserved: dict[int, tuple[int, int]] = field(default_factory=dict)  # block -> tier, bytes
     truncated_from: int | None = None  # first block dropped by a truncate, not yet committed
     inode_dirty: bool = False  # size/times changed since the last commit
+    #: Running digests of dirty blocks written in order (see the module docstring).
+    hashers: dict[int, _BlockHasher] = field(default_factory=dict)
+    #: block -> writes of it in flight (their bytes may be half on the tier).
+    writing: dict[int, int] = field(default_factory=dict)
+    #: Blocks that two writes were in flight for at once: no running digest.
+    contended: set[int] = field(default_factory=set)
 
     @property
     def ino(self) -> int:
@@ -181,10 +258,19 @@ class UploadSource:
     cache files into memory that is already mapped, instead of a new
     allocation per block, a growing concatenation and a final copy."""
 
-    def __init__(self, block_size: int, size: int, blocks: dict[int, tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        size: int,
+        blocks: dict[int, tuple[int, int]],
+        expected: dict[int, tuple[int, int, bool]] | None = None,
+    ) -> None:
         self.block_size = block_size
         self.size = size
         self.blocks = blocks
+        #: blockno -> (digest, nbytes, dirty) of blocks whose record carries
+        #: a digest: a whole block read that does not match raises BlockDamaged.
+        self.expected = expected or {}
         self.digests: dict[int, int] = {}
         self._buffers = threading.local()
 
@@ -214,7 +300,15 @@ class UploadSource:
             if got < len(piece):
                 piece[got:] = bytes(len(piece) - got)  # a hole, or the unwritten tail
             if pos == blockno * bs and (block_end - pos == bs or block_end == self.size):
-                self.digests[blockno] = block_digest(piece)
+                digest = block_digest(piece)
+                want = self.expected.get(blockno)
+                if want is not None and want[1] == len(piece) and want[0] != digest:
+                    raise BlockDamaged(
+                        f"block {blockno} failed its checksum while it was read for upload",
+                        blockno=blockno,
+                        dirty=want[2],
+                    )
+                self.digests[blockno] = digest
             pos = block_end
         return out
 
@@ -258,6 +352,9 @@ class BlockCache:
         #: Set by TierFS: called with an inode number once nothing uses its
         #: CachedFile any more (no handle, no upload, no fetch in flight).
         self.on_idle: Callable[[int], None] = lambda ino: None
+        #: Set by TierFS: (ino, blockno, tier, during) when a dirty block
+        #: failed its checksum (see "Dirty-block digests").
+        self.on_damage: Callable[[int, int, int, str], None] = lambda ino, b, t, during: None
         self._verified: set[tuple[int, int]] = set()
         self.stats = ReadStats()
         self._nursery: trio.Nursery | None = None
@@ -316,6 +413,8 @@ class BlockCache:
             cf.generation += 1
             cf.blocks.clear()
             cf.transient.clear()
+            cf.hashers.clear()
+            cf.contended.update(cf.writing)
             for fd in cf.fds.values():
                 os.ftruncate(fd, 0)
             if inode is not None:
@@ -363,8 +462,12 @@ class BlockCache:
                 self.buffers.give(old[0])
 
     def _ready(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
-        """May this present block be served without a check?"""
-        return rec.dirty or (cf.ino, blockno) in self._verified
+        """May this present block be served without a check?  Yes once it
+        was verified; a dirty block also while it has no digest yet, or
+        while a write of it is in flight (the writer's bytes, half landed)."""
+        if (cf.ino, blockno) in self._verified:
+            return True
+        return rec.dirty and (not rec.sealed or blockno in cf.writing)
 
     def _fd(self, cf: CachedFile, tier: int) -> int:
         fd = cf.fds.get(tier)
@@ -429,6 +532,8 @@ class BlockCache:
                     run_tier, run_start = rec.tier, pos
                 self.stats.hit_blocks += 1
             else:
+                if rec is not None:
+                    return None  # present, but not checked yet: the caller ensures again
                 if run_tier >= 0:
                     pieces.append(self._pread(cf, run_tier, run_start, pos))
                     run_tier = -1
@@ -526,10 +631,13 @@ class BlockCache:
     async def _run_flight(self, cf: CachedFile, blockno: int, flight: _Flight) -> None:
         try:
             rec = cf.blocks.get(blockno)
-            if rec is not None and not rec.dirty and not await self._verify(cf, blockno, rec):
-                rec = None
-            if rec is None:
-                await self._fetch(cf, [blockno])
+            if rec is not None and rec.dirty:
+                await self._verify_dirty(cf, blockno, rec)
+            else:
+                if rec is not None and not await self._verify(cf, blockno, rec):
+                    rec = None
+                if rec is None:
+                    await self._fetch(cf, [blockno])
         except Exception as exc:
             flight.error = exc
             if not isinstance(exc, TierfsError):
@@ -540,16 +648,24 @@ class BlockCache:
             if cf.refs == 0 and not cf.flights:
                 self._close(cf)
 
-    async def _verify(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
-        """Check a block cached by an earlier mount (or moved) against its digest."""
+    async def _hash_block(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> int:
         fd = self._fd(cf, rec.tier)
-        offset = blockno * self.block_size
-        data = await trio.to_thread.run_sync(
-            os.pread, fd, rec.nbytes, offset, limiter=self.io_limiter
+        return await trio.to_thread.run_sync(
+            _read_and_hash, fd, blockno * self.block_size, rec.nbytes, limiter=self.io_limiter
         )
-        if len(data) < rec.nbytes:  # past the cache file's end: never written, zeros
-            data += bytes(rec.nbytes - len(data))
-        if block_digest(data) == rec.digest:
+
+    def _changed_since(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
+        """Was block ``blockno`` rewritten (or is a write of it in flight)
+        since its record was ``rec``?  Then a check of ``rec`` means nothing."""
+        return cf.blocks.get(blockno) is not rec or blockno in cf.writing
+
+    async def _verify(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
+        """Check a clean block cached by an earlier mount (or moved) against
+        its digest.  False: it was damaged, and is dropped (to be refetched)."""
+        digest = await self._hash_block(cf, blockno, rec)
+        if self._changed_since(cf, blockno, rec):
+            return True  # rewritten meanwhile: the writer's bytes are the truth
+        if digest == rec.digest:
             self._verified.add((cf.ino, blockno))
             return True
         self.stats.verify_failures += 1
@@ -559,9 +675,37 @@ class BlockCache:
             cf.key,
             self.tiers[rec.tier].name,
         )
-        self.meta.drop_block_list(cf.ino, [blockno])
-        cf.blocks.pop(blockno, None)
+        self.drop_damaged_clean(cf, blockno)
         return False
+
+    def drop_damaged_clean(self, cf: CachedFile, blockno: int) -> None:
+        """Forget a clean block that failed its checksum (it is refetched
+        when needed) and re-derive the file's share of the tier accounting."""
+        self.meta.drop_block_list(cf.ino, [blockno])
+        self.meta.recount_residency(cf.ino)
+        cf.blocks.pop(blockno, None)
+        self._verified.discard((cf.ino, blockno))
+        self._forget_recent(cf.ino, [blockno])
+
+    async def _verify_dirty(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> None:
+        """Check a sealed dirty block against its digest; BlockDamaged if it
+        fails (it is the only copy: it stays, and the file is failed)."""
+        if not rec.sealed:
+            return
+        digest = await self._hash_block(cf, blockno, rec)
+        if self._changed_since(cf, blockno, rec):
+            return  # rewritten meanwhile: the new bytes have no digest yet
+        if digest == rec.digest:
+            self._verified.add((cf.ino, blockno))
+            return
+        self.stats.verify_failures += 1
+        self.on_damage(cf.ino, blockno, rec.tier, "a read")
+        raise BlockDamaged(
+            f"inode {cf.ino}: block {blockno} (written here, not uploaded yet) failed "
+            "its checksum on the tier",
+            blockno=blockno,
+            dirty=True,
+        )
 
     async def _fetch(self, cf: CachedFile, run: list[int]) -> None:
         """Fetch consecutive blocks ``run`` with one ranged GET, write each to
@@ -720,6 +864,16 @@ class BlockCache:
             and b * bs < origin
             and not (offset <= b * bs and end >= min((b + 1) * bs, origin))
         )
+        # A present block that keeps some of its bytes is checked first, if
+        # it has not been: new bytes must not be built on damaged ones (the
+        # next seal would give the damage a valid digest).
+        rmw += sorted(
+            b
+            for b in {first, last}
+            if b in cf.blocks
+            and not self._ready(cf, b, cf.blocks[b])
+            and not (offset <= b * bs and end >= min((b + 1) * bs, cf.inode.size))
+        )
         if rmw:
             await self._ensure(cf, rmw)
         for blockno in range(first, last + 1):
@@ -727,28 +881,37 @@ class BlockCache:
                 tier = await self._reserve_for_write(bs)
                 cf.reserved[blockno] = (tier, bs)
                 cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
-        view = memoryview(data)
-        pos = offset
-        direct: list[tuple[int, memoryview, int]] = []
-        while pos < end:
-            blockno = pos // bs
-            chunk_end = min(end, (blockno + 1) * bs)
-            tier = cf.blocks[blockno].tier
-            chunk = view[pos - offset : chunk_end - offset]
-            direct_fd = (
-                self._direct_fd(cf, tier)
-                if len(chunk) >= DIRECT_WRITE_MIN
-                and pos % _DIRECT_ALIGN == 0
-                and len(chunk) % _DIRECT_ALIGN == 0
-                else None
-            )
-            if direct_fd is not None:
-                direct.append((direct_fd, chunk, pos))
-            else:
-                self._pwrite_all(self._fd(cf, tier), chunk, pos)
-            pos = chunk_end
-        if direct:
-            await trio.to_thread.run_sync(self._pwrite_direct, direct, limiter=self.io_limiter)
+        hashers = self._begin_writes(cf, offset, end)
+        written = False
+        try:
+            view = memoryview(data)
+            pos = offset
+            direct: list[tuple[int, memoryview, int, _BlockHasher | None]] = []
+            while pos < end:
+                blockno = pos // bs
+                chunk_end = min(end, (blockno + 1) * bs)
+                tier = cf.blocks[blockno].tier
+                chunk = view[pos - offset : chunk_end - offset]
+                direct_fd = (
+                    self._direct_fd(cf, tier)
+                    if len(chunk) >= DIRECT_WRITE_MIN
+                    and pos % _DIRECT_ALIGN == 0
+                    and len(chunk) % _DIRECT_ALIGN == 0
+                    else None
+                )
+                if direct_fd is not None:
+                    direct.append((direct_fd, chunk, pos, hashers[blockno]))
+                else:
+                    self._pwrite_all(self._fd(cf, tier), chunk, pos)
+                    hasher = hashers[blockno]
+                    if hasher is not None:
+                        hasher.update(chunk, bs)
+                pos = chunk_end
+            if direct:
+                await trio.to_thread.run_sync(self._pwrite_direct, direct, limiter=self.io_limiter)
+            written = True
+        finally:
+            self._end_writes(cf, hashers if written else dict.fromkeys(hashers))
         old_size = cf.inode.size
         new_size = max(old_size, end)
         touched = set(range(first, last + 1))
@@ -761,9 +924,52 @@ class BlockCache:
         cf.inode_dirty = True
         return len(data)
 
+    def _begin_writes(
+        self, cf: CachedFile, offset: int, end: int
+    ) -> dict[int, _BlockHasher | None]:
+        """Register a write of ``[offset, end)`` as in flight; per block, the
+        running digest it extends (None: it cannot, see the module docstring)."""
+        bs = self.block_size
+        out: dict[int, _BlockHasher | None] = {}
+        for blockno in range(offset // bs, (end - 1) // bs + 1):
+            start = max(offset, blockno * bs) - blockno * bs
+            hasher: _BlockHasher | None = cf.hashers.pop(blockno, None)
+            if blockno in cf.writing:
+                hasher = None  # two writes in flight: their order on disk is unknown
+                cf.contended.add(blockno)
+            elif start == 0:
+                hasher = _BlockHasher()
+            elif hasher is not None and not hasher.extends(start):
+                hasher = None
+            cf.writing[blockno] = cf.writing.get(blockno, 0) + 1
+            out[blockno] = hasher
+        return out
+
+    @staticmethod
+    def _end_writes(cf: CachedFile, hashers: dict[int, _BlockHasher | None]) -> None:
+        """The write registered by ``_begin_writes`` is done: its running
+        digests are adopted unless another write overlapped it."""
+        for blockno, hasher in hashers.items():
+            left = cf.writing[blockno] - 1
+            if left:
+                cf.writing[blockno] = left
+            else:
+                del cf.writing[blockno]
+            if blockno in cf.contended:
+                if not left:
+                    cf.contended.discard(blockno)
+            elif hasher is not None:
+                cf.hashers[blockno] = hasher
+
     async def truncate(self, cf: CachedFile, new_size: int) -> None:
         bs = self.block_size
         old_size = cf.inode.size
+        # Bytes of the block holding the new end change (cut, or zeros that
+        # were past the end): running digests from there on no longer hold.
+        first_changed = min(old_size, new_size) // bs
+        for blockno in [b for b in cf.hashers if b >= first_changed]:
+            del cf.hashers[blockno]
+        cf.contended.update(b for b in cf.writing if b >= first_changed)
         if new_size < old_size:
             first_gone = (new_size + bs - 1) // bs
             for blockno in [b for b in cf.blocks if b >= first_gone]:
@@ -797,13 +1003,19 @@ class BlockCache:
             nbytes = max(0, min(bs, size - blockno * bs))
             cf.blocks[blockno] = BlockRecord(tier=rec.tier, digest=0, nbytes=nbytes, dirty=True)
             cf.uncommitted.add(blockno)
+            self._verified.discard((cf.ino, blockno))  # new bytes: checked after their seal
 
-    def _pwrite_direct(self, writes: list[tuple[int, memoryview, int]]) -> None:
-        """Thread: aligned writes through O_DIRECT fds, via an aligned buffer."""
-        for fd, chunk, offset in writes:
+    def _pwrite_direct(
+        self, writes: list[tuple[int, memoryview, int, _BlockHasher | None]]
+    ) -> None:
+        """Thread: aligned writes through O_DIRECT fds, via an aligned buffer;
+        each chunk also feeds its block's running digest, if any."""
+        for fd, chunk, offset, hasher in writes:
             buf = self._aligned_buffer(len(chunk))
             buf[: len(chunk)] = chunk
             self._pwrite_all(fd, memoryview(buf)[: len(chunk)], offset)
+            if hasher is not None:
+                hasher.update(memoryview(buf)[: len(chunk)], self.block_size)
 
     @staticmethod
     def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -847,6 +1059,35 @@ class BlockCache:
         for fd in list(cf.fds.values()):
             await trio.to_thread.run_sync(os.fdatasync, fd, limiter=self.io_limiter)
 
+    async def seal(self, cf: CachedFile) -> None:
+        """Record the digest of each uncommitted dirty block (see "Dirty-block
+        digests"): from its running digest if that covers the whole block,
+        else by reading it back once (in a thread).  The caller commits right
+        after, with no await in between; a block written meanwhile stays
+        unsealed."""
+        reread: list[tuple[int, BlockRecord]] = []
+        for blockno in sorted(cf.uncommitted):
+            rec = cf.blocks.get(blockno)
+            if rec is None or not rec.dirty or rec.sealed or blockno in cf.writing:
+                continue
+            hasher = cf.hashers.get(blockno)
+            if hasher is not None and hasher.length == rec.nbytes:
+                cf.blocks[blockno] = dataclasses.replace(rec, digest=hasher.result(), sealed=True)
+            else:
+                reread.append((blockno, rec))
+        if not reread:
+            return
+        bs = self.block_size
+        jobs = [(self._fd(cf, rec.tier), blockno * bs, rec.nbytes) for blockno, rec in reread]
+        digests = await trio.to_thread.run_sync(
+            lambda: [_read_and_hash(*job) for job in jobs], limiter=self.io_limiter
+        )
+        for (blockno, rec), digest in zip(reread, digests, strict=True):
+            if not self._changed_since(cf, blockno, rec):
+                cf.blocks[blockno] = dataclasses.replace(rec, digest=digest, sealed=True)
+                # Hashed from the tier just now: as verified as a first read.
+                self._verified.add((cf.ino, blockno))
+
     def commit_records(self, cf: CachedFile, tx: MetaTxn) -> None:
         """Write uncommitted block changes into ``tx`` (the caller's
         transaction, which also writes the inode and the journal)."""
@@ -881,7 +1122,12 @@ class BlockCache:
         the worker threads touch no shared state but the fds (which stay
         open: the caller holds a reference to ``cf``)."""
         blocks = {b: (self._fd(cf, rec.tier), rec.nbytes) for b, rec in cf.blocks.items()}
-        return UploadSource(self.block_size, cf.inode.size, blocks)
+        expected = {
+            b: (rec.digest, rec.nbytes, rec.dirty)
+            for b, rec in cf.blocks.items()
+            if rec.checkable and b not in cf.writing
+        }
+        return UploadSource(self.block_size, cf.inode.size, blocks, expected)
 
     # --- readahead -------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import trio
 
 from tierfs.config import Config
-from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory
+from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, NotFound
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
@@ -150,6 +150,13 @@ class TierFS(WriteOps, SyncOps):
         )
         self.blocks.on_space_pressure = self._space_pressure
         self.blocks.on_idle = self._file_idle
+        self.blocks.on_damage = self.block_damaged
+        #: Files whose upload found a damaged dirty block: not retried until
+        #: their content changes (see ``sync``).
+        self._upload_refused: set[int] = set()
+        self._damage_logged: set[tuple[int, int]] = set()
+        self.stats_damaged_dirty_blocks = 0
+        self.stats_damaged_clean_blocks = 0
         self.blocks.write_space_timeout = config.write.space_wait
         self.blocks.read_origin = self._read_origin
         self.namespace = Namespace(
@@ -405,6 +412,37 @@ class TierFS(WriteOps, SyncOps):
             raise InvalidArgument(f"inode {ino} is not a symlink")
         return inode.symlink_target
 
+    def path_of(self, ino: int) -> str:
+        """The file's path in the mount, for messages."""
+        try:
+            return self.namespace.key_of(self.namespace.get(ino))
+        except (NotFound, KeyError):
+            return f"<inode {ino}>"
+
+    def block_damaged(self, ino: int, blockno: int, tier: int, during: str) -> None:
+        """A dirty block failed its checksum (BlockCache "Dirty-block
+        digests"): the file becomes ``failed`` (in LMDB, so it survives a
+        remount), and the log says loudly what was lost and what to do."""
+        self.meta.mark_failed(ino, blockno)
+        if (ino, blockno) in self._damage_logged:
+            return
+        self._damage_logged.add((ino, blockno))
+        self.stats_damaged_dirty_blocks += 1
+        log.error(
+            "DAMAGED DATA in %r (inode %d): block %d (bytes %d-%d) on tier %s failed its "
+            "checksum during %s.  It holds changes not uploaded yet, so this was the only "
+            "copy: reads of that block get EIO and the file is NOT uploaded (state 'failed' "
+            "in `tierfs where`).  Restore the file from a good copy (rewrite it through the "
+            "mount) or delete it; a rewritten file is uploaded again.",
+            self.path_of(ino),
+            ino,
+            blockno,
+            blockno * self.config.fetch.block_size,
+            (blockno + 1) * self.config.fetch.block_size - 1,
+            self.tiers[tier].name if 0 <= tier < len(self.tiers) else "?",
+            during,
+        )
+
     def _blocks_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
         """Namespace callback: the bucket changed a file, or it vanished."""
         inode = self.meta.get_inode(ino) if still_exists else None
@@ -459,7 +497,10 @@ class TierFS(WriteOps, SyncOps):
             return {"path": relpath, "type": "directory"}
         residency = self.meta.residency(inode.ino)
         open_file = self.blocks.files.get(inode.ino)
-        if self.journal.uploading(inode.ino):
+        damaged = self.meta.failed_blocks(inode.ino)
+        if damaged:
+            state = "failed"
+        elif self.journal.uploading(inode.ino):
             state = "uploading"
         else:
             state = "clean" if inode.state == SyncState.CLEAN else "dirty"
@@ -474,6 +515,7 @@ class TierFS(WriteOps, SyncOps):
             "blocks_cached": len(blocks),
             "tiers": {t.name: residency.get(t.index, 0) for t in self.tiers},
             "state": state,
+            "damaged_blocks": damaged,
             "fetching_blocks": len(open_file.flights) if open_file else 0,
         }
 
@@ -524,6 +566,7 @@ class TierFS(WriteOps, SyncOps):
             "uploading": len(self.journal.running),
             "last_sync_error": self.last_sync_error,
             "endpoint": self._endpoint_status(),
+            "failed_files": len(self.meta.failed_files()),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
             "counters": {
@@ -541,6 +584,8 @@ class TierFS(WriteOps, SyncOps):
                 "listings": self.namespace.listings_done,
                 "uploaded_bytes": self.stats_uploaded_bytes,
                 "stale_opens": self.namespace.stale_opens,
+                "damaged_dirty_blocks": self.stats_damaged_dirty_blocks,
+                "damaged_clean_blocks": self.stats_damaged_clean_blocks,
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),

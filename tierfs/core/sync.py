@@ -28,6 +28,17 @@ So the bucket never shows a name wider than what its inode allows, and an
 upload whose attributes changed while it ran goes again, like one whose
 content changed.
 
+Wrong bytes never reach the bucket: ``UploadSource`` checks every block
+that has a digest (clean ones, and dirty ones sealed at commit) as it reads
+it, and a mismatch aborts the upload before the object is completed.  If
+the file did not change meanwhile, that is damage: a clean block is dropped
+(refetched on the next attempt); a dirty one makes the file ``failed``
+(``TierFS.block_damaged``) and its upload is *refused*: the entry stays in
+the journal, but is not retried (no loop re-reading the file) until the
+file's content changes (``_content_changed_locally``); a ``flush`` that
+waits for it fails at once, naming the file.  A clean upload clears
+``failed``.
+
 Metadata travels as ``x-amz-meta-mode`` (decimal st_mode, as s3fs-fuse
 writes it), ``uid``, ``gid`` and ``mtime`` (seconds, decimal).  Symlinks are
 objects whose body is the target, with S_IFLNK in their mode (s3fs-style).
@@ -36,13 +47,20 @@ objects whose body is the target, with S_IFLNK in their mode (s3fs-style).
 from __future__ import annotations
 
 import logging
+import math
 import stat
 import time
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from tierfs.errors import EndpointUnreachable, ObjectNotFound, StoreError, TierfsError
+from tierfs.errors import (
+    BlockDamaged,
+    EndpointUnreachable,
+    ObjectNotFound,
+    StoreError,
+    TierfsError,
+)
 from tierfs.meta import BlockRecord, Inode, SyncState
 from tierfs.store import abort_stale_uploads
 
@@ -203,6 +221,9 @@ class SyncOps:
         if inode is None or inode.state == SyncState.CLEAN:
             self._finish(seq)
             return
+        if ino in self._upload_refused:
+            self._refuse_upload(seq, ino)
+            return
         key = self.namespace.key_of(inode)
         entry["running_key"] = key
         cf = self.blocks.acquire(inode)
@@ -220,24 +241,28 @@ class SyncOps:
             else:
                 await self.blocks.make_local(cf)
                 if version != cf.version:
-                    self.journal.retry_later(seq, self.config.write.upload_delay)
+                    self._retry_changed(seq)
                     return
                 source = self.blocks.upload_source(cf)
                 size = source.size
-                etag = await trio.to_thread.run_sync(
-                    lambda: self.store.put_multipart(
-                        key,
-                        size,
-                        source.read,
-                        metadata,
-                        part_size=self._part_size(size),
-                        concurrency=self.upload_part_concurrency,
-                        on_upload_id=lambda upload_id: trio.from_thread.run_sync(
-                            self._record_upload_id, seq, key, upload_id
+                try:
+                    etag = await trio.to_thread.run_sync(
+                        lambda: self.store.put_multipart(
+                            key,
+                            size,
+                            source.read,
+                            metadata,
+                            part_size=self._part_size(size),
+                            concurrency=self.upload_part_concurrency,
+                            on_upload_id=lambda upload_id: trio.from_thread.run_sync(
+                                self._record_upload_id, seq, key, upload_id
+                            ),
                         ),
-                    ),
-                    limiter=self.upload_limiter,
-                )
+                        limiter=self.upload_limiter,
+                    )
+                except BlockDamaged as exc:
+                    self._upload_found_damage(seq, cf, version, exc)
+                    return
                 digests = source.digests
             self.stats_uploaded_bytes += size
 
@@ -246,6 +271,7 @@ class SyncOps:
                 return (
                     current is not None
                     and version == cf.version
+                    and not cf.writing  # a write in flight has not bumped the version yet
                     and (cf.inode.mode, cf.inode.uid, cf.inode.gid) == attrs
                     and self.namespace.key_of(current) == key
                     and seq in self.journal.entries
@@ -258,12 +284,58 @@ class SyncOps:
             if not unchanged():
                 log.info("%r changed during its upload; it stays dirty and goes up again", key)
                 if ino not in self.journal.held:
-                    self.journal.retry_later(seq, self.config.write.upload_delay)
-                    self.journal.failures.pop(seq, None)
+                    self._retry_changed(seq)
                 return
             self._mark_clean(seq, cf, key, etag, size, digests)
         finally:
             self.blocks.release(cf)
+
+    def _retry_changed(self: TierFS, seq: int) -> None:
+        """The file changed under its upload: go again after ``upload_delay``,
+        or at once if a flush (or a write-through close) waits for it: it
+        hurried the entry before this attempt ended, and would otherwise
+        wait out the delay."""
+        self.journal.retry_later(
+            seq, 0.0 if self.journal.waiters else self.config.write.upload_delay
+        )
+        self.journal.failures.pop(seq, None)  # a change is not a failure of the bucket
+
+    def _upload_found_damage(
+        self: TierFS, seq: int, cf: Any, version: int, exc: BlockDamaged
+    ) -> None:
+        """The upload source read a block that failed its checksum (the
+        upload was aborted; nothing reached the bucket)."""
+        rec = cf.blocks.get(exc.blockno)
+        if version != cf.version or cf.writing or rec is None:
+            log.info("%r changed during its upload; it stays dirty and goes up again", cf.key)
+            self._retry_changed(seq)
+            return
+        if not rec.dirty:
+            # A clean copy of origin bytes: drop it, the next attempt refetches it.
+            self.stats_damaged_clean_blocks += 1
+            log.error(
+                "checksum mismatch in cached block %d of inode %d on tier %s while uploading: "
+                "dropped, it is fetched again",
+                exc.blockno,
+                cf.ino,
+                self.tiers[rec.tier].name,
+            )
+            self.blocks.drop_damaged_clean(cf, exc.blockno)
+            self.journal.retry_later(seq, RETRY_BASE)
+            return
+        self.block_damaged(cf.ino, exc.blockno, rec.tier, "its upload")
+        self._refuse_upload(seq, cf.ino)
+
+    def _refuse_upload(self: TierFS, seq: int, ino: int) -> None:
+        """Keep the entry of a failed file, but do not run it again until the
+        file changes; a flush waiting for it fails at once (``_wait_entries``)."""
+        self._upload_refused.add(ino)
+        self.journal.failures[seq] = max(self.journal.failures.get(seq, 0), self.flush_max_failures)
+        self.journal.not_before[seq] = math.inf
+        self.last_sync_error = (
+            f"upload: {self.path_of(ino)!r} is failed: a block of it failed its checksum "
+            "on the tier; it is not uploaded (see `tierfs where`)"
+        )
 
     def _part_size(self: TierFS, size: int) -> int:
         """Parts are whole blocks, at least ``[write] part_size``, and 10,000
@@ -302,6 +374,8 @@ class SyncOps:
             inode.origin_size = size
             inode.validated_at = time.time()
             w.tx.put_inode(inode)
+            w.tx.mark_seen(inode)  # a listing running now may predate the object
+            w.tx.clear_failed(inode.ino)  # every block it holds passed its check
             w.remove(seq)
         self.blocks.committed(cf)
 
@@ -328,6 +402,7 @@ class SyncOps:
             if inode is not None and last_copy and inode.origin_key == entry["dst"]:
                 inode.etag = etag  # a multipart copy has a new ETag
                 w.tx.put_inode(inode)
+                w.tx.mark_seen(inode)  # a listing running now may predate the copy
             w.remove(seq)
 
     async def _run_mkdir(self: TierFS, seq: int, entry: Entry) -> None:
@@ -347,6 +422,7 @@ class SyncOps:
             ):
                 inode.state = SyncState.CLEAN
                 w.tx.put_inode(inode)
+                w.tx.mark_seen(inode)  # a listing running now may predate the marker
             w.remove(seq)
 
     async def _run_setmeta(self: TierFS, seq: int, entry: Entry) -> None:

@@ -19,6 +19,8 @@ name           key                                     value
                                                        to be in the bucket for this
                                                        inode: JSON ``[[key, perm, uid,
                                                        gid], ...]`` (the *ledger*)
+``failed``     ino                                     JSON: damaged dirty blocks of a
+                                                       file that must not be uploaded
 =============  ======================================  ===============================
 
 Invariants (each public method, and each ``with db.write() as tx`` block, is
@@ -29,7 +31,12 @@ ONE write transaction, so they hold after every commit and after a crash):
   an entry exists only while that sum is > 0.
 * ``usage[t]`` is the sum of ``residency[(*, t)]`` and the count of those
   entries.  It is changed only in the transaction that changes a block map, so
-  usage never drifts from the block maps.
+  usage never drifts from the block maps.  ``recount_residency`` re-derives
+  one inode's share from its block records (after a block was dropped for
+  damage), correcting ``usage`` by the difference.
+* ``failed[ino]`` exists only while ``ino`` exists: a file whose dirty block
+  failed its checksum (see ``core.blockcache``).  It goes when the inode is
+  deleted or when the file is uploaded again from bytes that all verify.
 * A block record exists only after its bytes were written to the cache file
   (the caller's duty: write, then ``add_block``).  The reverse is allowed: a
   cache file may hold bytes that no record mentions (a crash between write and
@@ -207,6 +214,7 @@ class MetaDB:
         self._journal = self.env.open_db(b"journal")
         self._xattrs = self.env.open_db(b"xattrs")
         self._shadows = self.env.open_db(b"shadows")
+        self._failed = self.env.open_db(b"failed")
         #: The group transaction, then nested write() transactions, innermost last.
         self._stack: list[lmdb.Transaction] = []
         #: Batch commits (see "Group commit"); TierFS turns it on.
@@ -421,6 +429,10 @@ class MetaDB:
                             result.unsettled.append((entry.name, ino))
                         if not entry.is_dir and protects(ino):
                             pass  # its object is being moved or replaced: not the truth
+                        elif not entry.is_dir and seen_gen == gen:
+                            # ``mark_seen``: this node put the object while the
+                            # listing ran; the LIST entry may be older than it.
+                            pass
                         elif not entry.is_dir and (
                             inode.etag != entry.etag or inode.size != entry.size
                         ):
@@ -572,7 +584,10 @@ class MetaDB:
         """Drop names not seen in listing ``gen`` and stamp the directory listed.
 
         A vanished name is swept only if nothing local depends on it: see
-        ``_holds_local_data``.
+        ``_holds_local_data``.  A name whose object this node created while
+        the listing ran (an upload that made a dirty file clean, a copy, a
+        marker) was stamped ``gen`` by ``MetaTxn.mark_seen``: the LIST may
+        predate the object, so its absence proves nothing.
         The sweep reads the dentries in pages, so a huge directory is never in
         memory whole.
         """
@@ -653,6 +668,7 @@ class MetaDB:
             # Gone from the bucket: its shadow objects are another writer's
             # business now (they are harmless orphans, see tierfs.core.shadow).
             txn.delete(ino_key(ino), db=self._shadows)
+            txn.delete(ino_key(ino), db=self._failed)
             result.removed.append((ino, tiers))
 
     def _unlink_dentry(self, txn: lmdb.Transaction, parent: int, name: bytes, cookie: int) -> None:
@@ -758,6 +774,42 @@ class MetaDB:
         files += (1 if before == 0 and after > 0 else 0) - (1 if before > 0 and after == 0 else 0)
         txn.put(ukey, _USAGE.pack(used, files), db=self._usage)
 
+    def recount_residency(self, ino: int) -> None:
+        """Re-derive ``residency[(ino, *)]`` from ino's block records and
+        correct ``usage`` by the difference (one transaction)."""
+        with self.write() as w:
+            txn = w.txn
+            actual: dict[int, int] = {}
+            prefix = U64.pack(ino)
+            cur = txn.cursor(db=self._blocks)
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if not key.startswith(prefix):
+                        break
+                    rec = decode_block(raw)
+                    actual[rec.tier] = actual.get(rec.tier, 0) + rec.nbytes
+            recorded: dict[int, int] = {}
+            cur = txn.cursor(db=self._residency)
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if not key.startswith(prefix):
+                        break
+                    recorded[unpack_residency_key(key)[1]] = U64.unpack(raw)[0]
+            for tier in set(actual) | set(recorded):
+                before, after = recorded.get(tier, 0), actual.get(tier, 0)
+                if before == after:
+                    continue
+                if after:
+                    txn.put(residency_key(ino, tier), U64.pack(after), db=self._residency)
+                else:
+                    txn.delete(residency_key(ino, tier), db=self._residency)
+                ukey = U8.pack(tier)
+                raw = txn.get(ukey, db=self._usage)
+                used, files = _USAGE.unpack(raw) if raw is not None else (0, 0)
+                used = max(0, used + after - before)
+                files += (1 if not before and after else 0) - (1 if before and not after else 0)
+                txn.put(ukey, _USAGE.pack(used, max(0, files)), db=self._usage)
+
     def residency(self, ino: int) -> dict[int, int]:
         out: dict[int, int] = {}
         prefix = U64.pack(ino)
@@ -814,6 +866,34 @@ class MetaDB:
                     out.append(bytes(key[8:]))
         return out
 
+    # --- files that failed their checksums ---------------------------------------------------
+
+    def mark_failed(self, ino: int, blockno: int) -> bool:
+        """Record that dirty block ``blockno`` of ``ino`` is damaged; True if
+        it was not recorded yet."""
+        with self.write() as w:
+            raw = w.txn.get(ino_key(ino), db=self._failed)
+            record = json.loads(raw) if raw is not None else {"blocks": [], "since": time.time()}
+            if blockno in record["blocks"]:
+                return False
+            record["blocks"] = sorted([*record["blocks"], blockno])
+            w.txn.put(ino_key(ino), json.dumps(record).encode(), db=self._failed)
+            return True
+
+    def failed_blocks(self, ino: int) -> list[int]:
+        """The damaged blocks of ``ino`` (empty: the file is not failed)."""
+        with self._read() as txn:
+            raw = txn.get(ino_key(ino), db=self._failed)
+            return [] if raw is None else list(json.loads(raw)["blocks"])
+
+    def failed_files(self) -> dict[int, list[int]]:
+        """Every failed file: ino -> its damaged blocks."""
+        with self._read() as txn:
+            return {
+                U64.unpack(k)[0]: list(json.loads(v)["blocks"])
+                for k, v in txn.cursor(db=self._failed)
+            }
+
     # --- journal -------------------------------------------------------------------------------
 
     def journal_entries(self) -> list[tuple[int, dict[str, Any]]]:
@@ -852,6 +932,7 @@ class MetaTxn:
         tiers = self.db._drop_blocks_txn(self.txn, ino, None)
         self.txn.delete(ino_key(ino), db=self.db._inodes)
         self.txn.delete(ino_key(ino), db=self.db._atimes)
+        self.clear_failed(ino)
         for name in self._xattr_names(ino):
             self.txn.delete(U64.pack(ino) + name, db=self.db._xattrs)
         return tiers
@@ -872,6 +953,21 @@ class MetaTxn:
         )
         self.txn.put(dirseq_key(parent.ino, cookie), name, db=self.db._dirseq)
         self.put_inode(parent)
+
+    def mark_seen(self, inode: Inode) -> None:
+        """This node just put ``inode``'s object into the bucket (an upload,
+        a copy, a directory marker): count its dentry as seen by the
+        parent's current listing.  A listing whose LIST ran before the
+        object existed would otherwise sweep the name as vanished from the
+        bucket the moment the inode became clean (see ``finish_listing``)."""
+        key = dentry_key(inode.parent, inode.name)
+        raw = self.txn.get(key, db=self.db._dentries)
+        parent = self.get_inode(inode.parent)
+        if raw is None or parent is None:
+            return
+        ino, cookie, _gen = decode_dentry(raw)
+        if ino == inode.ino:
+            self.txn.put(key, encode_dentry(ino, cookie, parent.list_gen), db=self.db._dentries)
 
     def unlink(self, parent: int, name: bytes) -> int | None:
         raw = self.txn.get(dentry_key(parent, name), db=self.db._dentries)
@@ -903,6 +999,9 @@ class MetaTxn:
 
     def drop_blocks_from(self, ino: int, first: int) -> None:
         self.db._drop_blocks_from_txn(self.txn, ino, first)
+
+    def clear_failed(self, ino: int) -> None:
+        self.txn.delete(ino_key(ino), db=self.db._failed)
 
     # journal
     def journal_append(self, entry: dict[str, Any]) -> int:

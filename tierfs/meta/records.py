@@ -194,27 +194,46 @@ class BlockRecord:
     """Where block ``blockno`` of an inode lives, and its xxh3_64 digest.
 
     ``nbytes`` is the block's length (the last block of a file is short).
+    A clean block always carries the digest of its bytes.  A dirty block
+    carries one once it is ``sealed``: its bytes were hashed when they were
+    committed to the tier (close, fsync); an unsealed dirty block (being
+    written, or recorded by a tierfs that did not seal) has none.
     """
 
     tier: int
     digest: int
     nbytes: int
     dirty: bool = False
+    sealed: bool = False
+
+    @property
+    def checkable(self) -> bool:
+        """Does ``digest`` describe the block's bytes?"""
+        return not self.dirty or self.sealed
 
 
 _BLOCK = struct.Struct(">BBQIB")  # format, tier, digest, nbytes, flags
 _BLOCK_FORMAT = 1
+_FLAG_DIRTY = 1
+_FLAG_SEALED = 2  # a dirty block whose digest is valid (older records lack it)
 
 
 def encode_block(rec: BlockRecord) -> bytes:
-    return _BLOCK.pack(_BLOCK_FORMAT, rec.tier, rec.digest, rec.nbytes, 1 if rec.dirty else 0)
+    flags = (_FLAG_DIRTY if rec.dirty else 0) | (_FLAG_SEALED if rec.dirty and rec.sealed else 0)
+    return _BLOCK.pack(_BLOCK_FORMAT, rec.tier, rec.digest, rec.nbytes, flags)
 
 
 def decode_block(raw: bytes) -> BlockRecord:
     fmt, tier, digest, nbytes, flags = _BLOCK.unpack(raw)
     if fmt != _BLOCK_FORMAT:
         raise ValueError(f"unknown block record format {fmt}")
-    return BlockRecord(tier=tier, digest=digest, nbytes=nbytes, dirty=bool(flags & 1))
+    return BlockRecord(
+        tier=tier,
+        digest=digest,
+        nbytes=nbytes,
+        dirty=bool(flags & _FLAG_DIRTY),
+        sealed=bool(flags & _FLAG_DIRTY and flags & _FLAG_SEALED),
+    )
 
 
 # --- keys -------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""A listing that ran while this node put objects into the bucket must not
+sweep them.
+
+Found by the kill -9 loop (``tests/crashloop.py``): after a remount the
+replayed uploads complete while the checker's lookups re-list the root; a
+LIST sent just before an upload completed does not contain the object, and
+the sweep at the end of that listing saw a *clean* file "missing from the
+bucket" and dropped its name: a fsynced file gave ENOENT until the next
+listing brought it back under a new inode number.  The same held for a
+directory marker and for the copy of a rename.  Each test below opens a
+listing, lets the bucket side complete, then finishes the listing with the
+LIST that was taken before (``MetaTxn.mark_seen`` is the fix).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.core.conftest import CoreMount
+from tierfs.config import WriteConfig
+from tierfs.meta import ROOT_INO, ListedEntry
+
+HELD = WriteConfig(mode="back", upload_delay=3600, part_size=8 * 1024 * 1024)
+
+
+def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]) -> Any:
+    """Start a listing of ``dir_ino`` whose LIST answer is ``entries``
+    (what the bucket held at this moment); returns a function that merges
+    it and finishes the listing, as ``Namespace._list`` does."""
+    fs = mount.fs
+    gen = fs.meta.begin_listing(dir_ino)
+    ident = fs.identity
+
+    def finish() -> None:
+        fs.meta.merge_listing(
+            dir_ino,
+            gen,
+            entries,
+            prefix="",
+            protects=fs.journal.protects,
+            file_mode=ident.file_mode,
+            dir_mode=ident.dir_mode,
+            uid=ident.uid,
+            gid=ident.gid,
+            now=time.time(),
+        )
+        fs.meta.finish_listing(dir_ino, gen, time.time(), prefix="", protects=fs.journal.protects)
+
+    return finish
+
+
+async def test_upload_completing_during_a_listing_keeps_the_name(make_fs: Any) -> None:
+    mount = await make_fs(write=HELD)
+    ino = await mount.write_file("new.bin", b"promised by fsync")
+    finish = listing_taken_now(mount, ROOT_INO, [])  # LIST before the upload
+    await mount.flush()  # the upload completes: the file is clean now
+    assert (await mount.fs.where("new.bin"))["state"] == "clean"
+    finish()
+    assert mount.fs.meta.lookup(ROOT_INO, b"new.bin") == ino, "the listing swept the file"
+    assert await mount.read_file("new.bin") == b"promised by fsync"
+
+
+async def test_marker_completing_during_a_listing_keeps_the_directory(make_fs: Any) -> None:
+    mount = await make_fs(write=HELD)
+    attrs = await mount.fs.mkdir(ROOT_INO, b"empty", 0o755, 0, 0)
+    finish = listing_taken_now(mount, ROOT_INO, [])
+    await mount.flush()  # the dir/ marker is put: the directory is clean
+    finish()
+    assert mount.fs.meta.lookup(ROOT_INO, b"empty") == attrs.ino, "the listing swept the dir"
+
+
+async def test_copy_completing_during_a_listing_keeps_the_renamed_file(make_fs: Any) -> None:
+    mount = await make_fs(write=HELD)
+    ino = await mount.write_file("a.bin", b"x" * 1000)
+    await mount.flush()  # a.bin is a clean object now
+    await mount.fs.rename(ROOT_INO, b"a.bin", ROOT_INO, b"b.bin", 0)
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"a.bin", False, 1000, "e")])
+    await mount.flush()  # the copy to b.bin and the delete of a.bin complete
+    finish()
+    assert mount.fs.meta.lookup(ROOT_INO, b"b.bin") == ino, "the listing swept the file"
+    assert await mount.read_file("b.bin") == b"x" * 1000
+
+
+async def test_overwrite_completing_during_a_listing_is_not_reverted(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """The LIST still shows the object's previous version (size, ETag): the
+    listing must not take it for a change in the bucket and drop the new
+    content's blocks."""
+    mount = await make_fs(write=HELD)
+    await mount.write_file("f.bin", b"old")
+    await mount.flush()
+    old = s3_store.head("f.bin")
+    await mount.write_file("f.bin", b"new content")
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"f.bin", False, 3, old.etag)])
+    await mount.flush()
+    finish()
+    where = await mount.fs.where("f.bin")
+    assert where["size"] == len(b"new content") and where["cached_bytes"] == where["size"], where
+    assert await mount.read_file("f.bin") == b"new content"
