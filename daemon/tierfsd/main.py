@@ -210,16 +210,20 @@ class Daemon:
                 log.warning("invalidating inode %d: %s", ino, exc)
 
     def mount(self) -> None:
-        self._listen_sock = self.control.bind()
+        self._listen_sock: trio.socket.SocketType | None = self.control.bind()
         ops = TierfsOperations(self.fs)
         pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options))
 
     async def run(self, on_ready: Callable[[], None]) -> None:
+        # Every background task runs under the supervisor (one failure
+        # restarts it, see tierfs.core.supervisor); only the FUSE session
+        # itself is not restartable: its end is the end of the mount.
+        supervisor = self.fs.supervisor
         async with trio.open_nursery() as nursery:
             await nursery.start(self.fs.run_workers)
-            await nursery.start(run_uploader, self.fs)
-            await nursery.start(self.control.serve, self._listen_sock)
-            nursery.start_soon(self._signals)
+            await supervisor.start(nursery, "uploader", run_uploader, self.fs)
+            await supervisor.start(nursery, "control", self._serve_control)
+            supervisor.start_soon(nursery, "signals", self._signals)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
             # A stat of the root answers only after the kernel's INIT handshake,
             # which resets the bdi readahead: tune after it, then announce.
@@ -227,6 +231,17 @@ class Daemon:
             if "no_kernel_tuning" not in self.options:
                 tune_kernel(self.mountpoint)
             on_ready()
+
+    async def _serve_control(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The control server; a restart after a failure binds the socket again."""
+        sock = self._listen_sock if self._listen_sock is not None else self.control.bind()
+        self._listen_sock = None
+        try:
+            await self.control.serve(sock, task_status=task_status)
+        finally:
+            sock.close()
 
     @staticmethod
     async def _serve_fuse(scope: trio.CancelScope) -> None:

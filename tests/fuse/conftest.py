@@ -294,16 +294,24 @@ def write_config(
     list_ttl: str,
     revalidate_ttl: str,
     write: dict[str, str] | None = None,
+    backing_dir: Path | None = None,
 ) -> None:
     """A config the way an operator writes one (TOML strings via json.dumps).
 
     ``write`` (for example ``{"mode": "through", "upload_delay": "30s"}``)
-    becomes a ``[write]`` table; without it the defaults apply."""
+    becomes a ``[write]`` table; without it the defaults apply.  With
+    ``backing_dir`` the backing is ``file://backing_dir`` instead of the bucket."""
+    if backing_dir is not None:
+        backing = [f"url = {json.dumps(backing_dir.resolve().as_uri())}"]
+    else:
+        backing = [
+            f"url = {json.dumps(f's3://{bucket}/{prefix}')}",
+            f"endpoint_url = {json.dumps(endpoint)}",
+            'region = "us-east-1"',
+        ]
     lines = [
         "[backing]",
-        f"url = {json.dumps(f's3://{bucket}/{prefix}')}",
-        f"endpoint_url = {json.dumps(endpoint)}",
-        'region = "us-east-1"',
+        *backing,
         "",
         "[state]",
         f"dir = {json.dumps(str(state_dir))}",
@@ -377,6 +385,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         write_mode: str | None = None,
         space_wait: str | None = None,
         part_size: str | None = None,
+        backing_dir: Path | None = None,
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -408,6 +417,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
                 )
                 if v is not None
             },
+            backing_dir=backing_dir,
         )
         m = Mount(
             path=mountpoint,

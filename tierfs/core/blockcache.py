@@ -63,6 +63,7 @@ a fetch holds one block in memory between GET and pwrite, and at most
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import mmap
@@ -666,8 +667,10 @@ class BlockCache:
         memory.  Every other buffer goes back to the pool."""
         bufs = [self.buffers.take() for _ in lengths]
         kept = [False] * len(bufs)
+        # Every view of ``bufs`` made here is released before the buffers go
+        # back to the pool (a view alive at ``give`` costs the buffer).
+        views: list[memoryview] = []
         try:
-            views: list[memoryview] = []
             left = length
             for buf, nbytes in zip(bufs, lengths, strict=True):
                 views.append(memoryview(buf)[: min(nbytes, left)])
@@ -682,6 +685,7 @@ class BlockCache:
             pos = 0
             for i, (buf, nbytes, fd_pair) in enumerate(zip(bufs, lengths, fds, strict=True)):
                 block = memoryview(buf)[:nbytes]
+                views.append(block)
                 filled = max(0, min(nbytes, length - pos))
                 if filled < nbytes:  # past the origin's end (the file was extended): zeros
                     block[filled:] = bytes(nbytes - filled)
@@ -697,6 +701,9 @@ class BlockCache:
                 pos += nbytes
             return out
         finally:
+            for view in views:
+                with contextlib.suppress(BufferError):  # a view of the view: dropped at give
+                    view.release()
             for buf, keep in zip(bufs, kept, strict=True):
                 if not keep:
                     self.buffers.give(buf)
