@@ -128,7 +128,9 @@ class Journal:
         self.hurried_at = -math.inf
         #: seq -> ``MetaDB.commits`` when it was appended (this mount only).
         self.queued_in: dict[int, int] = {}
+        #: seq -> failed attempts so far, and the error of the last one.
         self.failures: dict[int, int] = {}
+        self.errors: dict[int, str] = {}
         self._deleting: dict[str, int] = {}
         for entry in self.entries.values():
             self._count_delete(entry, +1)
@@ -184,6 +186,7 @@ class Journal:
         self.not_before.pop(seq, None)
         self.queued_in.pop(seq, None)
         self.failures.pop(seq, None)
+        self.errors.pop(seq, None)
         self._keys.pop(seq, None)
         self._count_delete(entry, -1)
         self._done.set()
@@ -268,9 +271,21 @@ class Journal:
         close, or a writer short of space (which hurries, see ``HURRY_WAIT``)?"""
         return self.waiters > 0 or trio.current_time() - self.hurried_at < HURRY_WAIT
 
-    def retry_later(self, seq: int, delay: float) -> None:
+    def retry_later(self, seq: int, delay: float, error: str = "") -> None:
+        """An attempt of ``seq`` failed (with ``error``): try again after ``delay``."""
         self.failures[seq] = self.failures.get(seq, 0) + 1
+        if error:
+            self.errors[seq] = error
         self.not_before[seq] = trio.current_time() + delay
+
+    def retry_sooner(self, seqs: set[int], within: float) -> None:
+        """Entries of ``seqs`` waiting for a retry run again within ``within``
+        seconds (someone waits for them: no long backoff)."""
+        latest = trio.current_time() + within
+        for seq in seqs:
+            if self.not_before.get(seq, 0.0) > latest:
+                self.not_before[seq] = latest
+                self.wake()
 
     def runnable(
         self, keys_of: Callable[[int, Entry], list[str] | None], limit: int = SCAN_WINDOW

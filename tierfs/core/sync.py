@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 RETRY_BASE = 1.0
 RETRY_MAX = 60.0
+#: While a flush waits for an entry that failed, it is retried this soon
+#: (seconds) instead of after its backoff.
+FLUSH_RETRY_WITHIN = 1.0
 
 
 def object_metadata(inode: Inode) -> dict[str, str]:
@@ -115,10 +118,10 @@ class SyncOps:
                 delay,
                 exc,
             )
-            self.journal.retry_later(seq, delay)
-        except Exception:
+            self.journal.retry_later(seq, delay, self.last_sync_error)
+        except Exception as exc:
             log.exception("journal entry %d (%s) failed unexpectedly", seq, entry.get("op"))
-            self.journal.retry_later(seq, RETRY_MAX)
+            self.journal.retry_later(seq, RETRY_MAX, f"{entry.get('op')}: internal error: {exc!r}")
         finally:
             entry.pop("running_key", None)
             self.journal.running.discard(seq)
@@ -311,13 +314,26 @@ class SyncOps:
             await self._wait_entries({seq})
 
     async def _wait_entries(self: TierFS, seqs: set[int]) -> None:
-        """Hurry ``seqs`` and wait for them; fail (not hang) if they keep failing."""
-        self.journal.hurry(seqs)
-        while seqs & self.journal.entries.keys():
-            if any(self.journal.failures.get(s, 0) >= self.flush_max_failures for s in seqs):
-                raise StoreError(f"the bucket keeps refusing the writes: {self.last_sync_error}")
+        """Hurry ``seqs`` and wait for them; fail (not hang) if they keep failing.
+
+        Only attempts of this wait count: failures from before it (an
+        outage that is over by now) neither fail it nor delay it (their
+        backoff is cut short), and the error it reports is that of its own
+        last attempt.  An attempt already running when the wait begins
+        started before it: its failure does not count either.
+        """
+        journal = self.journal
+        before = {s: journal.failures.get(s, 0) + (s in journal.running) for s in seqs}
+        journal.hurry(seqs)
+        while pending := seqs & journal.entries.keys():
+            failed = {s for s in pending if journal.failures.get(s, 0) > before[s]}
+            for seq in failed:
+                if journal.failures[seq] - before[seq] >= self.flush_max_failures:
+                    error = journal.errors.get(seq, self.last_sync_error)
+                    raise StoreError(f"the bucket keeps refusing the writes: {error}")
+            journal.retry_sooner(failed, FLUSH_RETRY_WITHIN)
             with trio.move_on_after(1.0):
-                await self.journal.wait_done(seqs)
+                await journal.wait_done(seqs)
 
     async def flush_path(self: TierFS, relpath: str) -> int:
         """Wait until everything under ``relpath`` is durable in the bucket;

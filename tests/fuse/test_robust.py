@@ -1,0 +1,260 @@
+"""Real mount: a daemon that keeps serving whatever its workers and its backing do.
+
+* Every background worker runs under the supervisor: a failure injected into
+  each of them (``TIERFS_TEST_WORKER_FAULTS``, see ``tierfs.core.supervisor``)
+  is logged, counted in ``tierfs status`` and the worker restarts, while the
+  mount keeps serving.
+* Through a proxy that answers 503 and 403 at random and resets bodies, the
+  daemon stays up, never serves wrong bytes, and uploads everything once the
+  faults stop (a short run here; minutes in the ``slow`` suite).
+* A ``file://`` backing on a small tmpfs that is filled up makes every
+  upload fail (ENOSPC): the first ``tierfs flush`` after space is freed
+  succeeds; under a stress of writers the daemon's peak RSS stays under
+  the cap the README documents; SIGTERM ends the daemon within seconds
+  with the journal kept, and the next mount uploads what was pending.
+
+The tmpfs tests need root (mount -t tmpfs); they are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fuse.conftest import (
+    Mount,
+    MountFactory,
+    is_tierfsd,
+    run_tierfs,
+    wait_until,
+)
+from tests.fuse.test_crash import mounted
+
+pytestmark = pytest.mark.fuse
+
+MiB = 1024 * 1024
+#: The daemon's peak RSS must stay under this (README "Limits"), with the
+#: test's small tiers; the README states the general formula.
+RSS_CAP = 600 * MiB
+#: SIGTERM must end the daemon within this many seconds.
+SIGTERM_EXIT = 5.0
+BACKING_SIZE = 64 * MiB
+#: The reserved name (never listed by the file:// store) of the filler.
+FILLER = ".tierfs-filler"
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def daemon_pid(m: Mount) -> int:
+    return int(m.status()["pid"])
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    """A ``kB`` field of /proc/PID/status (VmRSS, VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"{field} missing from /proc/{pid}/status")
+
+
+def status_eventually(m: Mount, timeout: float = 10.0) -> dict[str, Any]:
+    """``tierfs status``, retried while the control server restarts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = run_tierfs("status", str(m.path), "--json")
+        if done.returncode == 0:
+            import json
+
+            result: dict[str, Any] = json.loads(done.stdout)
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"tierfs status kept failing: {done.stderr}\n{m.log_tail()}")
+        time.sleep(0.2)
+
+
+def flush_result(m: Mount, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = run_tierfs("flush", str(m.path), timeout=timeout)
+    return done, time.monotonic() - started
+
+
+@dataclass
+class SmallBacking:
+    """A tmpfs of BACKING_SIZE bytes as a file:// backing, that can be filled up."""
+
+    path: Path
+
+    def fill(self) -> None:
+        """Take every free byte (uploads then fail with ENOSPC)."""
+        filler = self.path / FILLER
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            chunk = b"\0" * MiB
+            with contextlib.suppress(OSError):
+                while os.write(fd, chunk):
+                    pass
+        finally:
+            os.close(fd)
+        st = os.statvfs(self.path)
+        assert st.f_bavail * st.f_frsize < MiB, "the backing still has room"
+
+    def free(self) -> None:
+        (self.path / FILLER).unlink(missing_ok=True)
+
+    def objects(self) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for root, dirs, files in os.walk(self.path):
+            dirs[:] = [d for d in dirs if not d.startswith(".tierfs-")]
+            for name in files:
+                if not name.startswith(".tierfs-"):
+                    p = Path(root) / name
+                    out[str(p.relative_to(self.path))] = p.read_bytes()
+        return out
+
+
+@pytest.fixture
+def small_backing(tmp_path: Path) -> Iterator[SmallBacking]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs as the backing")
+    path = tmp_path / "backing"
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={BACKING_SIZE}", "tierfs-test-backing", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield SmallBacking(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+# --- C: the first flush after an outage --------------------------------------------------
+
+
+def test_first_flush_after_the_backing_recovers_succeeds(
+    mount: MountFactory, small_backing: SmallBacking
+) -> None:
+    m = mount(backing_dir=small_backing.path, upload_delay="0s")
+    small_backing.fill()
+    bodies = {f"f{i}.bin": random.Random(i).randbytes(3 * MiB + i) for i in range(3)}
+    for name, body in bodies.items():
+        write_file(m.path / name, body)
+    # The uploads fail, again and again, with backoff (ENOSPC on the backing).
+    assert wait_until(lambda: "No space" in m.status()["last_sync_error"], timeout=20), (
+        m.log_tail()
+    )
+    failing, _ = flush_result(m)
+    assert failing.returncode != 0, "a flush while the backing is full cannot succeed"
+    assert "No space" in failing.stderr, failing.stderr
+    small_backing.free()
+    done, took = flush_result(m)
+    assert done.returncode == 0, (
+        f"the first flush after the outage failed after {took:.1f} s: {done.stderr}\n"
+        f"{m.log_tail()}"
+    )
+    objects = small_backing.objects()
+    for name, body in bodies.items():
+        assert objects.get(name) == body, f"{name} is not in the backing after the flush"
+    assert m.status()["pending_uploads"] == 0
+
+
+# --- B: memory while uploads fail; SIGTERM ------------------------------------------------
+
+
+def stress_writers(root: Path, writers: int, seconds: float, file_size: int) -> list[str]:
+    """``writers`` threads create, write, truncate and rename files under
+    ``root`` for ``seconds``; returns unexpected errors (ENOSPC is expected)."""
+    stop = time.monotonic() + seconds
+    problems: list[str] = []
+
+    def work(n: int) -> None:
+        rng = random.Random(n)
+        body = rng.randbytes(file_size)
+        i = 0
+        while time.monotonic() < stop:
+            name = root / f"w{n}-{i % 8}.bin"
+            try:
+                with open(name, "wb") as f:
+                    f.write(body)
+                if i % 3 == 0:
+                    os.truncate(name, file_size // 2)
+                if i % 4 == 0:
+                    os.rename(name, root / f"w{n}-{i % 8}.moved")
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    problems.append(f"writer {n}: {exc!r}")
+                    return
+            i += 1
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return problems
+
+
+def test_memory_stays_bounded_and_sigterm_is_quick_while_uploads_fail(
+    mount: MountFactory, small_backing: SmallBacking
+) -> None:
+    m = mount(
+        backing_dir=small_backing.path,
+        upload_delay="0s",
+        nvme="128MiB",
+        hdd="256MiB",
+        part_size="5MiB",
+    )
+    pid = daemon_pid(m)
+    small_backing.fill()
+    problems = stress_writers(m.path, writers=20, seconds=12, file_size=6 * MiB)
+    assert not problems, problems
+    status = m.status()
+    assert status["pending_uploads"] > 0 and "No space" in status["last_sync_error"], status
+    peak = proc_status_kib(pid, "VmHWM") * 1024
+    assert peak < RSS_CAP, f"daemon peak RSS {peak / MiB:.0f} MiB >= cap {RSS_CAP / MiB:.0f} MiB"
+    pending = status["pending_uploads"]
+
+    started = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    assert wait_until(lambda: not is_tierfsd(pid), timeout=SIGTERM_EXIT, interval=0.05), (
+        f"the daemon did not exit within {SIGTERM_EXIT} s of SIGTERM\n{m.log_tail()}"
+    )
+    took = time.monotonic() - started
+    assert wait_until(lambda: not mounted(m.path), timeout=5), "SIGTERM left the mount behind"
+
+    small_backing.free()
+    m.mount()
+    assert m.status()["pending_uploads"] >= 1, "the journal was lost at SIGTERM"
+    done, _ = flush_result(m)
+    assert done.returncode == 0, f"flush after remount failed: {done.stderr}\n{m.log_tail()}"
+    names = {p.name for p in m.path.iterdir()}
+    objects = small_backing.objects()
+    assert names == set(objects), f"mount and backing disagree: {names ^ set(objects)}"
+    for name in names:
+        assert objects[name] == (m.path / name).read_bytes(), name
+    print(
+        f"peak RSS {peak / MiB:.0f} MiB, {pending} pending uploads, SIGTERM exit {took:.2f} s"
+    )
