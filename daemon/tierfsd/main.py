@@ -13,8 +13,15 @@ after it) -> 8. kernel tuning (root only: bdi ``read_ahead_kb``, fusectl
 
 Shutdown: the mount goes away (``tierfs umount`` runs ``fusermount3 -u``) and
 ``pyfuse3.main`` returns; or SIGTERM/SIGINT asks pyfuse3 to stop and the
-daemon unmounts itself.  Then workers are cancelled, access times flushed,
-LMDB synced and closed.
+daemon unmounts itself: requests still in flight after SHUTDOWN_GRACE (a
+writer waiting for tier space, say) are cancelled and the store is closed,
+so that SIGTERM ends the daemon in seconds even while uploads fail.  Then
+workers are cancelled, access times flushed, LMDB synced and closed; the
+journal stays, and the next mount resumes it.
+
+Every background task runs under the supervisor
+(:mod:`tierfs.core.supervisor`): a failure is logged, counted in ``status``
+and the task restarts; only the FUSE session itself is not restartable.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +65,10 @@ ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug", "no_kernel_tuning"}
 class StartupError(Exception):
     """A problem the user must fix; reported as one sentence, exit 1."""
 
+
+#: After SIGTERM, requests in flight get this long (seconds) to finish
+#: before they are cancelled (see Daemon._signals).
+SHUTDOWN_GRACE = 1.0
 
 #: sys.setswitchinterval for the daemon (seconds); see main().
 GIL_SWITCH_INTERVAL = 0.0001
@@ -195,6 +207,7 @@ class Daemon:
         self.fs = TierFS(config, self.meta, self.store, self.tiers, control_socket=str(sock_path))
         self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
         self.fs.invalidate_kernel_cache = self._invalidate
+        self._fuse_stopped = trio.Event()
 
     @staticmethod
     async def _invalidate(ino: int, data: bool) -> None:
@@ -223,7 +236,7 @@ class Daemon:
             await nursery.start(self.fs.run_workers)
             await supervisor.start(nursery, "uploader", run_uploader, self.fs)
             await supervisor.start(nursery, "control", self._serve_control)
-            supervisor.start_soon(nursery, "signals", self._signals)
+            supervisor.start_soon(nursery, "signals", self._signals, nursery.cancel_scope)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
             # A stat of the root answers only after the kernel's INIT handshake,
             # which resets the bdi readahead: tune after it, then announce.
@@ -243,17 +256,36 @@ class Daemon:
         finally:
             sock.close()
 
-    @staticmethod
-    async def _serve_fuse(scope: trio.CancelScope) -> None:
+    async def _serve_fuse(self, scope: trio.CancelScope) -> None:
         await pyfuse3.main()
+        self._fuse_stopped.set()
         log.info("file system unmounted; shutting down")
         scope.cancel()
 
-    async def _signals(self) -> None:
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        """SIGTERM/SIGINT: stop taking requests, give those in flight
+        SHUTDOWN_GRACE seconds, then cancel what still runs (writers waiting
+        for tier space, uploads) and close the store so that its threads
+        stop too.  Nothing is lost: the journal is in LMDB and the next
+        mount resumes it (an upload cut short is aborted and sent again)."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("received %s: unmounting", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                log.info("received %s: unmounting", name)
                 pyfuse3.terminate()
+                with trio.move_on_after(SHUTDOWN_GRACE):
+                    await self._fuse_stopped.wait()
+                if not self._fuse_stopped.is_set():
+                    log.warning(
+                        "requests still running %.0f s after %s: cancelling them",
+                        SHUTDOWN_GRACE,
+                        name,
+                    )
+                    # In a thread: close() waits for the part workers' current part.
+                    threading.Thread(
+                        target=self.store.close, name="store-close", daemon=True
+                    ).start()
+                    scope.cancel()
                 return
 
     def close(self, *, unmount: bool) -> None:

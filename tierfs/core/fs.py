@@ -398,7 +398,11 @@ class TierFS(WriteOps, SyncOps):
         self.blocks.content_changed(ino, tiers, inode)
         if still_exists and self._nursery is not None:
             self.supervisor.start_soon(
-                self._nursery, "kernel_invalidation", self.invalidate_kernel_cache, ino, True,
+                self._nursery,
+                "kernel_invalidation",
+                self.invalidate_kernel_cache,
+                ino,
+                True,
                 restart=False,
             )
 

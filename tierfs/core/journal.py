@@ -257,9 +257,16 @@ class Journal:
                 self.wake()
 
     def hurry(self, seqs: set[int] | None = None) -> None:
-        """Make entries (all, or ``seqs``) due now, held files included."""
+        """Make entries (all, or ``seqs``) due now, held files included.
+
+        Without ``seqs`` (a writer short of space hurries every 50 ms),
+        entries that failed keep their backoff: hurrying those made them
+        fail again every 50 ms, a storm of requests against a bucket that
+        refuses them.  A flush names its entries and cuts their backoff."""
         self.hurried_at = trio.current_time()
         for seq, entry in self.entries.items():
+            if seqs is None and seq in self.failures:
+                continue
             if seqs is None or seq in seqs:
                 self.not_before[seq] = 0.0
                 if entry["op"] == "upload":
