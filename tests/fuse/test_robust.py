@@ -19,6 +19,7 @@ The tmpfs tests need root (mount -t tmpfs); they are skipped otherwise.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import re
@@ -30,17 +31,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.faults import FaultProxy
 from tests.fuse.conftest import (
     Mount,
     MountFactory,
+    drop_page_cache,
     is_tierfsd,
     run_tierfs,
     wait_until,
 )
-from tests.fuse.test_crash import mounted
+from tests.fuse.test_crash import mounted, through_proxy
+from tierfs.core.supervisor import INJECT_ENV, PAUSE_ENV
 
 pytestmark = pytest.mark.fuse
 
@@ -281,3 +286,153 @@ def test_memory_stays_bounded_and_sigterm_is_quick_while_uploads_fail(
     print(
         f"peak RSS {peak / MiB:.0f} MiB, {pending} pending uploads, SIGTERM exit {took:.2f} s"
     )
+
+
+# --- A: supervised workers -----------------------------------------------------------------
+
+#: Every supervised worker of the daemon, and when (seconds after its first
+#: start) the injected failure hits it: after `tierfs mount` has asked for
+#: its status, while the test uses the mount.
+INJECTED = {
+    "housekeeping": 2.0,
+    "commit": 2.0,
+    "orphan_cleanup": 0.0,
+    "uploader": 3.0,
+    "control": 4.0,
+    "signals": 2.0,
+}
+
+
+def test_a_failure_injected_into_each_worker_leaves_the_mount_serving(
+    mount: MountFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(INJECT_ENV, ",".join(f"{w}:{d}" for w, d in INJECTED.items()))
+    monkeypatch.setenv(PAUSE_ENV, "0.3")
+    seed = random.Random(1).randbytes(3 * MiB)
+    m = mount({"seed.bin": seed}, upload_delay="0s")
+    pid = m.pids[-1]
+    written: dict[str, bytes] = {}
+    deadline = time.monotonic() + max(INJECTED.values()) + 3
+    i = 0
+    while time.monotonic() < deadline:  # the mount serves while the workers fail
+        name = f"during-{i}.bin"
+        written[name] = random.Random(100 + i).randbytes(256 * 1024 + i)
+        write_file(m.path / name, written[name])
+        assert (m.path / "seed.bin").read_bytes() == seed
+        assert (m.path / name).read_bytes() == written[name]
+        i += 1
+        time.sleep(0.2)
+
+    def all_restarted() -> bool:
+        workers = status_eventually(m)["workers"]
+        return all(
+            workers[w]["errors"] >= 1 and (workers[w]["restarts"] >= 1 or w == "orphan_cleanup")
+            for w in INJECTED
+        )
+
+    assert wait_until(all_restarted, timeout=20, interval=0.3), status_eventually(m)["workers"]
+    status = status_eventually(m)
+    assert is_tierfsd(pid) and status["pid"] == pid, "the daemon was replaced or died"
+    assert status["worker_restarts"] >= len(INJECTED), status["workers"]
+    for worker in INJECTED:
+        record = status["workers"][worker]
+        assert "InjectedWorkerFault" in record["last_error"], (worker, record)
+        if worker != "orphan_cleanup":  # one-shot: it ran again, to its end
+            assert record["running"], (worker, record)
+    log = m.log_text()
+    for worker in INJECTED:
+        assert f"worker {worker} failed; restarting it" in log, worker
+    assert "Traceback" in log and "InjectedWorkerFault" in log
+
+    # Everything still works after the restarts: writes reach the bucket
+    # (uploader, commit), the control socket answers, SIGTERM is handled.
+    written["after.bin"] = b"after the restarts\n"
+    write_file(m.path / "after.bin", written["after.bin"])
+    done, _ = flush_result(m)
+    assert done.returncode == 0, f"flush failed: {done.stderr}\n{m.log_tail()}"
+    for name, body in written.items():
+        got = m.s3.get_object(Bucket=m.bucket, Key=m.key(name))["Body"].read()
+        assert got == body, name
+    os.kill(pid, signal.SIGTERM)
+    assert wait_until(lambda: not is_tierfsd(pid), timeout=SIGTERM_EXIT, interval=0.05), (
+        m.log_tail()
+    )
+    assert wait_until(lambda: not mounted(m.path), timeout=5)
+
+
+# --- A: S3 faults for a while: 503s, 403s, resets --------------------------------------------
+
+
+@pytest.fixture
+def proxy(bucket: tuple[str, str]) -> Iterator[FaultProxy]:
+    parts = urlsplit(bucket[0])
+    assert parts.hostname is not None and parts.port is not None
+    p = FaultProxy(parts.hostname, parts.port)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def run_under_s3_faults(mount: MountFactory, proxy: FaultProxy, seconds: float) -> None:
+    """Read (cold, through eviction) and write through a proxy that answers
+    30% of requests 503, 5% 403 and resets 10% of bodies, for ``seconds``:
+    the daemon stays up, every read either returns the right bytes or fails
+    with EIO/EACCES, and once the faults stop everything reaches the bucket."""
+    objects = {f"obj-{i}.bin": random.Random(i).randbytes(2 * MiB + i) for i in range(24)}
+    m = mount(objects, nvme="8MiB", hdd="16MiB", upload_delay="0s", do_mount=False)
+    through_proxy(m, proxy)
+    m.mount()
+    pid = m.pids[-1]
+    proxy.random_faults(error_503=0.3, error_403=0.05, reset=0.1, seed=11)
+    rng = random.Random(5)
+    written: dict[str, bytes] = {}
+    reads = failures = 0
+    deadline = time.monotonic() + seconds
+    round_no = 0
+    while time.monotonic() < deadline:
+        for name in rng.sample(sorted(objects), 6):
+            try:
+                data = (m.path / name).read_bytes()
+            except OSError as exc:
+                assert exc.errno in (errno.EIO, errno.EACCES), f"{name}: {exc!r}"
+                failures += 1
+            else:
+                assert data == objects[name], f"{name}: wrong bytes under faults"
+                reads += 1
+        name = f"new-{round_no % 10}.bin"
+        written[name] = random.Random(1000 + round_no).randbytes(512 * 1024)
+        write_file(m.path / name, written[name])
+        assert is_tierfsd(pid), f"the daemon died under S3 faults\n{m.log_tail()}"
+        drop_page_cache()
+        round_no += 1
+    assert proxy.random_counts["503"] and proxy.random_counts["reset"], proxy.random_counts
+    assert reads > 0, "no read got through the faults"
+    proxy.clear_faults()
+    done, _ = flush_result(m)
+    assert done.returncode == 0, f"flush failed after the faults: {done.stderr}\n{m.log_tail()}"
+    for name, body in written.items():
+        got = m.s3.get_object(Bucket=m.bucket, Key=m.key(name))["Body"].read()
+        assert got == body, name
+    status = m.status()
+    assert status["pid"] == pid and is_tierfsd(pid)
+    for worker, record in status["workers"].items():
+        assert record["errors"] == 0, f"worker {worker} failed under S3 faults: {record}"
+    print(
+        f"{seconds:.0f} s of S3 faults {dict(proxy.random_counts)}: {reads} reads, "
+        f"{failures} failed reads, buffers dropped in use: "
+        f"{status['counters']['fetch_buffers_dropped_in_use']}"
+    )
+
+
+def test_s3_503s_403s_and_resets_do_not_stop_the_daemon(
+    mount: MountFactory, proxy: FaultProxy
+) -> None:
+    run_under_s3_faults(mount, proxy, seconds=15)
+
+
+@pytest.mark.slow
+def test_minutes_of_s3_503s_403s_and_resets_do_not_stop_the_daemon(
+    mount: MountFactory, proxy: FaultProxy
+) -> None:
+    run_under_s3_faults(mount, proxy, seconds=300)

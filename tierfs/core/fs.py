@@ -516,6 +516,7 @@ class TierFS(WriteOps, SyncOps):
                 "verify_failures": stats.verify_failures,
                 "uncached_blocks": stats.uncached_blocks,
                 "fetch_buffers_mapped": self.blocks.buffers.created,
+                "fetch_buffers_dropped_in_use": self.blocks.buffers.dropped_in_use,
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,
