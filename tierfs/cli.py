@@ -174,6 +174,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"reads:    hit ratio {'-' if hit is None else f'{hit:.1%}'}, "
         f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"
     )
+    failing = {n: w for n, w in status.get("workers", {}).items() if w["errors"]}
+    if failing:
+        print(f"workers:  {status['worker_restarts']} restarts after errors")
+        for name, worker in sorted(failing.items()):
+            print(f"  {name}: {worker['errors']} errors, last: {worker['last_error']}")
     return 0
 
 

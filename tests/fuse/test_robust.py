@@ -339,6 +339,9 @@ def test_a_failure_injected_into_each_worker_leaves_the_mount_serving(
         assert "InjectedWorkerFault" in record["last_error"], (worker, record)
         if worker != "orphan_cleanup":  # one-shot: it ran again, to its end
             assert record["running"], (worker, record)
+    human = run_tierfs("status", str(m.path))
+    assert human.returncode == 0 and "restarts after errors" in human.stdout, human
+    assert "uploader: 1 errors, last: InjectedWorkerFault" in human.stdout, human.stdout
     log = m.log_text()
     for worker in INJECTED:
         assert f"worker {worker} failed; restarting it" in log, worker
