@@ -5,7 +5,8 @@ objects into a fresh bucket (under the prefix ``data/``), writes a config
 with two small tiers and short TTLs (and, if ``upload_delay=`` or
 ``write_mode=`` is given, a ``[write]`` table) under ``tmp_path``, runs ``tierfs mount
 CONFIG MP`` as a new user would and returns a ``Mount``.  ``Mount.umount()``
-and ``Mount.remount()`` cycle the same config and state dir.
+and ``Mount.remount()`` cycle the same config and state dir.  With
+``backing_dir=PATH`` the backing is ``file://PATH`` instead of the bucket.
 
 Teardown ALWAYS unmounts every mount point the factory created: ``tierfs
 umount``, then ``fusermount3 -u``, then ``fusermount3 -uz``.  Then it stops

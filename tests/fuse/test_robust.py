@@ -240,6 +240,23 @@ def sample_rss(pid: int, seconds: float) -> int:
 def test_memory_stays_bounded_and_sigterm_is_quick_while_uploads_fail(
     mount: MountFactory, small_backing: SmallBacking
 ) -> None:
+    stress_failing_uploads_then_sigterm(mount, small_backing, STRESS_SECONDS)
+
+
+@pytest.mark.slow
+def test_minutes_of_stress_while_uploads_fail_keep_memory_bounded(
+    mount: MountFactory, small_backing: SmallBacking
+) -> None:
+    stress_failing_uploads_then_sigterm(mount, small_backing, 240.0)
+
+
+def stress_failing_uploads_then_sigterm(
+    mount: MountFactory, small_backing: SmallBacking, seconds: float
+) -> None:
+    """20 writers on a mount whose file:// backing is full, for ``seconds``:
+    the peak RSS stays under RSS_CAP; SIGTERM while they run ends the daemon
+    within SIGTERM_EXIT with the journal kept; after space is freed, a
+    remount uploads everything."""
     m = mount(
         backing_dir=small_backing.path,
         upload_delay="0s",
@@ -252,8 +269,8 @@ def test_memory_stays_bounded_and_sigterm_is_quick_while_uploads_fail(
     small_backing.fill()
     # 20 writers: the tiers fill up with data that cannot be uploaded, and
     # then the writers wait for space (up to space_wait, 60 s).
-    procs = start_stress(m.path, writers=20, seconds=STRESS_SECONDS + 60, file_size=6 * MiB)
-    sampled = sample_rss(pid, STRESS_SECONDS)
+    procs = start_stress(m.path, writers=20, seconds=seconds + 60, file_size=6 * MiB)
+    sampled = sample_rss(pid, seconds)
     status = m.status()
     assert status["pending_uploads"] > 0 and "No space" in status["last_sync_error"], status
     pending = status["pending_uploads"]
