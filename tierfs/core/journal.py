@@ -58,6 +58,8 @@ SCAN_WINDOW = 2000
 #: A ``hurry`` counts as someone waiting for the bucket for this long
 #: (seconds); a writer short of space hurries every 50 ms while it waits.
 HURRY_WAIT = 1.0
+#: A hurried entry that failed before runs again this soon (seconds).
+HURRY_FAILED_RETRY = 2.0
 
 
 @dataclass(slots=True)
@@ -260,12 +262,13 @@ class Journal:
         """Make entries (all, or ``seqs``) due now, held files included.
 
         Without ``seqs`` (a writer short of space hurries every 50 ms),
-        entries that failed keep their backoff: hurrying those made them
-        fail again every 50 ms, a storm of requests against a bucket that
-        refuses them.  A flush names its entries and cuts their backoff."""
-        self.hurried_at = trio.current_time()
+        an entry that failed runs again within HURRY_FAILED_RETRY seconds,
+        not at once: at once made it fail every 50 ms, a storm of requests
+        against a bucket that refuses them.  A flush names its entries."""
+        now = self.hurried_at = trio.current_time()
         for seq, entry in self.entries.items():
             if seqs is None and seq in self.failures:
+                self.not_before[seq] = min(self.not_before.get(seq, 0.0), now + HURRY_FAILED_RETRY)
                 continue
             if seqs is None or seq in seqs:
                 self.not_before[seq] = 0.0
