@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import random
 import re
@@ -84,8 +85,6 @@ def status_eventually(m: Mount, timeout: float = 10.0) -> dict[str, Any]:
     while True:
         done = run_tierfs("status", str(m.path), "--json")
         if done.returncode == 0:
-            import json
-
             result: dict[str, Any] = json.loads(done.stdout)
             return result
         if time.monotonic() > deadline:
@@ -94,6 +93,7 @@ def status_eventually(m: Mount, timeout: float = 10.0) -> dict[str, Any]:
 
 
 def flush_result(m: Mount, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``tierfs flush`` of the whole mount, and how long it took (seconds)."""
     started = time.monotonic()
     done = run_tierfs("flush", str(m.path), timeout=timeout)
     return done, time.monotonic() - started
