@@ -17,6 +17,9 @@ Use it between an S3 client and a loopback S3 server::
     proxy.refuse()       # connects get ECONNREFUSED; open connections are reset
     proxy.black_hole()   # connects succeed, requests are read, nothing ever answers
     proxy.restore()      # forward again (same port)
+    # from now on, at random: 30% of requests answered 503 SlowDown, 5%
+    # 403 AccessDenied (neither reaches the server), 10% of bodies reset
+    proxy.random_faults(error_503=0.3, error_403=0.05, reset=0.1, seed=7)
     ...
     proxy.close()
 
@@ -47,6 +50,12 @@ Invariants:
 - A rule's ``match`` is a substring of the request line (``"PUT /bkt/key?
   partNumber=1&uploadId=... HTTP/1.1"``) or a predicate on it; None matches
   every request.  Rules are consumed in the order they were added.
+- Random faults (``random_faults``): each request with a chance of
+  ``error_503``/``error_403`` is answered by the proxy itself with an S3
+  error document (``SlowDown`` / ``AccessDenied``) and ``Connection:
+  close``, without reaching the server; each response with a body of at
+  least 2 bytes, with a chance of ``reset``, is cut by an RST like
+  ``reset_next``.  ``random_counts`` counts them by kind.
 - ``faults_injected`` counts the faults actually delivered (all kinds), so a
   test can prove that the faults happened.
 - Outage modes (``mode``): ``"forward"`` (normal), ``"refuse"`` (the
@@ -65,6 +74,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ipaddress
+import random
 import socket
 import struct
 import threading
@@ -123,6 +133,15 @@ class _Reader:
             dst.sendall(chunk)
             n -= len(chunk)
 
+    def discard(self, n: int) -> None:
+        """Read exactly ``n`` bytes and drop them."""
+        while n > 0:
+            if not self.buf:
+                self._fill()
+            dropped = min(n, len(self.buf))
+            self.buf = self.buf[dropped:]
+            n -= dropped
+
     def rest(self) -> bytes:
         data, self.buf = self.buf, b""
         return data
@@ -175,6 +194,8 @@ class FaultProxy:
         self._resets = 0
         self._truncates = 0
         self._request_rules: list[_Rule] = []
+        self._random: _RandomFaults | None = None
+        self.random_counts: collections.Counter[str] = collections.Counter()
         self._response_rules: list[_Rule] = []
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
@@ -286,12 +307,69 @@ class FaultProxy:
         with self._lock:
             self._response_rules.append(_Rule(n, kind, match))
 
+    def random_faults(
+        self,
+        *,
+        error_503: float = 0.0,
+        error_403: float = 0.0,
+        reset: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        """Inject faults at random from now on (see the module docstring);
+        all chances 0 turns it off."""
+        for name, chance in (("error_503", error_503), ("error_403", error_403), ("reset", reset)):
+            if not 0.0 <= chance <= 1.0:
+                raise ValueError(f"{name} must be a chance between 0 and 1, not {chance!r}")
+        if error_503 + error_403 > 1.0:
+            raise ValueError("error_503 + error_403 must not exceed 1")
+        with self._lock:
+            if error_503 == error_403 == reset == 0.0:
+                self._random = None
+            else:
+                self._random = _RandomFaults(error_503, error_403, reset, random.Random(seed))
+
+    def _random_error(self) -> bytes | None:
+        """The proxy's own error answer for this request, if the dice say so."""
+        with self._lock:
+            faults = self._random
+            if faults is None:
+                return None
+            roll = faults.rng.random()
+            if roll < faults.error_503:
+                kind, status, code = "503", "503 Slow Down", "SlowDown"
+            elif roll < faults.error_503 + faults.error_403:
+                kind, status, code = "403", "403 Forbidden", "AccessDenied"
+            else:
+                return None
+            self.random_counts[kind] += 1
+            self.faults_injected += 1
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message>"
+            "<RequestId>faultproxy</RequestId></Error>"
+        ).encode()
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        return head + body
+
+    def _random_reset(self) -> bool:
+        with self._lock:
+            faults = self._random
+            if faults is None or faults.rng.random() >= faults.reset:
+                return False
+            self.random_counts["reset"] += 1
+            self.faults_injected += 1
+            return True
+
     def clear_faults(self) -> None:
         """Drop every pending fault of every kind."""
         with self._lock:
             self._resets = self._truncates = 0
             self._request_rules.clear()
             self._response_rules.clear()
+            self._random = None
 
     def close(self) -> None:
         """Stop accepting, close every connection, join the threads."""
@@ -411,6 +489,12 @@ class FaultProxy:
                 if "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
                 length = int(fields.get("content-length", "0") or 0)
+                answer = self._random_error()
+                if answer is not None:
+                    expects_continue = "100-continue" in fields.get("expect", "").lower()
+                    body = 0 if expects_continue else length
+                    self._answer_instead(reader, body, client, upstream, answer)
+                    return
                 fault = self._take_rule(self._request_rules, start_line) if length >= 2 else None
                 methods.append((start_line.split(" ", 1)[0].upper(), start_line))
                 # Forward the head at once: with "Expect: 100-continue" the
@@ -434,6 +518,24 @@ class FaultProxy:
         finally:
             with contextlib.suppress(OSError):
                 upstream.shutdown(socket.SHUT_WR)
+
+    def _answer_instead(
+        self,
+        reader: _Reader,
+        length: int,
+        client: socket.socket,
+        upstream: socket.socket,
+        answer: bytes,
+    ) -> None:
+        """Answer a request ourselves (it never reaches the server), then
+        close both connections (the answer says ``Connection: close``).
+        ``length`` body bytes are read and dropped first (0 when the client
+        waits for "100 Continue": S3 answers the head alone then too)."""
+        self._forget(upstream)
+        with contextlib.suppress(OSError, _Closed):
+            reader.discard(length)
+            client.sendall(answer)
+        self._forget(client)
 
     def _pump_responses(
         self,
@@ -470,6 +572,8 @@ class FaultProxy:
                 if self.delay:
                     time.sleep(self.delay)
                 fault = self._take_fault() if length >= 2 else None
+                if fault is None and length >= 2 and self._random_reset():
+                    fault = "reset"
                 client.sendall(head)
                 if fault is None:
                     reader.forward(length, client)
@@ -486,6 +590,14 @@ class FaultProxy:
             pass
         finally:
             self._forget(client, upstream)
+
+
+@dataclass
+class _RandomFaults:
+    error_503: float
+    error_403: float
+    reset: float
+    rng: random.Random
 
 
 def _wait_method(

@@ -180,6 +180,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"
     )
     print(f"endpoint: {_endpoint_line(status.get('endpoint') or {})}")
+    failing = {n: w for n, w in status.get("workers", {}).items() if w["errors"]}
+    if failing:
+        print(f"workers:  {status['worker_restarts']} restarts after errors")
+        for name, worker in sorted(failing.items()):
+            print(f"  {name}: {worker['errors']} errors, last: {worker['last_error']}")
     return 0
 
 

@@ -13,8 +13,15 @@ after it) -> 8. kernel tuning (root only: bdi ``read_ahead_kb``, fusectl
 
 Shutdown: the mount goes away (``tierfs umount`` runs ``fusermount3 -u``) and
 ``pyfuse3.main`` returns; or SIGTERM/SIGINT asks pyfuse3 to stop and the
-daemon unmounts itself.  Then workers are cancelled, access times flushed,
-LMDB synced and closed.
+daemon unmounts itself: requests still in flight after SHUTDOWN_GRACE (a
+writer waiting for tier space, say) are cancelled and the store is closed,
+so that SIGTERM ends the daemon in seconds even while uploads fail.  Then
+workers are cancelled, access times flushed, LMDB synced and closed; the
+journal stays, and the next mount resumes it.
+
+Every background task runs under the supervisor
+(:mod:`tierfs.core.supervisor`): a failure is logged, counted in ``status``
+and the task restarts; only the FUSE session itself is not restartable.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +65,10 @@ ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug", "no_kernel_tuning"}
 class StartupError(Exception):
     """A problem the user must fix; reported as one sentence, exit 1."""
 
+
+#: After SIGTERM, requests in flight get this long (seconds) to finish
+#: before they are cancelled (see Daemon._signals).
+SHUTDOWN_GRACE = 1.0
 
 #: sys.setswitchinterval for the daemon (seconds); see main().
 GIL_SWITCH_INTERVAL = 0.0001
@@ -195,6 +207,7 @@ class Daemon:
         self.fs = TierFS(config, self.meta, self.store, self.tiers, control_socket=str(sock_path))
         self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
         self.fs.invalidate_kernel_cache = self._invalidate
+        self._fuse_stopped = trio.Event()
 
     @staticmethod
     async def _invalidate(ino: int, data: bool) -> None:
@@ -210,16 +223,20 @@ class Daemon:
                 log.warning("invalidating inode %d: %s", ino, exc)
 
     def mount(self) -> None:
-        self._listen_sock = self.control.bind()
+        self._listen_sock: trio.socket.SocketType | None = self.control.bind()
         ops = TierfsOperations(self.fs)
         pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options))
 
     async def run(self, on_ready: Callable[[], None]) -> None:
+        # Every background task runs under the supervisor (one failure
+        # restarts it, see tierfs.core.supervisor); only the FUSE session
+        # itself is not restartable: its end is the end of the mount.
+        supervisor = self.fs.supervisor
         async with trio.open_nursery() as nursery:
             await nursery.start(self.fs.run_workers)
-            await nursery.start(run_uploader, self.fs)
-            await nursery.start(self.control.serve, self._listen_sock)
-            nursery.start_soon(self._signals)
+            await supervisor.start(nursery, "uploader", run_uploader, self.fs)
+            await supervisor.start(nursery, "control", self._serve_control)
+            supervisor.start_soon(nursery, "signals", self._signals, nursery.cancel_scope)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
             # A stat of the root answers only after the kernel's INIT handshake,
             # which resets the bdi readahead: tune after it, then announce.
@@ -228,17 +245,47 @@ class Daemon:
                 tune_kernel(self.mountpoint)
             on_ready()
 
-    @staticmethod
-    async def _serve_fuse(scope: trio.CancelScope) -> None:
+    async def _serve_control(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The control server; a restart after a failure binds the socket again."""
+        sock = self._listen_sock if self._listen_sock is not None else self.control.bind()
+        self._listen_sock = None
+        try:
+            await self.control.serve(sock, task_status=task_status)
+        finally:
+            sock.close()
+
+    async def _serve_fuse(self, scope: trio.CancelScope) -> None:
         await pyfuse3.main()
+        self._fuse_stopped.set()
         log.info("file system unmounted; shutting down")
         scope.cancel()
 
-    async def _signals(self) -> None:
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        """SIGTERM/SIGINT: stop taking requests, give those in flight
+        SHUTDOWN_GRACE seconds, then cancel what still runs (writers waiting
+        for tier space, uploads) and close the store so that its threads
+        stop too.  Nothing is lost: the journal is in LMDB and the next
+        mount resumes it (an upload cut short is aborted and sent again)."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("received %s: unmounting", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                log.info("received %s: unmounting", name)
                 pyfuse3.terminate()
+                with trio.move_on_after(SHUTDOWN_GRACE):
+                    await self._fuse_stopped.wait()
+                if not self._fuse_stopped.is_set():
+                    log.warning(
+                        "requests still running %.0f s after %s: cancelling them",
+                        SHUTDOWN_GRACE,
+                        name,
+                    )
+                    # In a thread: close() waits for the part workers' current part.
+                    threading.Thread(
+                        target=self.store.close, name="store-close", daemon=True
+                    ).start()
+                    scope.cancel()
                 return
 
     def close(self, *, unmount: bool) -> None:

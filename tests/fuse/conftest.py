@@ -6,7 +6,8 @@ with two small tiers and short TTLs (and, if ``upload_delay=`` or
 ``write_mode=`` is given, a ``[write]`` table; ``endpoint_url=`` points the
 daemon at another endpoint, e.g. the ``fault_proxy`` fixture's) under ``tmp_path``, runs ``tierfs mount
 CONFIG MP`` as a new user would and returns a ``Mount``.  ``Mount.umount()``
-and ``Mount.remount()`` cycle the same config and state dir.
+and ``Mount.remount()`` cycle the same config and state dir.  With
+``backing_dir=PATH`` the backing is ``file://PATH`` instead of the bucket.
 
 Teardown ALWAYS unmounts every mount point the factory created: ``tierfs
 umount``, then ``fusermount3 -u``, then ``fusermount3 -uz``.  Then it stops
@@ -298,16 +299,24 @@ def write_config(
     list_ttl: str,
     revalidate_ttl: str,
     write: dict[str, str] | None = None,
+    backing_dir: Path | None = None,
 ) -> None:
     """A config the way an operator writes one (TOML strings via json.dumps).
 
     ``write`` (for example ``{"mode": "through", "upload_delay": "30s"}``)
-    becomes a ``[write]`` table; without it the defaults apply."""
+    becomes a ``[write]`` table; without it the defaults apply.  With
+    ``backing_dir`` the backing is ``file://backing_dir`` instead of the bucket."""
+    if backing_dir is not None:
+        backing = [f"url = {json.dumps(backing_dir.resolve().as_uri())}"]
+    else:
+        backing = [
+            f"url = {json.dumps(f's3://{bucket}/{prefix}')}",
+            f"endpoint_url = {json.dumps(endpoint)}",
+            'region = "us-east-1"',
+        ]
     lines = [
         "[backing]",
-        f"url = {json.dumps(f's3://{bucket}/{prefix}')}",
-        f"endpoint_url = {json.dumps(endpoint)}",
-        'region = "us-east-1"',
+        *backing,
         "",
         "[state]",
         f"dir = {json.dumps(str(state_dir))}",
@@ -383,6 +392,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         part_size: str | None = None,
         options: str = "",
         endpoint_url: str | None = None,
+        backing_dir: Path | None = None,
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -414,6 +424,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
                 )
                 if v is not None
             },
+            backing_dir=backing_dir,
         )
         m = Mount(
             path=mountpoint,

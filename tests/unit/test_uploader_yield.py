@@ -9,7 +9,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from tierfs.core.journal import HURRY_WAIT, Journal
+from tierfs.core.journal import HURRY_FAILED_RETRY, HURRY_WAIT, Journal
 from tierfs.meta import MetaDB
 from tierfs.workers.uploader import (
     BURST_HOLD,
@@ -83,5 +83,31 @@ async def test_a_writer_short_of_space_counts_as_waiting_for_the_bucket(
         assert journal.someone_waits()
         mock_clock.jump(HURRY_WAIT)
         assert not journal.someone_waits()
+    finally:
+        meta.close()
+
+
+async def test_a_writer_short_of_space_does_not_storm_failing_entries(
+    mock_clock: Any, tmp_path: Path
+) -> None:
+    """A writer hurries every 50 ms; an entry in backoff after failures runs
+    again within HURRY_FAILED_RETRY, not at once; a flush (named entries)
+    makes it due at once."""
+    meta = MetaDB(tmp_path, "s3://b")
+    try:
+        journal = Journal(meta)
+        with journal.write() as w:
+            failing = w.append({"op": "delete", "key": "a"})
+            fresh = w.append({"op": "delete", "key": "b"})
+        journal.retry_later(failing, 60.0, "delete: No space left on device")
+        now = trio.current_time()
+        for _ in range(10):
+            journal.hurry()
+            mock_clock.jump(0.05)
+        assert journal.not_before[fresh] == 0.0
+        assert journal.not_before[failing] == now + HURRY_FAILED_RETRY
+        assert journal.errors[failing] == "delete: No space left on device"
+        journal.hurry({failing})
+        assert journal.not_before[failing] == 0.0
     finally:
         meta.close()

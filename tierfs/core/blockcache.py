@@ -99,11 +99,13 @@ a fetch holds one block in memory between GET and pwrite, and at most
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import logging
 import mmap
 import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -251,12 +253,22 @@ class UploadSource:
     """Reads a file's bytes from its cache files, from any thread, and
     records the xxh3 digest of every whole block it reads.
 
-    ``read`` fills one buffer per thread, reused while the part length stays
-    the same: the bytes it returns are valid until that thread's next
-    ``read``.  The stores send a part before their worker reads the next
-    one (ObjectStore.put_multipart), so each part costs one copy from the
-    cache files into memory that is already mapped, instead of a new
-    allocation per block, a growing concatenation and a final copy."""
+    ``read`` fills a buffer from a small pool (each part costs one copy
+    from the cache files into memory that is already mapped, instead of a
+    new allocation per block, a growing concatenation and a final copy).
+    Buffer ownership: the bytes ``read`` returns belong to the caller for
+    as long as it holds a reference to them.  A pooled buffer is reused
+    only when nothing but the pool refers to it (CPython's reference count:
+    a store still sending it, or a view of it, holds a reference), so a
+    part is never overwritten while it is on the wire.  At most
+    ``max_buffers`` buffers are pooled (the parts an upload has in flight,
+    plus one); a read that finds none idle gets a buffer of its own, freed
+    with its last reference.  ``close`` drops the pool: a finished or failed
+    upload holds no part in memory."""
+
+    #: sys.getrefcount of a pooled buffer that nobody else holds: the pool
+    #: list, the loop variable and getrefcount's own argument.
+    _IDLE_REFS = 3
 
     def __init__(
         self,
@@ -264,6 +276,7 @@ class UploadSource:
         size: int,
         blocks: dict[int, tuple[int, int]],
         expected: dict[int, tuple[int, int, bool]] | None = None,
+        max_buffers: int = 5,
     ) -> None:
         self.block_size = block_size
         self.size = size
@@ -272,13 +285,33 @@ class UploadSource:
         #: a digest: a whole block read that does not match raises BlockDamaged.
         self.expected = expected or {}
         self.digests: dict[int, int] = {}
-        self._buffers = threading.local()
+        self.max_buffers = max_buffers
+        self._pool: list[bytearray] = []
+        self._lock = threading.Lock()
 
     def _buffer(self, length: int) -> bytearray:
-        buf: bytearray | None = getattr(self._buffers, "buf", None)
-        if buf is None or len(buf) != length:
-            buf = self._buffers.buf = bytearray(length)
-        return buf
+        with self._lock:
+            for buf in self._pool:
+                if len(buf) == length and sys.getrefcount(buf) == self._IDLE_REFS:
+                    return buf
+            fresh = bytearray(length)
+            if len(self._pool) < self.max_buffers:
+                self._pool.append(fresh)
+            else:  # replace an idle buffer of another length, if there is one
+                for i, buf in enumerate(self._pool):
+                    if sys.getrefcount(buf) == self._IDLE_REFS:
+                        self._pool[i] = fresh
+                        break
+            return fresh
+
+    @property
+    def pooled(self) -> int:
+        return len(self._pool)
+
+    def close(self) -> None:
+        """Drop the pooled buffers (those still held elsewhere die with their holder)."""
+        with self._lock:
+            self._pool.clear()
 
     def read(self, offset: int, length: int) -> bytearray:
         bs = self.block_size
@@ -810,8 +843,10 @@ class BlockCache:
         memory.  Every other buffer goes back to the pool."""
         bufs = [self.buffers.take() for _ in lengths]
         kept = [False] * len(bufs)
+        # Every view of ``bufs`` made here is released before the buffers go
+        # back to the pool (a view alive at ``give`` costs the buffer).
+        views: list[memoryview] = []
         try:
-            views: list[memoryview] = []
             left = length
             for buf, nbytes in zip(bufs, lengths, strict=True):
                 views.append(memoryview(buf)[: min(nbytes, left)])
@@ -826,6 +861,7 @@ class BlockCache:
             pos = 0
             for i, (buf, nbytes, fd_pair) in enumerate(zip(bufs, lengths, fds, strict=True)):
                 block = memoryview(buf)[:nbytes]
+                views.append(block)
                 filled = max(0, min(nbytes, length - pos))
                 if filled < nbytes:  # past the origin's end (the file was extended): zeros
                     block[filled:] = bytes(nbytes - filled)
@@ -841,6 +877,9 @@ class BlockCache:
                 pos += nbytes
             return out
         finally:
+            for view in views:
+                with contextlib.suppress(BufferError):  # a view of the view: dropped at give
+                    view.release()
             for buf, keep in zip(bufs, kept, strict=True):
                 if not keep:
                     self.buffers.give(buf)
@@ -1115,8 +1154,9 @@ class BlockCache:
         for start in range(0, nblocks, 64):
             await self._ensure(cf, range(start, min(nblocks, start + 64)))
 
-    def upload_source(self, cf: CachedFile) -> UploadSource:
-        """A thread-safe reader of the file's current bytes, for the uploader.
+    def upload_source(self, cf: CachedFile, parts_in_flight: int) -> UploadSource:
+        """A thread-safe reader of the file's current bytes, for the uploader,
+        pooling ``parts_in_flight`` + 1 part buffers; close it after the upload.
 
         Built on the loop: it snapshots the block map and opens the fds, so
         the worker threads touch no shared state but the fds (which stay
@@ -1127,7 +1167,9 @@ class BlockCache:
             for b, rec in cf.blocks.items()
             if rec.checkable and b not in cf.writing
         }
-        return UploadSource(self.block_size, cf.inode.size, blocks, expected)
+        return UploadSource(
+            self.block_size, cf.inode.size, blocks, expected, max_buffers=parts_in_flight + 1
+        )
 
     # --- readahead -------------------------------------------------------------------------
 

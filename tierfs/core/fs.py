@@ -37,6 +37,7 @@ from .blockcache import BlockCache, CachedFile, ReadState
 from .journal import Journal
 from .namespace import Identity, Namespace
 from .space import SpaceManager
+from .supervisor import FatalWorkerError, Supervisor
 from .sync import SyncOps
 from .writes import WriteOps
 
@@ -183,6 +184,8 @@ class TierFS(WriteOps, SyncOps):
         #: and, if the flag is true, its cached pages too.
         self.invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel
         self._nursery: trio.Nursery | None = None
+        #: Runs every background task of the daemon (see ``supervisor``).
+        self.supervisor = Supervisor()
 
     def _read_origin(self, inode: Inode) -> tuple[str, str]:
         moving_from = self.journal.read_origin(inode.ino)
@@ -214,14 +217,15 @@ class TierFS(WriteOps, SyncOps):
     async def run_workers(
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Background work of the core; runs until cancelled."""
+        """Background work of the core; runs until cancelled.  Each worker
+        runs under ``self.supervisor``: a failure restarts it."""
         self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.blocks.start(nursery)
-            nursery.start_soon(self._housekeep_periodically)
-            nursery.start_soon(self._commit_periodically)
-            nursery.start_soon(self._remove_orphan_cache_files)
+            self.supervisor.start_soon(nursery, "housekeeping", self._housekeep_periodically)
+            self.supervisor.start_soon(nursery, "commit", self._commit_periodically)
+            self.supervisor.start_soon(nursery, "orphan_cleanup", self._remove_orphan_cache_files)
             task_status.started()
 
     def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
@@ -243,16 +247,23 @@ class TierFS(WriteOps, SyncOps):
     async def _commit_periodically(self) -> None:
         """Batch metadata commits while the workers run (MetaDB "Group commit").
 
-        A failed commit ends the daemon: LMDB has dropped the group, so the
-        metadata on disk is that of the last commit, as after a crash, and the
-        next mount goes on from there.
+        A failed commit ends the daemon (``FatalWorkerError``, the one
+        failure the supervisor does not restart): LMDB has dropped the group,
+        so the in-memory state (journal, caches) is ahead of the metadata on
+        disk, and only a restart from disk makes them agree again.  The disk
+        holds the last commit, as after a crash, and the next mount goes on
+        from there.  Any other failure of this loop restarts it; meanwhile
+        (``group_commit`` off) every write transaction commits by itself.
         """
         self.meta.group_commit = True
         try:
             while True:
                 await trio.sleep(COMMIT_INTERVAL)
                 if self.meta.uncommitted:
-                    self.meta.commit()
+                    try:
+                        self.meta.commit()
+                    except Exception as exc:
+                        raise FatalWorkerError(f"metadata group commit failed: {exc}") from exc
         finally:
             self.meta.group_commit = False
 
@@ -452,7 +463,14 @@ class TierFS(WriteOps, SyncOps):
             self.space.forget(ino)
         self.blocks.content_changed(ino, tiers, inode)
         if still_exists and self._nursery is not None:
-            self._nursery.start_soon(self.invalidate_kernel_cache, ino, True)
+            self.supervisor.start_soon(
+                self._nursery,
+                "kernel_invalidation",
+                self.invalidate_kernel_cache,
+                ino,
+                True,
+                restart=False,
+            )
 
     # --- extended attributes ---------------------------------------------------------------
 
@@ -567,6 +585,8 @@ class TierFS(WriteOps, SyncOps):
             "last_sync_error": self.last_sync_error,
             "endpoint": self._endpoint_status(),
             "failed_files": len(self.meta.failed_files()),
+            "worker_restarts": self.supervisor.restarts,
+            "workers": self.supervisor.status(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
             "counters": {
@@ -579,6 +599,7 @@ class TierFS(WriteOps, SyncOps):
                 "verify_failures": stats.verify_failures,
                 "uncached_blocks": stats.uncached_blocks,
                 "fetch_buffers_mapped": self.blocks.buffers.created,
+                "fetch_buffers_dropped_in_use": self.blocks.buffers.dropped_in_use,
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,

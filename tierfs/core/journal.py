@@ -70,6 +70,8 @@ SCAN_WINDOW = 2000
 #: A ``hurry`` counts as someone waiting for the bucket for this long
 #: (seconds); a writer short of space hurries every 50 ms while it waits.
 HURRY_WAIT = 1.0
+#: A hurried entry that failed before runs again this soon (seconds).
+HURRY_FAILED_RETRY = 2.0
 
 
 @dataclass(slots=True)
@@ -140,7 +142,9 @@ class Journal:
         self.hurried_at = -math.inf
         #: seq -> ``MetaDB.commits`` when it was appended (this mount only).
         self.queued_in: dict[int, int] = {}
+        #: seq -> failed attempts so far, and the error of the last one.
         self.failures: dict[int, int] = {}
+        self.errors: dict[int, str] = {}
         self._deleting: dict[str, int] = {}
         #: ino -> pending setmeta/mkdir entries of it.
         self._attr_entries: dict[int, int] = {}
@@ -200,6 +204,7 @@ class Journal:
         self.not_before.pop(seq, None)
         self.queued_in.pop(seq, None)
         self.failures.pop(seq, None)
+        self.errors.pop(seq, None)
         self._keys.pop(seq, None)
         self._count_delete(entry, -1)
         self._count_attrs(entry, -1)
@@ -285,9 +290,17 @@ class Journal:
                 self.wake()
 
     def hurry(self, seqs: set[int] | None = None) -> None:
-        """Make entries (all, or ``seqs``) due now, held files included."""
-        self.hurried_at = trio.current_time()
+        """Make entries (all, or ``seqs``) due now, held files included.
+
+        Without ``seqs`` (a writer short of space hurries every 50 ms),
+        an entry that failed runs again within HURRY_FAILED_RETRY seconds,
+        not at once: at once made it fail every 50 ms, a storm of requests
+        against a bucket that refuses them.  A flush names its entries."""
+        now = self.hurried_at = trio.current_time()
         for seq, entry in self.entries.items():
+            if seqs is None and seq in self.failures:
+                self.not_before[seq] = min(self.not_before.get(seq, 0.0), now + HURRY_FAILED_RETRY)
+                continue
             if seqs is None or seq in seqs:
                 self.not_before[seq] = 0.0
                 if entry["op"] == "upload":
@@ -307,9 +320,21 @@ class Journal:
         self.failures.clear()
         self.wake()
 
-    def retry_later(self, seq: int, delay: float) -> None:
+    def retry_later(self, seq: int, delay: float, error: str = "") -> None:
+        """An attempt of ``seq`` failed (with ``error``): try again after ``delay``."""
         self.failures[seq] = self.failures.get(seq, 0) + 1
+        if error:
+            self.errors[seq] = error
         self.not_before[seq] = trio.current_time() + delay
+
+    def retry_sooner(self, seqs: set[int], within: float) -> None:
+        """Entries of ``seqs`` waiting for a retry run again within ``within``
+        seconds (someone waits for them: no long backoff)."""
+        latest = trio.current_time() + within
+        for seq in seqs:
+            if self.not_before.get(seq, 0.0) > latest:
+                self.not_before[seq] = latest
+                self.wake()
 
     def runnable(
         self, keys_of: Callable[[int, Entry], list[str] | None], limit: int = SCAN_WINDOW
