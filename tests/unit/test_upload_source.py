@@ -31,7 +31,7 @@ def make_source(
 ) -> tuple[UploadSource, bytes]:
     fd, data = cache_file
     data = data[: blocks * BLOCK]
-    source = UploadSource(BLOCK, len(data), {b: (fd, BLOCK) for b in range(blocks)}, max_buffers)
+    source = UploadSource(BLOCK, len(data), {b: (fd, BLOCK) for b in range(blocks)}, max_buffers=max_buffers)
     return source, data
 
 

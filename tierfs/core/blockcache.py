@@ -276,6 +276,7 @@ class UploadSource:
         size: int,
         blocks: dict[int, tuple[int, int]],
         expected: dict[int, tuple[int, int, bool]] | None = None,
+        *,
         max_buffers: int = 5,
     ) -> None:
         self.block_size = block_size

@@ -365,12 +365,12 @@ class SyncOps:
         """Keep the entry of a failed file, but do not run it again until the
         file changes; a flush waiting for it fails at once (``_wait_entries``)."""
         self._upload_refused.add(ino)
-        self.journal.failures[seq] = max(self.journal.failures.get(seq, 0), self.flush_max_failures)
         self.journal.not_before[seq] = math.inf
         self.last_sync_error = (
             f"upload: {self.path_of(ino)!r} is failed: a block of it failed its checksum "
             "on the tier; it is not uploaded (see `tierfs where`)"
         )
+        self.journal.errors[seq] = self.last_sync_error
 
     def _part_size(self: TierFS, size: int) -> int:
         """Parts are whole blocks, at least ``[write] part_size``, and 10,000
@@ -501,12 +501,19 @@ class SyncOps:
         outage that is over by now) neither fail it nor delay it (their
         backoff is cut short), and the error it reports is that of its own
         last attempt.  An attempt already running when the wait begins
-        started before it: its failure does not count either.
+        started before it: its failure does not count either.  A file whose
+        upload is refused for damage (``_refuse_upload``) fails the wait at
+        once: no attempt can succeed until the file is rewritten.
         """
         journal = self.journal
         before = {s: journal.failures.get(s, 0) + (s in journal.running) for s in seqs}
         journal.hurry(seqs)
         while pending := seqs & journal.entries.keys():
+            for ino in self._upload_refused:
+                seq = journal.upload_seq.get(ino)
+                if seq in pending:  # a failed file: no attempt can succeed
+                    error = journal.errors.get(seq, self.last_sync_error)
+                    raise StoreError(f"the bucket keeps refusing the writes: {error}")
             failed = {s for s in pending if journal.failures.get(s, 0) > before[s]}
             for seq in failed:
                 if journal.failures[seq] - before[seq] >= self.flush_max_failures:
