@@ -13,7 +13,6 @@ import gc
 import random
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -26,22 +25,11 @@ from tierfs.store.s3 import S3Store
 
 
 @pytest.fixture
-def proxy(bucket: tuple[str, str]) -> Iterator[FaultProxy]:
-    parts = urlsplit(bucket[0])
-    assert parts.hostname is not None and parts.port is not None
-    p = FaultProxy(parts.hostname, parts.port)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-@pytest.fixture
-def s3_store(bucket: tuple[str, str], proxy: FaultProxy) -> Iterator[Any]:
+def s3_store(bucket: tuple[str, str], fault_proxy: FaultProxy) -> Iterator[Any]:
     """The ``make_fs`` store, through the proxy, with a retry budget of 2 attempts."""
     store = S3Store(
         f"s3://{bucket[1]}/pre/",
-        endpoint_url=f"http://127.0.0.1:{proxy.port}",
+        endpoint_url=f"http://127.0.0.1:{fault_proxy.port}",
         region="us-east-1",
         retry=RetryPolicy(max_attempts=2, budget=5.0, base_delay=0.01, max_delay=0.05),
     )
@@ -58,7 +46,7 @@ def pooled_without_views(mount: Any) -> None:
 
 @pytest.mark.parametrize("fault", ["reset", "truncate"])
 async def test_failed_fetches_never_pool_a_buffer_with_a_live_view(
-    make_fs: Any, s3_store: Any, proxy: FaultProxy, fault: str
+    make_fs: Any, s3_store: Any, fault_proxy: FaultProxy, fault: str
 ) -> None:
     bodies = {f"f{i}.bin": random.Random(i).randbytes(3 * MiB + 17 * i) for i in range(6)}
     for name, body in bodies.items():
@@ -68,7 +56,7 @@ async def test_failed_fetches_never_pool_a_buffer_with_a_live_view(
     for round_no, (name, body) in enumerate(bodies.items()):
         # Even rounds: more faults than the retry budget (the fetch fails);
         # odd rounds: one fault (the store retries and the read succeeds).
-        getattr(proxy, f"{fault}_next")(4 if round_no % 2 == 0 else 1)
+        getattr(fault_proxy, f"{fault}_next")(4 if round_no % 2 == 0 else 1)
         try:
             got = await mount.read_file(name)
         except StoreError as exc:
@@ -76,9 +64,9 @@ async def test_failed_fetches_never_pool_a_buffer_with_a_live_view(
             kept_errors.append(exc)
         else:
             assert got == body, f"{name}: wrong bytes after a {fault}"
-        proxy.clear_faults()
+        fault_proxy.clear_faults()
         pooled_without_views(mount)
-    assert proxy.faults_injected >= 6
+    assert fault_proxy.faults_injected >= 6
     assert kept_errors, "no fetch failed: the test did not exercise the failure path"
     pool = mount.fs.blocks.buffers
     # The reported crash: trim() of a pool holding a buffer with a view raised

@@ -39,10 +39,8 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -79,12 +77,12 @@ def with_write_config(m: Mount, **write: str) -> None:
         f.write(f"\n[write]\n{lines}")
 
 
-def through_proxy(m: Mount, proxy: FaultProxy) -> None:
+def through_proxy(m: Mount, fault_proxy: FaultProxy) -> None:
     """Point the config the ``mount`` factory wrote at ``proxy``."""
     config = m.config_path.read_text()
     direct = f"endpoint_url = {json.dumps(m.endpoint)}"
     assert direct in config
-    via_proxy = f"endpoint_url = {json.dumps(f'http://127.0.0.1:{proxy.port}')}"
+    via_proxy = f"endpoint_url = {json.dumps(f'http://127.0.0.1:{fault_proxy.port}')}"
     m.config_path.write_text(config.replace(direct, via_proxy))
 
 
@@ -327,19 +325,8 @@ INFLIGHT_SIZE = 40 * MiB  # 1 MiB blocks: 8 MiB parts, 5 of them
 PROXY_DELAY = 2.0  # seconds before each S3 response reaches the daemon
 
 
-@pytest.fixture
-def proxy(bucket: tuple[str, str]) -> Iterator[FaultProxy]:
-    host, port = urlsplit(bucket[0]).hostname, urlsplit(bucket[0]).port
-    assert host is not None and port is not None
-    p = FaultProxy(host, port)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def test_kill9_during_multipart_upload_leaves_no_upload_behind(
-    mount: MountFactory, proxy: FaultProxy
+    mount: MountFactory, fault_proxy: FaultProxy
 ) -> None:
     # Long TTLs: no LIST or HEAD goes through the slow proxy after the write.
     m = mount(
@@ -350,12 +337,12 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
         revalidate_ttl="1h",
         do_mount=False,
     )
-    through_proxy(m, proxy)
+    through_proxy(m, fault_proxy)
     with_write_config(m, upload_delay="0s", part_size="8MiB")
     m.mount()
 
     body = pattern(9, INFLIGHT_SIZE)
-    proxy.delay = PROXY_DELAY  # from here on, the upload crawls
+    fault_proxy.delay = PROXY_DELAY  # from here on, the upload crawls
     write_synced(m.path / INFLIGHT, body)
     key = m.key(INFLIGHT)
 
@@ -376,7 +363,7 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
     assert m.where_one(INFLIGHT)["state"] == "uploading"
     kill9(m, daemon_pid(m))
     killed_after = time.monotonic() - seen
-    proxy.delay = 0.0
+    fault_proxy.delay = 0.0
 
     # --- proof that the kill cut the upload --------------------------------------------
     in_flight = [u for u in open_uploads(m) if u["Key"] == key]
@@ -389,20 +376,20 @@ def test_kill9_during_multipart_upload_leaves_no_upload_behind(
     # mount's cleanup of "uploads older than a day" would abort this one too
     # and hide whether the journal replay aborts it.  Make that cleanup fail
     # (its ListMultipartUploads answers are lost) for this remount.
-    proxy.fail_responses(
+    fault_proxy.fail_responses(
         50, kind="reset", match=lambda line: line.startswith("GET ") and "?uploads" in line
     )
     log_start = len(m.log_text())
     m.mount()
     assert (m.path / INFLIGHT).read_bytes() == body, "fsynced content lost in the crash"
     flush(m)
-    assert proxy.faults_injected > 0, "the stale-upload cleanup did not run"
+    assert fault_proxy.faults_injected > 0, "the stale-upload cleanup did not run"
     # The cleanup runs beside the uploads and gives up after its retries.
     assert wait_until(
         lambda: "cannot clean up stale multipart uploads" in m.log_text()[log_start:],
         timeout=30,
     ), f"the stale-upload cleanup was not bypassed:\n{m.log_text()[log_start:]}"
-    proxy.clear_faults()
+    fault_proxy.clear_faults()
     got = bucket_body(m, INFLIGHT)
     assert len(got) == len(body) and sha(got) == sha(body), "the object in the bucket is wrong"
     leaked = [u for u in open_uploads(m) if u["Key"] == key]
@@ -429,20 +416,22 @@ def test_rename_keeps_the_upload_delay(mount: MountFactory) -> None:
     assert bucket_keys(m) == [], "uploaded before upload_delay ran out"
 
 
-def test_unlink_during_upload_does_not_block_flush(mount: MountFactory, proxy: FaultProxy) -> None:
+def test_unlink_during_upload_does_not_block_flush(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
     m = mount(list_ttl="1h", revalidate_ttl="1h", do_mount=False)
-    through_proxy(m, proxy)
+    through_proxy(m, fault_proxy)
     with_write_config(m, upload_delay="0s")
     m.mount()
     path = m.path / "f"
     path.write_bytes(b"v1")
     flush(m)  # "f" has an object now
-    proxy.delay = 1.0  # the next upload is slow
+    fault_proxy.delay = 1.0  # the next upload is slow
     with open(path, "ab") as f:
         f.write(b"v2")
     assert wait_until(lambda: m.where_one("f")["state"] == "uploading", timeout=10, interval=0.05)
     os.unlink(path)
-    proxy.delay = 0.0
+    fault_proxy.delay = 0.0
     try:
         done = run_tierfs("flush", str(m.path), timeout=10)
     except subprocess.TimeoutExpired:
@@ -452,7 +441,7 @@ def test_unlink_during_upload_does_not_block_flush(mount: MountFactory, proxy: F
 
 
 def test_delete_of_a_new_file_waits_for_its_upload_in_flight(
-    mount: MountFactory, proxy: FaultProxy
+    mount: MountFactory, fault_proxy: FaultProxy
 ) -> None:
     """Unlink of a never-uploaded file while its first PUT is on the wire:
     the DELETE must not overtake the PUT.  The PUT's answer is lost, so
@@ -460,18 +449,18 @@ def test_delete_of_a_new_file_waits_for_its_upload_in_flight(
     leave the object behind.  (The model test found such an overtaking once;
     this test pins the outcome, it does not force that interleaving.)"""
     m = mount(list_ttl="1h", revalidate_ttl="1h", do_mount=False)
-    through_proxy(m, proxy)
+    through_proxy(m, fault_proxy)
     with_write_config(m, upload_delay="0s")
     m.mount()
-    proxy.delay = 1.0  # every answer comes a second late ...
-    proxy.fail_responses(1, kind="reset", match=lambda line: line.startswith("PUT "))
+    fault_proxy.delay = 1.0  # every answer comes a second late ...
+    fault_proxy.fail_responses(1, kind="reset", match=lambda line: line.startswith("PUT "))
     (m.path / "new").write_bytes(b"first version")
     assert wait_until(lambda: m.where_one("new")["state"] == "uploading", timeout=10, interval=0.02)
     os.unlink(m.path / "new")
-    proxy.delay = 0.0
+    fault_proxy.delay = 0.0
     done = run_tierfs("flush", str(m.path), timeout=60)
     assert done.returncode == 0, done.stderr
-    assert proxy.faults_injected == 1, "the PUT's answer was not lost: test proves nothing"
+    assert fault_proxy.faults_injected == 1, "the PUT's answer was not lost: test proves nothing"
     assert bucket_keys(m) == [], "the unlinked file's object came back"
 
 

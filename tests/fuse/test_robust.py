@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -92,7 +91,9 @@ def status_eventually(m: Mount, timeout: float = 10.0) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def flush_result(m: Mount, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess[str], float]:
+def flush_result(
+    m: Mount, timeout: float = 120.0
+) -> tuple[subprocess.CompletedProcess[str], float]:
     """``tierfs flush`` of the whole mount, and how long it took (seconds)."""
     started = time.monotonic()
     done = run_tierfs("flush", str(m.path), timeout=timeout)
@@ -170,17 +171,14 @@ def test_first_flush_after_the_backing_recovers_succeeds(
     for name, body in bodies.items():
         write_file(m.path / name, body)
     # The uploads fail, again and again, with backoff (ENOSPC on the backing).
-    assert wait_until(lambda: "No space" in m.status()["last_sync_error"], timeout=20), (
-        m.log_tail()
-    )
+    assert wait_until(lambda: "No space" in m.status()["last_sync_error"], timeout=20), m.log_tail()
     failing, _ = flush_result(m)
     assert failing.returncode != 0, "a flush while the backing is full cannot succeed"
     assert "No space" in failing.stderr, failing.stderr
     small_backing.free()
     done, took = flush_result(m)
     assert done.returncode == 0, (
-        f"the first flush after the outage failed after {took:.1f} s: {done.stderr}\n"
-        f"{m.log_tail()}"
+        f"the first flush after the outage failed after {took:.1f} s: {done.stderr}\n{m.log_tail()}"
     )
     objects = small_backing.objects()
     for name, body in bodies.items():
@@ -300,9 +298,7 @@ def stress_failing_uploads_then_sigterm(
     assert names == set(objects), f"mount and backing disagree: {names ^ set(objects)}"
     for name in names:
         assert objects[name] == (m.path / name).read_bytes(), name
-    print(
-        f"peak RSS {peak / MiB:.0f} MiB, {pending} pending uploads, SIGTERM exit {took:.2f} s"
-    )
+    print(f"peak RSS {peak / MiB:.0f} MiB, {pending} pending uploads, SIGTERM exit {took:.2f} s")
 
 
 # --- A: supervised workers -----------------------------------------------------------------
@@ -383,18 +379,7 @@ def test_a_failure_injected_into_each_worker_leaves_the_mount_serving(
 # --- A: S3 faults for a while: 503s, 403s, resets --------------------------------------------
 
 
-@pytest.fixture
-def proxy(bucket: tuple[str, str]) -> Iterator[FaultProxy]:
-    parts = urlsplit(bucket[0])
-    assert parts.hostname is not None and parts.port is not None
-    p = FaultProxy(parts.hostname, parts.port)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-def run_under_s3_faults(mount: MountFactory, proxy: FaultProxy, seconds: float) -> None:
+def run_under_s3_faults(mount: MountFactory, fault_proxy: FaultProxy, seconds: float) -> None:
     """Read (cold, through eviction) and write through a proxy that answers
     30% of requests 503, 5% 403 and resets 10% of bodies, for ``seconds``:
     the daemon stays up, every read either returns the right bytes or fails
@@ -402,10 +387,10 @@ def run_under_s3_faults(mount: MountFactory, proxy: FaultProxy, seconds: float) 
     write that succeeded reaches the bucket."""
     objects = {f"obj-{i}.bin": random.Random(i).randbytes(2 * MiB + i) for i in range(24)}
     m = mount(objects, nvme="8MiB", hdd="16MiB", upload_delay="0s", do_mount=False)
-    through_proxy(m, proxy)
+    through_proxy(m, fault_proxy)
     m.mount()
     pid = m.pids[-1]
-    proxy.random_faults(error_503=0.3, error_403=0.05, reset=0.1, seed=11)
+    fault_proxy.random_faults(error_503=0.3, error_403=0.05, reset=0.1, seed=11)
     rng = random.Random(5)
     written: dict[str, bytes] = {}
     reads = failures = 0
@@ -434,9 +419,11 @@ def run_under_s3_faults(mount: MountFactory, proxy: FaultProxy, seconds: float) 
         assert is_tierfsd(pid), f"the daemon died under S3 faults\n{m.log_tail()}"
         drop_page_cache()
         round_no += 1
-    assert proxy.random_counts["503"] and proxy.random_counts["reset"], proxy.random_counts
+    assert fault_proxy.random_counts["503"] and fault_proxy.random_counts["reset"], (
+        fault_proxy.random_counts
+    )
     assert reads > 0 and written, "nothing got through the faults"
-    proxy.clear_faults()
+    fault_proxy.clear_faults()
     done, _ = flush_result(m)
     assert done.returncode == 0, f"flush failed after the faults: {done.stderr}\n{m.log_tail()}"
     for name, body in written.items():
@@ -447,20 +434,20 @@ def run_under_s3_faults(mount: MountFactory, proxy: FaultProxy, seconds: float) 
     for worker, record in status["workers"].items():
         assert record["errors"] == 0, f"worker {worker} failed under S3 faults: {record}"
     print(
-        f"{seconds:.0f} s of S3 faults {dict(proxy.random_counts)}: {reads} reads, "
+        f"{seconds:.0f} s of S3 faults {dict(fault_proxy.random_counts)}: {reads} reads, "
         f"{failures} failed calls, buffers dropped in use: "
         f"{status['counters']['fetch_buffers_dropped_in_use']}"
     )
 
 
 def test_s3_503s_403s_and_resets_do_not_stop_the_daemon(
-    mount: MountFactory, proxy: FaultProxy
+    mount: MountFactory, fault_proxy: FaultProxy
 ) -> None:
-    run_under_s3_faults(mount, proxy, seconds=15)
+    run_under_s3_faults(mount, fault_proxy, seconds=15)
 
 
 @pytest.mark.slow
 def test_minutes_of_s3_503s_403s_and_resets_do_not_stop_the_daemon(
-    mount: MountFactory, proxy: FaultProxy
+    mount: MountFactory, fault_proxy: FaultProxy
 ) -> None:
-    run_under_s3_faults(mount, proxy, seconds=300)
+    run_under_s3_faults(mount, fault_proxy, seconds=300)

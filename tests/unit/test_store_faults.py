@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from botocore.awsrequest import AWSResponse
@@ -318,18 +317,9 @@ def test_credentials_never_in_messages(
 
 
 @pytest.fixture
-def proxy(moto_server: str) -> Iterator[FaultProxy]:
-    parts = urlsplit(moto_server)
-    assert parts.hostname is not None and parts.port is not None
-    p = FaultProxy(parts.hostname, parts.port)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def proxied_store(bucket: tuple[str, str], proxy: FaultProxy) -> Iterator[S3Store]:
+def proxied_store(bucket: tuple[str, str], fault_proxy: FaultProxy) -> Iterator[S3Store]:
     _, name = bucket
-    store = make_store(f"http://127.0.0.1:{proxy.port}", name)
+    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", name)
     store.put("blob", BLOB)
     yield store
     store.close()
@@ -340,27 +330,27 @@ def proxied_store(bucket: tuple[str, str], proxy: FaultProxy) -> Iterator[S3Stor
     ("start", "length"), [(0, len(BLOB)), (12345, 300000), (len(BLOB) - 1000, 5000)]
 )
 def test_get_range_survives_broken_bodies(
-    proxied_store: S3Store, proxy: FaultProxy, fault: str, start: int, length: int
+    proxied_store: S3Store, fault_proxy: FaultProxy, fault: str, start: int, length: int
 ) -> None:
-    getattr(proxy, f"{fault}_next")(2)
+    getattr(fault_proxy, f"{fault}_next")(2)
     assert proxied_store.get_range("blob", start, length) == BLOB[start : start + length]
-    assert proxy.faults_injected == 2
+    assert fault_proxy.faults_injected == 2
 
 
 @pytest.mark.parametrize("fault", ["reset", "truncate"])
 def test_get_range_into_survives_broken_bodies(
-    proxied_store: S3Store, proxy: FaultProxy, fault: str
+    proxied_store: S3Store, fault_proxy: FaultProxy, fault: str
 ) -> None:
     """The zero-copy read: a broken body is fetched again, the buffers end
     up with exactly the object's bytes, and the pooled connections still
     serve correct answers afterwards."""
-    getattr(proxy, f"{fault}_next")(2)
+    getattr(fault_proxy, f"{fault}_next")(2)
     start, sizes = 4321, [100_000, 250_000, 7]
     bufs = [bytearray(n) for n in sizes]
     got = proxied_store.get_range_into("blob", start, [memoryview(b) for b in bufs])
     assert got == sum(sizes)
     assert b"".join(bufs) == BLOB[start : start + got]
-    assert proxy.faults_injected == 2
+    assert fault_proxy.faults_injected == 2
     for offset in (0, 5000, 90_000):  # reused connections: no stray bytes left in them
         buf = bytearray(3000)
         assert proxied_store.get_range_into("blob", offset, [memoryview(buf)]) == 3000
@@ -383,42 +373,46 @@ def test_get_range_into_reads_without_a_copy(proxied_store: S3Store) -> None:
         assert buf == BLOB[offset : offset + 5000]
 
 
-def test_get_range_mixed_faults_with_if_match(proxied_store: S3Store, proxy: FaultProxy) -> None:
+def test_get_range_mixed_faults_with_if_match(
+    proxied_store: S3Store, fault_proxy: FaultProxy
+) -> None:
     etag = proxied_store.head("blob").etag  # HEAD has no body: consumes no fault
-    proxy.reset_next(1)
-    proxy.truncate_next(1)
+    fault_proxy.reset_next(1)
+    fault_proxy.truncate_next(1)
     assert proxied_store.get_range("blob", 1000, 500000, etag=etag) == BLOB[1000:501000]
-    assert proxy.faults_injected == 2
-    assert proxy.connections >= 2
+    assert fault_proxy.faults_injected == 2
+    assert fault_proxy.connections >= 2
 
 
 def test_get_range_gives_up_on_persistent_resets(
-    bucket: tuple[str, str], proxy: FaultProxy
+    bucket: tuple[str, str], fault_proxy: FaultProxy
 ) -> None:
     _, name = bucket
-    make_s3_client(f"http://127.0.0.1:{proxy.port}").put_object(
+    make_s3_client(f"http://127.0.0.1:{fault_proxy.port}").put_object(
         Bucket=name, Key="pre/blob", Body=BLOB
     )
-    store = make_store(f"http://127.0.0.1:{proxy.port}", name, policy=TINY)
-    proxy.reset_next(1000)
+    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", name, policy=TINY)
+    fault_proxy.reset_next(1000)
     started = time.monotonic()
     with pytest.raises(StoreUnavailable) as info:
         store.get_range("blob", 0, len(BLOB))
     assert time.monotonic() - started < 5
-    assert proxy.faults_injected == TINY.max_attempts
+    assert fault_proxy.faults_injected == TINY.max_attempts
     assert "get_range" in str(info.value) and "pre/blob" in str(info.value)
 
 
-def test_read_timeout_is_retried_then_gives_up(bucket: tuple[str, str], proxy: FaultProxy) -> None:
+def test_read_timeout_is_retried_then_gives_up(
+    bucket: tuple[str, str], fault_proxy: FaultProxy
+) -> None:
     _, name = bucket
-    store = make_store(f"http://127.0.0.1:{proxy.port}", name, policy=TINY, read_timeout=0.2)
+    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", name, policy=TINY, read_timeout=0.2)
     store.put("obj", b"x")
-    proxy.delay = 0.6
+    fault_proxy.delay = 0.6
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="ReadTimeout"):
         store.head("obj")
     assert time.monotonic() - started < 5
-    proxy.delay = 0.0
+    fault_proxy.delay = 0.0
     assert store.head("obj").size == 1
 
 

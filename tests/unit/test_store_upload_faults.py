@@ -253,15 +253,6 @@ def test_delete_many_reports_permanent_key_errors(fast_store: S3Store) -> None:
 
 
 @pytest.fixture
-def proxy(moto_server: str) -> Iterator[FaultProxy]:
-    parts = urlsplit(moto_server)
-    assert parts.hostname is not None and parts.port is not None
-    p = FaultProxy(parts.hostname, parts.port)
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def versioned(bucket: tuple[str, str], s3_client: Any) -> str:
     """Name of the fresh bucket, with versioning on (to count object versions)."""
     _, name = bucket
@@ -270,8 +261,8 @@ def versioned(bucket: tuple[str, str], s3_client: Any) -> str:
 
 
 @pytest.fixture
-def proxied(versioned: str, proxy: FaultProxy) -> Iterator[S3Store]:
-    store = make_store(f"http://127.0.0.1:{proxy.port}", versioned)
+def proxied(versioned: str, fault_proxy: FaultProxy) -> Iterator[S3Store]:
+    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", versioned)
     yield store
     store.close()
 
@@ -299,56 +290,56 @@ def scenario(fn: Scenario) -> Scenario:
 
 
 @scenario
-def reset_while_sending_parts(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.fail_requests(3, kind="reset", match=is_part)
+def reset_while_sending_parts(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.fail_requests(3, kind="reset", match=is_part)
     return 3, 0
 
 
 @scenario
-def closed_while_sending_parts(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.fail_requests(2, kind="truncate", match=is_part)
+def closed_while_sending_parts(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.fail_requests(2, kind="truncate", match=is_part)
     return 2, 0
 
 
 @scenario
-def part_answers_lost(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.fail_responses(2, kind="reset", match=is_part)
-    proxy.fail_responses(1, kind="truncate", match=is_part)
+def part_answers_lost(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.fail_responses(2, kind="reset", match=is_part)
+    fault_proxy.fail_responses(1, kind="truncate", match=is_part)
     return 3, 0
 
 
 @scenario
-def create_answer_lost(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.fail_responses(1, kind="reset", match=is_create)
+def create_answer_lost(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.fail_responses(1, kind="reset", match=is_create)
     return 1, 1
 
 
 @scenario
-def create_answer_cut_mid_body(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.reset_next(1)  # the first response with a body is CreateMultipartUpload's
+def create_answer_cut_mid_body(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.reset_next(1)  # the first response with a body is CreateMultipartUpload's
     return 1, 1
 
 
 @scenario
-def complete_answer_lost(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.fail_responses(1, kind="reset", match=is_complete)
-    proxy.fail_responses(1, kind="truncate", match=is_complete)
+def complete_answer_lost(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.fail_responses(1, kind="reset", match=is_complete)
+    fault_proxy.fail_responses(1, kind="truncate", match=is_complete)
     return 2, 0
 
 
 @scenario
-def everything_at_once(proxy: FaultProxy) -> tuple[int, int]:
-    proxy.truncate_next(1)
-    proxy.fail_requests(1, kind="reset", match=is_part)
-    proxy.fail_responses(1, kind="reset", match=is_part)
-    proxy.fail_responses(1, kind="truncate", match=is_complete)
+def everything_at_once(fault_proxy: FaultProxy) -> tuple[int, int]:
+    fault_proxy.truncate_next(1)
+    fault_proxy.fail_requests(1, kind="reset", match=is_part)
+    fault_proxy.fail_responses(1, kind="reset", match=is_part)
+    fault_proxy.fail_responses(1, kind="truncate", match=is_complete)
     return 4, 1
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_upload_survives_network_faults(
     proxied: S3Store,
-    proxy: FaultProxy,
+    fault_proxy: FaultProxy,
     s3_client: Any,
     versioned: str,
     name: str,
@@ -356,7 +347,7 @@ def test_upload_survives_network_faults(
 ) -> None:
     """(b) bytes right, one object version, no leaked multipart upload."""
     caplog.set_level(logging.INFO, logger="tierfs.store.s3")
-    expected_faults, lost_creates = SCENARIOS[name](proxy)
+    expected_faults, lost_creates = SCENARIOS[name](fault_proxy)
     ids: list[str] = []
     etag = proxied.put_multipart(
         "ckpt/step-1.bin",
@@ -366,7 +357,7 @@ def test_upload_survives_network_faults(
         part_size=PART,
         on_upload_id=ids.append,
     )
-    assert proxy.faults_injected == expected_faults
+    assert fault_proxy.faults_injected == expected_faults
     assert caplog.text.count("left by a create whose answer was lost") == lost_creates
     assert etag == expected_etag(DATA)
     assert len(ids) == 1
@@ -380,15 +371,15 @@ def test_upload_survives_network_faults(
 
 
 def test_persistent_resets_give_up_and_abort(
-    versioned: str, proxy: FaultProxy, s3_client: Any
+    versioned: str, fault_proxy: FaultProxy, s3_client: Any
 ) -> None:
-    store = make_store(f"http://127.0.0.1:{proxy.port}", versioned, policy=TINY)
-    proxy.fail_requests(1000, kind="reset", match=is_part)
+    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", versioned, policy=TINY)
+    fault_proxy.fail_requests(1000, kind="reset", match=is_part)
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="put_multipart part"):
         store.put_multipart("obj", len(DATA), read_data, part_size=PART)
     assert time.monotonic() - started < 5
-    assert proxy.faults_injected >= TINY.max_attempts
+    assert fault_proxy.faults_injected >= TINY.max_attempts
     assert bucket_uploads(s3_client, versioned) == []
     assert "Versions" not in s3_client.list_object_versions(Bucket=versioned)
     store.close()
@@ -492,11 +483,11 @@ def test_retry_backoff_stops_when_a_sibling_part_fails(
     store.close()
 
 
-def test_proxy_rejects_unknown_fault_kind(proxy: FaultProxy) -> None:
+def test_proxy_rejects_unknown_fault_kind(fault_proxy: FaultProxy) -> None:
     with pytest.raises(ValueError):
-        proxy.fail_requests(1, kind="explode")
+        fault_proxy.fail_requests(1, kind="explode")
     with pytest.raises(ValueError):
-        proxy.fail_responses(1, kind="explode")
-    proxy.fail_requests(1, match=is_part)
-    proxy.clear_faults()
-    assert proxy._request_rules == [] and proxy._response_rules == []
+        fault_proxy.fail_responses(1, kind="explode")
+    fault_proxy.fail_requests(1, match=is_part)
+    fault_proxy.clear_faults()
+    assert fault_proxy._request_rules == [] and fault_proxy._response_rules == []
