@@ -143,6 +143,17 @@ _USAGE = struct.Struct(">QQ")  # bytes, files
 _F64 = struct.Struct(">d")
 
 
+def prefixed(txn: lmdb.Transaction, db: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The (key, value) pairs of ``db`` whose key starts with ``prefix``, in key order."""
+    cur = txn.cursor(db=db)
+    if not cur.set_range(prefix):
+        return
+    for key, value in cur:
+        if not key.startswith(prefix):
+            return
+        yield key, value
+
+
 @dataclass(frozen=True, slots=True)
 class ListedEntry:
     """One name from a bucket listing, already validated as a file name."""
@@ -344,15 +355,8 @@ class MetaDB:
 
     def count_children(self, parent: int) -> int:
         prefix = U64.pack(parent)
-        n = 0
         with self._read() as txn:
-            cur = txn.cursor(db=self._dentries)
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    n += 1
-        return n
+            return sum(1 for _ in prefixed(txn, self._dentries, prefix))
 
     def read_dir(self, parent: int, after_cookie: int, limit: int) -> list[tuple[int, bytes, int]]:
         """Up to ``limit`` entries ``(cookie, name, ino)`` with cookie > after_cookie."""
@@ -595,14 +599,10 @@ class MetaDB:
         dir_key = U64.pack(dir_ino)
         stale: list[tuple[bytes, int, int]] = []
         with self._read() as txn:
-            cur = txn.cursor(db=self._dentries)
-            if cur.set_range(dir_key):
-                for key, raw in cur:
-                    if not key.startswith(dir_key):
-                        break
-                    ino, cookie, seen_gen = decode_dentry(raw)
-                    if seen_gen != gen:
-                        stale.append((key[8:], ino, cookie))
+            for key, raw in prefixed(txn, self._dentries, dir_key):
+                ino, cookie, seen_gen = decode_dentry(raw)
+                if seen_gen != gen:
+                    stale.append((key[8:], ino, cookie))
         with self.write() as w:
             txn = w.txn
             for name, ino, cookie in stale:
@@ -632,15 +632,8 @@ class MetaDB:
                 if inode.origin_key != path:
                     return True
                 continue
-            prefix = U64.pack(ino)
-            cur = txn.cursor(db=self._dentries)
-            if cur.set_range(prefix):
-                for child_key, raw in cur:
-                    if not child_key.startswith(prefix):
-                        break
-                    pending.append(
-                        (decode_dentry(raw)[0], path + "/" + bytes(child_key[8:]).decode())
-                    )
+            for child_key, raw in prefixed(txn, self._dentries, U64.pack(ino)):
+                pending.append((decode_dentry(raw)[0], path + "/" + bytes(child_key[8:]).decode()))
         return False
 
     def _remove_subtree(self, txn: lmdb.Transaction, top: int, result: MergeResult) -> None:
@@ -650,15 +643,10 @@ class MetaDB:
             ino = pending.pop()
             inode = self._get_inode_txn(txn, ino)
             if inode.is_dir:
-                prefix = U64.pack(ino)
-                cur = txn.cursor(db=self._dentries)
                 children: list[tuple[bytes, int, int]] = []
-                if cur.set_range(prefix):
-                    for key, raw in cur:
-                        if not key.startswith(prefix):
-                            break
-                        child, cookie, _ = decode_dentry(raw)
-                        children.append((key[8:], child, cookie))
+                for key, raw in prefixed(txn, self._dentries, U64.pack(ino)):
+                    child, cookie, _ = decode_dentry(raw)
+                    children.append((key[8:], child, cookie))
                 for name, child, cookie in children:
                     pending.append(child)
                     self._unlink_dentry(txn, ino, name, cookie)
@@ -693,12 +681,8 @@ class MetaDB:
         out: dict[int, BlockRecord] = {}
         prefix = U64.pack(ino)
         with self._read() as txn:
-            cur = txn.cursor(db=self._blocks)
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if not key.startswith(prefix):
-                        break
-                    out[unpack_block_key(key)[1]] = decode_block(raw)
+            for key, raw in prefixed(txn, self._blocks, prefix):
+                out[unpack_block_key(key)[1]] = decode_block(raw)
         return out
 
     def add_block(self, ino: int, blockno: int, rec: BlockRecord) -> None:
@@ -728,14 +712,10 @@ class MetaDB:
     def _drop_blocks_txn(self, txn: lmdb.Transaction, ino: int, tier: int | None) -> list[int]:
         prefix = U64.pack(ino)
         victims: list[tuple[bytes, BlockRecord]] = []
-        cur = txn.cursor(db=self._blocks)
-        if cur.set_range(prefix):
-            for key, raw in cur:
-                if not key.startswith(prefix):
-                    break
-                rec = decode_block(raw)
-                if tier is None or rec.tier == tier:
-                    victims.append((bytes(key), rec))
+        for key, raw in prefixed(txn, self._blocks, prefix):
+            rec = decode_block(raw)
+            if tier is None or rec.tier == tier:
+                victims.append((bytes(key), rec))
         tiers: set[int] = set()
         for key, rec in victims:
             txn.delete(key, db=self._blocks)
@@ -781,20 +761,12 @@ class MetaDB:
             txn = w.txn
             actual: dict[int, int] = {}
             prefix = U64.pack(ino)
-            cur = txn.cursor(db=self._blocks)
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if not key.startswith(prefix):
-                        break
-                    rec = decode_block(raw)
-                    actual[rec.tier] = actual.get(rec.tier, 0) + rec.nbytes
+            for _key, raw in prefixed(txn, self._blocks, prefix):
+                rec = decode_block(raw)
+                actual[rec.tier] = actual.get(rec.tier, 0) + rec.nbytes
             recorded: dict[int, int] = {}
-            cur = txn.cursor(db=self._residency)
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if not key.startswith(prefix):
-                        break
-                    recorded[unpack_residency_key(key)[1]] = U64.unpack(raw)[0]
+            for key, raw in prefixed(txn, self._residency, prefix):
+                recorded[unpack_residency_key(key)[1]] = U64.unpack(raw)[0]
             for tier in set(actual) | set(recorded):
                 before, after = recorded.get(tier, 0), actual.get(tier, 0)
                 if before == after:
@@ -814,12 +786,8 @@ class MetaDB:
         out: dict[int, int] = {}
         prefix = U64.pack(ino)
         with self._read() as txn:
-            cur = txn.cursor(db=self._residency)
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if not key.startswith(prefix):
-                        break
-                    out[unpack_residency_key(key)[1]] = U64.unpack(raw)[0]
+            for key, raw in prefixed(txn, self._residency, prefix):
+                out[unpack_residency_key(key)[1]] = U64.unpack(raw)[0]
         return out
 
     def iter_residency(self) -> list[tuple[int, int, int]]:
@@ -858,12 +826,8 @@ class MetaDB:
         prefix = U64.pack(ino)
         out: list[bytes] = []
         with self._read() as txn:
-            cur = txn.cursor(db=self._xattrs)
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    out.append(bytes(key[8:]))
+            for key, _ in prefixed(txn, self._xattrs, prefix):
+                out.append(bytes(key[8:]))
         return out
 
     # --- files that failed their checksums ---------------------------------------------------
@@ -980,12 +944,8 @@ class MetaTxn:
     def children(self, parent: int) -> list[tuple[bytes, int]]:
         prefix = U64.pack(parent)
         out: list[tuple[bytes, int]] = []
-        cur = self.txn.cursor(db=self.db._dentries)
-        if cur.set_range(prefix):
-            for key, raw in cur:
-                if not key.startswith(prefix):
-                    break
-                out.append((bytes(key[8:]), decode_dentry(raw)[0]))
+        for key, raw in prefixed(self.txn, self.db._dentries, prefix):
+            out.append((bytes(key[8:]), decode_dentry(raw)[0]))
         return out
 
     # blocks
@@ -1040,10 +1000,6 @@ class MetaTxn:
     def _xattr_names(self, ino: int) -> list[bytes]:
         prefix = U64.pack(ino)
         names: list[bytes] = []
-        cur = self.txn.cursor(db=self.db._xattrs)
-        if cur.set_range(prefix):
-            for key in cur.iternext(keys=True, values=False):
-                if not key.startswith(prefix):
-                    break
-                names.append(bytes(key[8:]))
+        for key, _ in prefixed(self.txn, self.db._xattrs, prefix):
+            names.append(bytes(key[8:]))
         return names
