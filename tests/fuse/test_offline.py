@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import signal
 import stat
 import time
 from collections.abc import Callable
@@ -34,7 +36,7 @@ from typing import Any
 import pytest
 
 from tests.faults import FaultProxy
-from tests.fuse.conftest import Mount, MountFactory, run_tierfs, wait_until
+from tests.fuse.conftest import Mount, MountFactory, is_tierfsd, run_tierfs, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -275,3 +277,54 @@ def test_many_outages_lose_nothing(mount: MountFactory, fault_proxy: FaultProxy)
     for name, body in written.items():
         assert bucket_body(m, name) == body, f"{name} did not reach the bucket"
     assert endpoint_state(m)["outages"] >= rounds // 2  # every refusal opened the breaker
+
+
+#: SIGTERM must end the daemon within this many seconds, even while an
+#: upload waits in a black hole (its read timeout is 30 s).
+SIGTERM_EXIT = 5.0
+
+
+def test_sigterm_exits_at_once_while_an_upload_is_stuck_in_a_black_hole(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """An upload in flight into a black hole holds its thread for the upload
+    read timeout; SIGTERM does not wait for it: the daemon exits within
+    SIGTERM_EXIT, the journal keeps the upload, and once the endpoint is
+    back a remount and a flush put the file in the bucket."""
+    m = mount({}, endpoint_url=fault_proxy.endpoint, upload_delay="0s")
+    pid = int(m.status()["pid"])
+    body = payload("stuck", 256 * KiB)
+    assert os.listdir(m.path) == []  # listed: a create needs no bucket now
+    fault_proxy.black_hole()
+    swallowed_before = fault_proxy.swallowed
+    try:
+        (m.path / "stuck.bin").write_bytes(body)
+        # The upload is really in flight: the file is uploading and the
+        # proxy holds a connection it never answers.
+        assert wait_until(
+            lambda: m.where_one("stuck.bin")["state"] == "uploading"
+            and fault_proxy.swallowed > swallowed_before,
+            timeout=10,
+            interval=0.1,
+        ), f"no upload in flight: {m.where_one('stuck.bin')}\n{m.log_tail()}"
+        time.sleep(0.5)
+        assert m.where_one("stuck.bin")["state"] == "uploading"
+
+        started = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        exited = wait_until(lambda: not is_tierfsd(pid), timeout=SIGTERM_EXIT, interval=0.05)
+        took = time.monotonic() - started
+        print(f"\nSIGTERM exit during a black-holed upload after {took:.2f} s")
+        assert exited, f"the daemon did not exit within {SIGTERM_EXIT} s\n{m.log_tail()}"
+        assert wait_until(lambda: not os.path.ismount(m.path), timeout=5), "mount left behind"
+        assert "still on the network" in m.log_text(), m.log_tail()
+    finally:
+        fault_proxy.restore()
+
+    assert bucket_body(m, "stuck.bin") is None  # it never got through
+    m.mount()
+    assert re.search(r"replaying \d+ journal entries", m.log_text()), "the journal was lost"
+    done = run_tierfs("flush", str(m.path), timeout=120)
+    assert done.returncode == 0, f"tierfs flush failed: {done.stderr}\n{m.log_tail()}"
+    assert bucket_body(m, "stuck.bin") == body
+    assert read(m.path / "stuck.bin") == body

@@ -192,9 +192,7 @@ class SyncOps:
             self.journal.wake()
 
     async def _store_call(self: TierFS, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await trio.to_thread.run_sync(
-            lambda: fn(*args, **kwargs), limiter=self.store_limiter
-        )
+        return await self.store_threads.run(lambda: fn(*args, **kwargs), limiter=self.store_limiter)
 
     def _finish(self: TierFS, seq: int) -> None:
         with self.journal.write() as w:
@@ -279,7 +277,7 @@ class SyncOps:
                 source = self.blocks.upload_source(cf, self.upload_part_concurrency)
                 size = source.size
                 try:
-                    etag = await trio.to_thread.run_sync(
+                    etag = await self.store_threads.run(
                         lambda: self.store.put_multipart(
                             key,
                             size,
