@@ -328,3 +328,42 @@ def test_sigterm_exits_at_once_while_an_upload_is_stuck_in_a_black_hole(
     assert done.returncode == 0, f"tierfs flush failed: {done.stderr}\n{m.log_tail()}"
     assert bucket_body(m, "stuck.bin") == body
     assert read(m.path / "stuck.bin") == body
+
+
+#: ``tierfs flush`` with the breaker open must fail within this (seconds).
+FLUSH_FAILS_WITHIN = 6.0
+
+
+def test_flush_while_the_breaker_is_open_fails_fast_then_succeeds_once_back(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """With the endpoint refusing and the breaker open, ``tierfs flush`` fails
+    within seconds, non-zero, naming the outage and what waits; the file
+    stays queued, and the first flush once the endpoint is back succeeds."""
+    m = mount({}, endpoint_url=fault_proxy.endpoint, upload_delay="0s")
+    body = payload("queued", 64 * KiB)
+    assert os.listdir(m.path) == []
+    fault_proxy.refuse()
+    try:
+        (m.path / "queued.bin").write_bytes(body)
+        assert wait_until(
+            lambda: endpoint_state(m)["state"] == "unreachable", BREAKER_WAIT, interval=0.2
+        ), f"the breaker never opened: {endpoint_state(m)}\n{m.log_tail()}"
+        started = time.monotonic()
+        done = run_tierfs("flush", str(m.path), timeout=60)
+        took = time.monotonic() - started
+        print(f"\nflush with the breaker open failed after {took:.2f} s: {done.stderr.strip()}")
+        assert done.returncode != 0, done
+        assert took < FLUSH_FAILS_WITHIN, f"flush took {took:.1f} s to fail"
+        assert "unreachable since" in done.stderr, done.stderr
+        assert "1 file(s) waiting for upload" in done.stderr, done.stderr
+        assert m.where_one("queued.bin")["state"] in ("dirty", "uploading")
+    finally:
+        fault_proxy.restore()
+
+    assert wait_until(
+        lambda: endpoint_state(m)["state"] == "reachable", BREAKER_WAIT, interval=0.2
+    ), f"the endpoint never showed as reachable again: {endpoint_state(m)}\n{m.log_tail()}"
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    assert done.returncode == 0, f"the first flush after the outage failed: {done.stderr}"
+    assert bucket_body(m, "queued.bin") == body
