@@ -367,3 +367,42 @@ def test_flush_while_the_breaker_is_open_fails_fast_then_succeeds_once_back(
     done = run_tierfs("flush", str(m.path), timeout=60)
     assert done.returncode == 0, f"the first flush after the outage failed: {done.stderr}"
     assert bucket_body(m, "queued.bin") == body
+
+
+#: In the first seconds of a black hole (breaker still closed), a call that
+#: needs the bucket fails within this: one read timeout (3 s) and a bit.
+FIRST_SECONDS_BOUND = 4.5
+#: The breaker opens within this after a black hole begins (two timeouts).
+BLACK_HOLE_OPENS_WITHIN = 8.0
+
+
+def test_first_seconds_of_a_black_hole(mount: MountFactory, fault_proxy: FaultProxy) -> None:
+    """Right after the endpoint becomes a black hole, before the breaker
+    opens: an uncached read (the kernel sends it twice) and an ``ls`` of a
+    directory never listed each fail with EIO after at most one read
+    timeout, and the breaker opens within BLACK_HOLE_OPENS_WITHIN."""
+    m = mount({**LISTED, **NEVER_LISTED}, endpoint_url=fault_proxy.endpoint)
+    assert len(os.listdir(m.path / "listed")) == len(LISTED)
+    assert endpoint_state(m)["state"] == "reachable"
+    durations: dict[str, float] = {}
+    fault_proxy.black_hole()
+    began = time.monotonic()
+    try:
+        expect_eio(durations, "uncached read", lambda: read(m.path / "listed/cold.bin"))
+        expect_eio(durations, "ls never listed", lambda: os.listdir(m.path / "never"))
+        opened = wait_until(
+            lambda: endpoint_state(m)["state"] == "unreachable", BREAKER_WAIT, interval=0.1
+        )
+        durations["breaker open after"] = time.monotonic() - began
+        assert opened, f"the breaker never opened: {endpoint_state(m)}\n{m.log_tail()}"
+    finally:
+        print("\nfirst seconds of a black hole (s)")
+        for label, seconds in durations.items():
+            print(f"  {label:<40} {seconds:7.3f}")
+        fault_proxy.restore()
+    assert durations["uncached read"] < FIRST_SECONDS_BOUND, durations
+    assert durations["ls never listed"] < FIRST_SECONDS_BOUND, durations
+    assert durations["breaker open after"] < BLACK_HOLE_OPENS_WITHIN, durations
+    assert wait_until(lambda: endpoint_state(m)["state"] == "reachable", BREAKER_WAIT, 0.2)
+    assert read(m.path / "listed/cold.bin") == LISTED["listed/cold.bin"]
+    assert os.listdir(m.path / "never") == ["x.bin"]
