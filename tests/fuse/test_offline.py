@@ -16,6 +16,13 @@ never answers), and then times every call a job makes:
 - the endpoint comes back: ``tierfs flush`` succeeds and every change made
   during the outage is in the bucket (read with boto3 straight from moto).
 
+More: the first seconds of a black hole (an uncached read and an ``ls``
+of a never-listed directory pay at most one read timeout, the breaker
+opens after two); ``tierfs flush`` with the breaker open fails within
+seconds naming the outage, and the first flush once back succeeds;
+SIGTERM while an upload is stuck in a black hole ends the daemon at once,
+and the upload reaches the bucket after a remount.
+
 The bounds catch a hang (the issue measured 5-10 s per call when refused,
 minutes in a black hole); they are not benchmarks.  Each duration is printed
 (run with ``-s`` to see them).
