@@ -16,8 +16,13 @@ Shutdown: the mount goes away (``tierfs umount`` runs ``fusermount3 -u``) and
 daemon unmounts itself: requests still in flight after SHUTDOWN_GRACE (a
 writer waiting for tier space, say) are cancelled and the store is closed,
 so that SIGTERM ends the daemon in seconds even while uploads fail.  Then
-workers are cancelled, access times flushed, LMDB synced and closed; the
-journal stays, and the next mount resumes it.
+workers are cancelled without waiting for store calls still on the network
+(``TierFS.store_threads.abandon()``, see :mod:`tierfs.core.store_threads`:
+a black-holed upload would hold its thread for its whole read timeout),
+access times are flushed, LMDB synced and closed, the FUSE session closed,
+and the process exits at once even if such threads remain
+(``exit_without_stuck_threads``); the journal stays, and the next mount
+resumes it.
 
 Every background task runs under the supervisor
 (:mod:`tierfs.core.supervisor`): a failure is logged, counted in ``status``
@@ -261,6 +266,7 @@ class Daemon:
         self._fuse_stopped.set()
         log.info("file system unmounted; shutting down")
         scope.cancel()
+        self.fs.store_threads.abandon()
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         """SIGTERM/SIGINT: stop taking requests, give those in flight
@@ -286,6 +292,7 @@ class Daemon:
                         target=self.store.close, name="store-close", daemon=True
                     ).start()
                     scope.cancel()
+                    self.fs.store_threads.abandon()
                 return
 
     def close(self, *, unmount: bool) -> None:
@@ -355,7 +362,33 @@ def main(argv: list[str] | None = None) -> int:
         # Unmounting an already unmounted point is a no-op; after a crash it
         # keeps a dead mount from being left behind.
         daemon.close(unmount=True)
+    exit_without_stuck_threads(0)
     return 0
+
+
+def exit_without_stuck_threads(code: int) -> None:
+    """Exit now if threads still wait on the network (a black-holed upload
+    part waits up to its read timeout): the metadata is committed and closed,
+    the FUSE session is closed, and the journal keeps what they were sending.
+    Python would otherwise join them (the store's part workers are not daemon
+    threads) before the process ends.  Returns if no such thread is left."""
+    stuck = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if not stuck:
+        return
+    log.warning(
+        "exiting without waiting for %d thread(s) still on the network (%s); "
+        "the journal keeps their work for the next mount",
+        len(stuck),
+        ", ".join(sorted({t.name for t in stuck})),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from tests.core.conftest import put
 from tests.faults import FaultProxy
 from tierfs.config import NamespaceConfig, WriteConfig
 from tierfs.core.namespace import REVALIDATE_WAIT
-from tierfs.errors import StoreUnavailable
+from tierfs.core.sync import FLUSH_OUTAGE_WAIT
+from tierfs.errors import EndpointUnreachable, StoreUnavailable
 from tierfs.meta import ROOT_INO
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store
@@ -194,6 +195,29 @@ async def test_write_through_fsync_fails_at_once_while_the_endpoint_is_out(
     fault_proxy.restore()
     await mount.flush()
     assert s3_store.get_range("t.bin", 0, 100) == b"through"
+
+
+async def test_flush_with_the_breaker_open_fails_with_the_outage_within_seconds(
+    make_fs: Any, s3_store: S3Store, fault_proxy: FaultProxy
+) -> None:
+    mount = await make_fs()
+    await mount.fs.opendir(ROOT_INO)
+    fault_proxy.refuse()
+    await mount.write_file("waits.bin", BODY)
+    assert await wait_for(lambda: s3_store.breaker is not None and s3_store.breaker.is_open, 15)
+    started = trio.current_time()
+    with pytest.raises(EndpointUnreachable) as info:
+        await mount.fs.flush_path("")
+    took = trio.current_time() - started
+    assert info.value.errno == errno.EIO
+    assert FLUSH_OUTAGE_WAIT <= took < FLUSH_OUTAGE_WAIT + 2.0, took
+    assert "unreachable since" in str(info.value)
+    assert "1 file(s) waiting for upload" in str(info.value)
+    assert len(mount.fs.journal) == 1  # still queued
+    fault_proxy.restore()
+    # Refusals by the open breaker did not count as attempts of this flush.
+    await mount.fs.flush_path("")
+    assert s3_store.get_range("waits.bin", 0, len(BODY)) == BODY
 
 
 class BlockingLists:

@@ -16,6 +16,13 @@ never answers), and then times every call a job makes:
 - the endpoint comes back: ``tierfs flush`` succeeds and every change made
   during the outage is in the bucket (read with boto3 straight from moto).
 
+More: the first seconds of a black hole (an uncached read and an ``ls``
+of a never-listed directory pay at most one read timeout, the breaker
+opens after two); ``tierfs flush`` with the breaker open fails within
+seconds naming the outage, and the first flush once back succeeds;
+SIGTERM while an upload is stuck in a black hole ends the daemon at once,
+and the upload reaches the bucket after a remount.
+
 The bounds catch a hang (the issue measured 5-10 s per call when refused,
 minutes in a black hole); they are not benchmarks.  Each duration is printed
 (run with ``-s`` to see them).
@@ -25,6 +32,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import signal
 import stat
 import time
 from collections.abc import Callable
@@ -34,7 +43,7 @@ from typing import Any
 import pytest
 
 from tests.faults import FaultProxy
-from tests.fuse.conftest import Mount, MountFactory, run_tierfs, wait_until
+from tests.fuse.conftest import Mount, MountFactory, is_tierfsd, run_tierfs, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -275,3 +284,132 @@ def test_many_outages_lose_nothing(mount: MountFactory, fault_proxy: FaultProxy)
     for name, body in written.items():
         assert bucket_body(m, name) == body, f"{name} did not reach the bucket"
     assert endpoint_state(m)["outages"] >= rounds // 2  # every refusal opened the breaker
+
+
+#: SIGTERM must end the daemon within this many seconds, even while an
+#: upload waits in a black hole (its read timeout is 30 s).
+SIGTERM_EXIT = 5.0
+
+
+def test_sigterm_exits_at_once_while_an_upload_is_stuck_in_a_black_hole(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """An upload in flight into a black hole holds its thread for the upload
+    read timeout; SIGTERM does not wait for it: the daemon exits within
+    SIGTERM_EXIT, the journal keeps the upload, and once the endpoint is
+    back a remount and a flush put the file in the bucket."""
+    m = mount({}, endpoint_url=fault_proxy.endpoint, upload_delay="0s")
+    pid = int(m.status()["pid"])
+    body = payload("stuck", 256 * KiB)
+    assert os.listdir(m.path) == []  # listed: a create needs no bucket now
+    fault_proxy.black_hole()
+    swallowed_before = fault_proxy.swallowed
+    try:
+        (m.path / "stuck.bin").write_bytes(body)
+        # The upload is really in flight: the file is uploading and the
+        # proxy holds a connection it never answers.
+        assert wait_until(
+            lambda: m.where_one("stuck.bin")["state"] == "uploading"
+            and fault_proxy.swallowed > swallowed_before,
+            timeout=10,
+            interval=0.1,
+        ), f"no upload in flight: {m.where_one('stuck.bin')}\n{m.log_tail()}"
+        time.sleep(0.5)
+        assert m.where_one("stuck.bin")["state"] == "uploading"
+
+        started = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        exited = wait_until(lambda: not is_tierfsd(pid), timeout=SIGTERM_EXIT, interval=0.05)
+        took = time.monotonic() - started
+        print(f"\nSIGTERM exit during a black-holed upload after {took:.2f} s")
+        assert exited, f"the daemon did not exit within {SIGTERM_EXIT} s\n{m.log_tail()}"
+        assert wait_until(lambda: not os.path.ismount(m.path), timeout=5), "mount left behind"
+        assert "still on the network" in m.log_text(), m.log_tail()
+    finally:
+        fault_proxy.restore()
+
+    assert bucket_body(m, "stuck.bin") is None  # it never got through
+    m.mount()
+    assert re.search(r"replaying \d+ journal entries", m.log_text()), "the journal was lost"
+    done = run_tierfs("flush", str(m.path), timeout=120)
+    assert done.returncode == 0, f"tierfs flush failed: {done.stderr}\n{m.log_tail()}"
+    assert bucket_body(m, "stuck.bin") == body
+    assert read(m.path / "stuck.bin") == body
+
+
+#: ``tierfs flush`` with the breaker open must fail within this (seconds).
+FLUSH_FAILS_WITHIN = 6.0
+
+
+def test_flush_while_the_breaker_is_open_fails_fast_then_succeeds_once_back(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """With the endpoint refusing and the breaker open, ``tierfs flush`` fails
+    within seconds, non-zero, naming the outage and what waits; the file
+    stays queued, and the first flush once the endpoint is back succeeds."""
+    m = mount({}, endpoint_url=fault_proxy.endpoint, upload_delay="0s")
+    body = payload("queued", 64 * KiB)
+    assert os.listdir(m.path) == []
+    fault_proxy.refuse()
+    try:
+        (m.path / "queued.bin").write_bytes(body)
+        assert wait_until(
+            lambda: endpoint_state(m)["state"] == "unreachable", BREAKER_WAIT, interval=0.2
+        ), f"the breaker never opened: {endpoint_state(m)}\n{m.log_tail()}"
+        started = time.monotonic()
+        done = run_tierfs("flush", str(m.path), timeout=60)
+        took = time.monotonic() - started
+        print(f"\nflush with the breaker open failed after {took:.2f} s: {done.stderr.strip()}")
+        assert done.returncode != 0, done
+        assert took < FLUSH_FAILS_WITHIN, f"flush took {took:.1f} s to fail"
+        assert "unreachable since" in done.stderr, done.stderr
+        assert "1 file(s) waiting for upload" in done.stderr, done.stderr
+        assert m.where_one("queued.bin")["state"] in ("dirty", "uploading")
+    finally:
+        fault_proxy.restore()
+
+    assert wait_until(
+        lambda: endpoint_state(m)["state"] == "reachable", BREAKER_WAIT, interval=0.2
+    ), f"the endpoint never showed as reachable again: {endpoint_state(m)}\n{m.log_tail()}"
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    assert done.returncode == 0, f"the first flush after the outage failed: {done.stderr}"
+    assert bucket_body(m, "queued.bin") == body
+
+
+#: In the first seconds of a black hole (breaker still closed), a call that
+#: needs the bucket fails within this: one read timeout (3 s) and a bit.
+FIRST_SECONDS_BOUND = 4.5
+#: The breaker opens within this after a black hole begins (two timeouts).
+BLACK_HOLE_OPENS_WITHIN = 8.0
+
+
+def test_first_seconds_of_a_black_hole(mount: MountFactory, fault_proxy: FaultProxy) -> None:
+    """Right after the endpoint becomes a black hole, before the breaker
+    opens: an uncached read (the kernel sends it twice) and an ``ls`` of a
+    directory never listed each fail with EIO after at most one read
+    timeout, and the breaker opens within BLACK_HOLE_OPENS_WITHIN."""
+    m = mount({**LISTED, **NEVER_LISTED}, endpoint_url=fault_proxy.endpoint)
+    assert len(os.listdir(m.path / "listed")) == len(LISTED)
+    assert endpoint_state(m)["state"] == "reachable"
+    durations: dict[str, float] = {}
+    fault_proxy.black_hole()
+    began = time.monotonic()
+    try:
+        expect_eio(durations, "uncached read", lambda: read(m.path / "listed/cold.bin"))
+        expect_eio(durations, "ls never listed", lambda: os.listdir(m.path / "never"))
+        opened = wait_until(
+            lambda: endpoint_state(m)["state"] == "unreachable", BREAKER_WAIT, interval=0.1
+        )
+        durations["breaker open after"] = time.monotonic() - began
+        assert opened, f"the breaker never opened: {endpoint_state(m)}\n{m.log_tail()}"
+    finally:
+        print("\nfirst seconds of a black hole (s)")
+        for label, seconds in durations.items():
+            print(f"  {label:<40} {seconds:7.3f}")
+        fault_proxy.restore()
+    assert durations["uncached read"] < FIRST_SECONDS_BOUND, durations
+    assert durations["ls never listed"] < FIRST_SECONDS_BOUND, durations
+    assert durations["breaker open after"] < BLACK_HOLE_OPENS_WITHIN, durations
+    assert wait_until(lambda: endpoint_state(m)["state"] == "reachable", BREAKER_WAIT, 0.2)
+    assert read(m.path / "listed/cold.bin") == LISTED["listed/cold.bin"]
+    assert os.listdir(m.path / "never") == ["x.bin"]

@@ -130,8 +130,8 @@ def test_prober_settles_a_single_failure_by_itself() -> None:
     def probe() -> None:
         nonlocal probes
         probes += 1
-        if not answering:
-            raise ReadTimeoutError(endpoint_url="http://127.0.0.1:1")
+        if not answering:  # refused: weighs one failure (a timeout weighs more)
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
 
     breaker = CircuitBreaker("e", probe, threshold=3, probe_interval=0.05)
     try:
@@ -361,16 +361,49 @@ def test_refused_endpoint_opens_the_breaker_then_calls_fail_at_once(
 
 
 def test_black_hole_costs_one_read_timeout(proxied: S3Store, fault_proxy: FaultProxy) -> None:
+    """The first foreground request waits out one read timeout; the ones
+    after it fail fast (the endpoint is silent) instead of paying another."""
     fault_proxy.black_hole()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="ReadTimeout"):
+        proxied.head("obj")
+    took = time.monotonic() - started
+    assert READ_TIMEOUT - 0.5 < took < READ_TIMEOUT + 2, took
+    assert fault_proxy.swallowed >= 1
+    breaker = breaker_of(proxied)
+    assert breaker is not None and (breaker.silent or breaker.is_open)
     for call in (proxied.head, lambda key: list(proxied.list_pages(""))):
         started = time.monotonic()
-        with pytest.raises(StoreUnavailable, match="ReadTimeout"):
+        with pytest.raises(EndpointUnreachable) as info:
             call("obj")
-        took = time.monotonic() - started
-        assert READ_TIMEOUT - 0.5 < took < READ_TIMEOUT + 2, took
-    assert fault_proxy.swallowed >= 2
+        assert info.value.errno == errno.EIO
+        assert time.monotonic() - started < 0.5
     fault_proxy.restore()
+    deadline = time.monotonic() + 10
+    while breaker.suspect and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not breaker.suspect, breaker.snapshot()
     assert proxied.head("obj").size == 100
+
+
+def test_a_timeout_weighs_more_and_silences_foreground_requests_only() -> None:
+    breaker = CircuitBreaker("e", lambda: None, threshold=5, start_prober=False)
+    breaker.record_failure("ReadTimeoutError", timed_out=True)
+    assert breaker.silent and not breaker.is_open
+    breaker.before_attempt("put", "s3://b/k")  # background: still goes out
+    with pytest.raises(EndpointUnreachable, match="gave no answer"):
+        breaker.before_attempt("head", "s3://b/k", foreground=True)
+    breaker.record_failure("ReadTimeoutError", timed_out=True)
+    assert breaker.is_open  # two timeouts weigh more than the threshold of 5
+    assert breaker.snapshot().failed_fast == 1
+    breaker.record_success()
+    assert not breaker.silent and not breaker.is_open
+    breaker.before_attempt("head", "s3://b/k", foreground=True)
+    # Refusals weigh one each and do not silence anything.
+    for _ in range(4):
+        breaker.record_failure("EndpointConnectionError")
+    assert not breaker.silent and not breaker.is_open
+    breaker.before_attempt("head", "s3://b/k", foreground=True)
 
 
 def test_uploads_get_the_longer_read_timeout(proxied: S3Store) -> None:

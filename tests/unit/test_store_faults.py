@@ -404,8 +404,16 @@ def test_get_range_gives_up_on_persistent_resets(
 def test_read_timeout_is_retried_then_gives_up(
     bucket: tuple[str, str], fault_proxy: FaultProxy
 ) -> None:
+    """The retry policy alone (with a breaker, a foreground request is not
+    retried after a timeout: tests/unit/test_store_breaker.py)."""
     _, name = bucket
-    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", name, policy=TINY, read_timeout=0.2)
+    store = make_store(
+        f"http://127.0.0.1:{fault_proxy.port}",
+        name,
+        policy=TINY,
+        read_timeout=0.2,
+        circuit_breaker=False,
+    )
     store.put("obj", b"x")
     fault_proxy.delay = 0.6
     started = time.monotonic()

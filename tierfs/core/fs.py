@@ -37,6 +37,7 @@ from .blockcache import BlockCache, CachedFile, ReadState
 from .journal import Journal
 from .namespace import Identity, Namespace
 from .space import SpaceManager
+from .store_threads import StoreThreads
 from .supervisor import FatalWorkerError, Supervisor
 from .sync import SyncOps
 from .writes import WriteOps
@@ -128,6 +129,8 @@ class TierFS(WriteOps, SyncOps):
         )
         self.store_limiter = trio.CapacityLimiter(max(4, config.fetch.concurrency))
         self.upload_limiter = trio.CapacityLimiter(4)
+        #: Background store calls; the daemon abandons them at shutdown.
+        self.store_threads = StoreThreads()
         # Parts of one multipart upload in flight.  Four keep a loopback
         # server busy: with eight, s3rver spent about 13% more CPU per
         # uploaded GiB than with four (and than s5cmd's five), and the

@@ -39,6 +39,12 @@ file's content changes (``_content_changed_locally``); a ``flush`` that
 waits for it fails at once, naming the file.  A clean upload clears
 ``failed``.
 
+A flush (``_wait_entries``) fails after ``flush_max_failures`` attempts of
+its own per entry; attempts refused by the open circuit breaker do not
+count: with the breaker open the flush waits ``FLUSH_OUTAGE_WAIT`` for the
+endpoint to come back, then fails with EndpointUnreachable naming the
+outage (since when, the last error) and what waits.  The entries stay.
+
 Metadata travels as ``x-amz-meta-mode`` (decimal st_mode, as s3fs-fuse
 writes it), ``uid``, ``gid`` and ``mtime`` (seconds, decimal).  Symlinks are
 objects whose body is the target, with S_IFLNK in their mode (s3fs-style).
@@ -81,6 +87,10 @@ RETRY_DOUBLINGS = 16
 #: While a flush waits for an entry that failed, it is retried this soon
 #: (seconds) instead of after its backoff.
 FLUSH_RETRY_WITHIN = 1.0
+#: A flush that finds the circuit breaker open waits this long (seconds:
+#: the prober's interval and a bit) for the endpoint to come back, then
+#: fails with the outage instead of counting attempts refused without a request.
+FLUSH_OUTAGE_WAIT = 3.0
 
 
 def forget_frames(exc: BaseException) -> None:
@@ -192,9 +202,7 @@ class SyncOps:
             self.journal.wake()
 
     async def _store_call(self: TierFS, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await trio.to_thread.run_sync(
-            lambda: fn(*args, **kwargs), limiter=self.store_limiter
-        )
+        return await self.store_threads.run(lambda: fn(*args, **kwargs), limiter=self.store_limiter)
 
     def _finish(self: TierFS, seq: int) -> None:
         with self.journal.write() as w:
@@ -279,7 +287,7 @@ class SyncOps:
                 source = self.blocks.upload_source(cf, self.upload_part_concurrency)
                 size = source.size
                 try:
-                    etag = await trio.to_thread.run_sync(
+                    etag = await self.store_threads.run(
                         lambda: self.store.put_multipart(
                             key,
                             size,
@@ -508,12 +516,25 @@ class SyncOps:
         journal = self.journal
         before = {s: journal.failures.get(s, 0) + (s in journal.running) for s in seqs}
         journal.hurry(seqs)
+        open_since: float | None = None  # trio time this wait first saw the breaker open
         while pending := seqs & journal.entries.keys():
             for ino in self._upload_refused:
                 seq = journal.upload_seq.get(ino)
                 if seq in pending:  # a failed file: no attempt can succeed
                     error = journal.errors.get(seq, self.last_sync_error)
                     raise StoreError(f"the bucket keeps refusing the writes: {error}")
+            if self.endpoint is not None and self.endpoint.is_open:
+                # Attempts refused by the open breaker are not attempts of
+                # this wait; give the prober FLUSH_OUTAGE_WAIT to see the
+                # endpoint back, then fail with the outage, not a retry count.
+                before.update({s: journal.failures.get(s, 0) for s in pending})
+                now = trio.current_time()
+                if open_since is None:
+                    open_since = now
+                elif now - open_since >= FLUSH_OUTAGE_WAIT:
+                    raise EndpointUnreachable(self._outage_message(pending))
+            else:
+                open_since = None
             failed = {s for s in pending if journal.failures.get(s, 0) > before[s]}
             for seq in failed:
                 if journal.failures[seq] - before[seq] >= self.flush_max_failures:
@@ -522,6 +543,19 @@ class SyncOps:
             journal.retry_sooner(failed, FLUSH_RETRY_WITHIN)
             with trio.move_on_after(1.0):
                 await journal.wait_done(seqs)
+
+    def _outage_message(self: TierFS, pending: set[int]) -> str:
+        """Why a flush fails while the breaker is open: since when, what waits."""
+        assert self.endpoint is not None
+        snapshot = self.endpoint.snapshot()
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.since))
+        entries = self.journal.entries
+        files = sum(1 for s in pending if s in entries and entries[s].get("op") == "upload")
+        return (
+            f"endpoint {self.endpoint.endpoint} unreachable since {since} "
+            f"(last error: {snapshot.last_error}); {files} file(s) waiting for upload, "
+            f"{len(pending)} changes in all; they stay queued and go up when it is back"
+        )
 
     async def flush_path(self: TierFS, relpath: str) -> int:
         """Wait until everything under ``relpath`` is durable in the bucket;

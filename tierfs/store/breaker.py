@@ -9,8 +9,10 @@ each caller nothing instead of a whole retry budget.
 States and transitions::
 
     CLOSED (healthy) --a request gets no answer------------> CLOSED (suspect)
-    CLOSED (suspect) --any answer (request or probe)--------> CLOSED (healthy)
-    CLOSED (suspect) --THRESHOLD consecutive no-answers-----> OPEN
+    CLOSED (healthy) --a request times out-----------------> CLOSED (silent)
+    CLOSED (suspect) --a request times out-----------------> CLOSED (silent)
+    CLOSED (suspect/silent) --any answer (request or probe)-> CLOSED (healthy)
+    CLOSED (suspect/silent) --failures weigh THRESHOLD------> OPEN
     OPEN             --a probe gets any HTTP answer---------> CLOSED (healthy)
     OPEN             --a real request that was already on
                        the wire before the opening succeeds-> CLOSED (healthy)
@@ -22,6 +24,19 @@ States and transitions::
   still shows an outage in ``status``), and a healthy endpoint answers the
   first probe (or a request does, before it).
   Callers may skip optional waits for the bucket meanwhile (``suspect``).
+
+- CLOSED (silent): the last failure was a connect or read timeout (the
+  endpoint may be a black hole, where every request waits out its whole
+  timeout).  A timeout weighs ``TIMEOUT_WEIGHT`` failures (a refusal one),
+  so two of them in a row open the breaker (a refusal takes a few ms, a
+  timeout seconds: five of them would keep the FUSE calls waiting for
+  tens of seconds).  The prober is woken to probe at once, and
+  *foreground* attempts (``before_attempt(foreground=True)``: a FUSE
+  request waits for them) fail fast with EndpointUnreachable until any
+  answer arrives: the kernel's retry of a failed read, or the next lookup,
+  does not pay another full timeout.  Background requests (uploads) still
+  go to the network.  On a healthy endpoint that was slow once, this lasts
+  until the probe's answer (milliseconds).
 
 - CLOSED: requests go to the network.  A failure counts only if the
   endpoint gave no HTTP answer at all (connection refused or reset before an
@@ -65,6 +80,8 @@ log = logging.getLogger(__name__)
 FAILURE_THRESHOLD = 5
 #: Seconds between probes while the breaker is open.
 PROBE_INTERVAL = 2.0
+#: How many failures a timeout counts for (see "CLOSED (silent)").
+TIMEOUT_WEIGHT = 3
 
 CLOSED = "closed"
 OPEN = "open"
@@ -132,6 +149,9 @@ class CircuitBreaker:
         self._failed_fast = 0
         self._listeners: list[Listener] = []
         self._stop = threading.Event()
+        #: Set to make the prober probe now (or stop, with ``_stop``).
+        self._wake = threading.Event()
+        self._silent = False
         self._prober: threading.Thread | None = None
 
     # --- queries -------------------------------------------------------------------
@@ -164,13 +184,26 @@ class CircuitBreaker:
 
     # --- the request path ------------------------------------------------------------
 
-    def before_attempt(self, op: str, target: str) -> None:
-        """Raise EndpointUnreachable at once while the breaker is open."""
-        if self._state != OPEN:
+    @property
+    def silent(self) -> bool:
+        """Closed, but the last request timed out without an answer."""
+        return self._state == CLOSED and self._silent
+
+    def before_attempt(self, op: str, target: str, *, foreground: bool = False) -> None:
+        """Raise EndpointUnreachable at once while the breaker is open, and
+        for a ``foreground`` attempt while the endpoint is silent."""
+        if self._state != OPEN and not (foreground and self._silent):
             return
         with self._lock:
             if self._state != OPEN:
-                return
+                if not (foreground and self._silent):
+                    return
+                self._failed_fast += 1
+                last = self._last_error
+                raise EndpointUnreachable(
+                    f"{op} {target}: {self.endpoint} gave no answer to the last request "
+                    f"({last}); failing fast until it answers"
+                )
             self._failed_fast += 1
             since = time.strftime("%H:%M:%S", time.localtime(self._since_wall))
             last = self._last_error
@@ -185,17 +218,21 @@ class CircuitBreaker:
             return
         self._transition(reachable=True, error="")
 
-    def record_failure(self, code: str) -> None:
-        """An attempt got no answer from the endpoint (``code`` names the error)."""
-        self._record(code)
+    def record_failure(self, code: str, *, timed_out: bool = False) -> None:
+        """An attempt got no answer from the endpoint (``code`` names the
+        error; ``timed_out``: a connect or read timeout fired)."""
+        self._record(code, timed_out=timed_out)
         if self._start_prober:
             self._ensure_prober()
 
-    def _record(self, code: str) -> None:
+    def _record(self, code: str, *, timed_out: bool = False) -> None:
         opened = False
         with self._lock:
             self._last_error = code
-            self._failures += 1
+            self._failures += TIMEOUT_WEIGHT if timed_out else 1
+            if timed_out:
+                self._silent = True
+                self._wake.set()  # probe now: the verdict should not wait
             if self._state == CLOSED and self._failures >= self.threshold:
                 self._state = OPEN
                 self._outages += 1
@@ -222,10 +259,10 @@ class CircuitBreaker:
         try:
             self._probe()
         except Exception as exc:  # no answer: the outage goes on (or begins)
-            code, unreachable = _describe(exc)
+            code, unreachable, timed_out = _describe(exc)
             log.debug("probe of %s failed: %s", self.endpoint, code)
             if self._state == CLOSED and unreachable:
-                self._record(code)
+                self._record(code, timed_out=timed_out)
             else:  # open: the outage goes on; closed: a reset proves nothing either way
                 with self._lock:
                     self._last_error = code
@@ -236,6 +273,7 @@ class CircuitBreaker:
     def close(self) -> None:
         """Stop the prober thread (the store is being closed)."""
         self._stop.set()
+        self._wake.set()
         prober = self._prober
         if prober is not None and prober is not threading.current_thread():
             prober.join(timeout=5)
@@ -254,10 +292,12 @@ class CircuitBreaker:
         while not self._stop.is_set():
             if self._settled():
                 return
-            self._stop.wait(self.probe_interval if self._state == OPEN else self.probe_interval / 2)
+            self._wake.wait(self.probe_interval if self._state == OPEN else self.probe_interval / 2)
+            self._wake.clear()
             if self._stop.is_set() or self._settled():
                 return
             self.probe_once()
+            self._wake.clear()  # this probe's own timeout asked for no other one
 
     def _settled(self) -> bool:
         """Healthy again: the prober ends (a new failure starts another)."""
@@ -271,6 +311,7 @@ class CircuitBreaker:
         closed = False
         with self._lock:
             self._failures = 0
+            self._silent = False
             if self._state == OPEN and reachable:
                 self._state = CLOSED
                 self._since_wall = self._wall_clock()
@@ -291,12 +332,13 @@ class CircuitBreaker:
                 log.exception("endpoint state listener failed")
 
 
-def _describe(exc: BaseException) -> tuple[str, bool]:
-    """The error's short name, and whether it means "no answer" (as for requests)."""
+def _describe(exc: BaseException) -> tuple[str, bool, bool]:
+    """The error's short name, whether it means "no answer" (as for
+    requests), and whether a timeout fired."""
     from tierfs.store.retry import classify  # retry imports botocore: keep it lazy
 
     verdict = classify(exc)
-    return verdict.code, verdict.unreachable
+    return verdict.code, verdict.unreachable, verdict.timed_out
 
 
 def breaker_of(store: object) -> CircuitBreaker | None:

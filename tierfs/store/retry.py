@@ -33,7 +33,9 @@ Invariants:
   at once, also between two attempts of one call), and reports how it
   ended: an HTTP answer of any kind is a success for the breaker, a failure
   with ``Verdict.unreachable`` (no answer at all, or a 502/504 from a
-  gateway) counts towards opening it.
+  gateway) counts towards opening it, a timeout (``Verdict.timed_out``)
+  more than a refusal; ``foreground=True`` (the store's foreground policy)
+  lets it fail such a request fast while the endpoint is silent.
 - A permanent failure becomes ``map_error(exc)`` (the store's one mapping
   function).  A transient failure that outlives the budget becomes
   :class:`~tierfs.errors.StoreUnavailable` whose message names the
@@ -125,6 +127,13 @@ UNREACHABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+#: Of those, the ones where a timeout fired: no answer at all within it.
+TIMEOUT_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    ConnectTimeoutError,
+    ReadTimeoutError,
+    TimeoutError,
+)
+
 #: HTTP statuses of a gateway whose backend is unreachable.
 UNREACHABLE_STATUSES: frozenset[int] = frozenset({502, 504})
 
@@ -200,6 +209,9 @@ class Verdict:
     retry_after: float | None = None
     #: The endpoint gave no answer (counts towards opening the circuit breaker).
     unreachable: bool = False
+    #: ... because a connect or read timeout fired (the endpoint may be a black
+    #: hole): stronger evidence, see ``tierfs.store.breaker``.
+    timed_out: bool = False
 
 
 def error_code(exc: BaseException) -> str:
@@ -271,7 +283,12 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, Transient):
         return Verdict(retry=True, code=exc.code)
     if isinstance(exc, RETRYABLE_EXCEPTIONS):
-        return Verdict(retry=True, code=code, unreachable=isinstance(exc, UNREACHABLE_EXCEPTIONS))
+        return Verdict(
+            retry=True,
+            code=code,
+            unreachable=isinstance(exc, UNREACHABLE_EXCEPTIONS),
+            timed_out=isinstance(exc, TIMEOUT_EXCEPTIONS),
+        )
     return Verdict(retry=False, code=code)
 
 
@@ -286,6 +303,7 @@ def run_with_retry(
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
     breaker: CircuitBreaker | None = None,
+    foreground: bool = False,
 ) -> T:
     """Call ``fn()`` until it succeeds, fails permanently, or the policy is spent.
 
@@ -295,14 +313,16 @@ def run_with_retry(
     ``sleep`` may also be an interruptible wait such as
     ``threading.Event.wait`` (its return value is ignored), so that a part
     upload stops backing off when a sibling part already failed.
-    ``breaker`` (see the module docstring) is asked before every attempt.
+    ``breaker`` (see the module docstring) is asked before every attempt;
+    ``foreground`` tells it that a caller waits (a FUSE request), which it
+    fails fast while the endpoint has gone silent.
     """
     started = clock()
     attempt = 0
     while True:
         attempt += 1
         if breaker is not None:
-            breaker.before_attempt(op, target)
+            breaker.before_attempt(op, target, foreground=foreground)
         attempt_started = clock()
         try:
             result = fn()
@@ -314,7 +334,7 @@ def run_with_retry(
             verdict = classify(exc)
             if breaker is not None:
                 if verdict.unreachable:
-                    breaker.record_failure(verdict.code)
+                    breaker.record_failure(verdict.code, timed_out=verdict.timed_out)
                 else:
                     breaker.record_success()
             if not verdict.retry:

@@ -475,6 +475,7 @@ class S3Store:
             map_error=mapper,
             sleep=sleep or time.sleep,
             breaker=self.breaker,
+            foreground=policy is self.foreground_retry,
         )
 
     # --- ObjectStore ---------------------------------------------------------
