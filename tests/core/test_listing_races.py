@@ -99,3 +99,61 @@ async def test_overwrite_completing_during_a_listing_is_not_reverted(
     where = await mount.fs.where("f.bin")
     assert where["size"] == len(b"new content") and where["cached_bytes"] == where["size"], where
     assert await mount.read_file("f.bin") == b"new content"
+
+
+# --- a name that changed type locally while the LIST still shows the old type ----------------
+#
+# Found while chasing a flaky model run (a file missing after renames): a
+# directory ``c`` is renamed away and a file is renamed to ``c``.  Until the
+# deletes of ``c/...`` have run, a LIST still shows the prefix ``c/``; the
+# merge took it for "the file became a directory in the bucket" (or, when the
+# file was linked during the listing, for "both ``c`` and ``c/`` exist") and
+# dropped the local file, dirty data and all, then skipped the new directory
+# because its delete was pending: ``c`` was gone.
+
+
+async def _setup_dir_c_and_dirty_y(mount: CoreMount) -> int:
+    fs = mount.fs
+    await fs.mkdir(ROOT_INO, b"c", 0o755, 0, 0)
+    await mount.write_file("c/x", b"in the old directory")
+    await mount.flush()  # c/ and c/x are in the bucket, clean
+    return await mount.write_file("y", b"not uploaded yet")  # dirty, upload held
+
+
+async def test_listing_from_before_a_rename_keeps_the_file_renamed_over_a_directory(
+    make_fs: Any,
+) -> None:
+    """LIST taken before both renames: it shows the prefix ``c/`` and the file
+    linked at ``c`` during the listing must not give way to it."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    ino = await _setup_dir_c_and_dirty_y(mount)
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"c", True)])
+    await fs.rename(ROOT_INO, b"c", ROOT_INO, b"d", 0)
+    await fs.rename(ROOT_INO, b"y", ROOT_INO, b"c", 0)
+    finish()
+    assert fs.meta.lookup(ROOT_INO, b"c") == ino, "the listing replaced the file by the old dir"
+    assert await mount.read_file("c") == b"not uploaded yet"
+    await mount.flush()
+    assert await mount.read_file("c") == b"not uploaded yet"
+    assert await mount.read_file("d/x") == b"in the old directory"
+
+
+async def test_listing_during_the_old_directorys_deletes_keeps_the_renamed_file(
+    make_fs: Any,
+) -> None:
+    """LIST taken after both renames, while the old directory's objects are
+    still in the bucket: ``c/`` is not "the file became a directory"."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    ino = await _setup_dir_c_and_dirty_y(mount)
+    await fs.rename(ROOT_INO, b"c", ROOT_INO, b"d", 0)
+    await fs.rename(ROOT_INO, b"y", ROOT_INO, b"c", 0)
+    finish = listing_taken_now(
+        mount, ROOT_INO, [ListedEntry(b"c", True), ListedEntry(b"d", True)]
+    )
+    finish()
+    assert fs.meta.lookup(ROOT_INO, b"c") == ino, "the listing replaced the file by the old dir"
+    assert await mount.read_file("c") == b"not uploaded yet"
+    await mount.flush()
+    assert await mount.read_file("c") == b"not uploaded yet"

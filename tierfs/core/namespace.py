@@ -10,7 +10,11 @@ State of a directory inode:
 A listing streams ListObjectsV2 pages (delimiter "/") and merges each page
 into LMDB in one transaction, so memory holds one page, not the directory.
 When the last page is merged, names that were not seen are swept (only clean,
-bucket-backed entries; local-only data of later issues stays).  A listing
+bucket-backed entries; local-only data of later issues stays).  Likewise a
+listed name of the other type (``c/`` for a file ``c``) replaces a local
+name only if that is a clean copy of the bucket, and never when its key is
+still being deleted by this node (``MetaDB.merge_listing``): a LIST sent
+before the deletes of a directory renamed away still shows its prefix.  A listing
 whose directory was renamed or removed while a page was on its way is
 dropped before it merges anything more (checked right after each await, so
 the check and the merge are atomic for the other trio tasks).  Only one
