@@ -29,6 +29,8 @@ def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]
     (what the bucket held at this moment); returns a function that merges
     it and finishes the listing, as ``Namespace._list`` does."""
     fs = mount.fs
+    watch = fs.journal.watch_deletes()
+    deleted = watch.__enter__()  # before the LIST, as Namespace._list
     gen = fs.meta.begin_listing(dir_ino)
     ident = fs.identity
 
@@ -38,6 +40,7 @@ def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]
             gen,
             entries,
             prefix="",
+            skip_new=lambda name, is_dir: deleted(name.decode() + ("/" if is_dir else "")),
             protects=fs.journal.protects,
             file_mode=ident.file_mode,
             dir_mode=ident.dir_mode,
@@ -46,6 +49,7 @@ def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]
             now=time.time(),
         )
         fs.meta.finish_listing(dir_ino, gen, time.time(), prefix="", protects=fs.journal.protects)
+        watch.__exit__(None, None, None)
 
     return finish
 
@@ -149,11 +153,34 @@ async def test_listing_during_the_old_directorys_deletes_keeps_the_renamed_file(
     ino = await _setup_dir_c_and_dirty_y(mount)
     await fs.rename(ROOT_INO, b"c", ROOT_INO, b"d", 0)
     await fs.rename(ROOT_INO, b"y", ROOT_INO, b"c", 0)
-    finish = listing_taken_now(
-        mount, ROOT_INO, [ListedEntry(b"c", True), ListedEntry(b"d", True)]
-    )
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"c", True), ListedEntry(b"d", True)])
     finish()
     assert fs.meta.lookup(ROOT_INO, b"c") == ino, "the listing replaced the file by the old dir"
     assert await mount.read_file("c") == b"not uploaded yet"
     await mount.flush()
     assert await mount.read_file("c") == b"not uploaded yet"
+
+
+async def test_delete_completing_during_a_listing_does_not_bring_the_name_back(
+    make_fs: Any,
+) -> None:
+    """The LIST was sent before the unlink's delete reached the bucket: it
+    still shows the name, whose delete is no longer pending when the page
+    is merged (``Journal.watch_deletes``)."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    await mount.write_file("a.bin", b"x" * 10)
+    await mount.write_file("b.bin", b"y" * 10)
+    await mount.flush()
+    finish = listing_taken_now(
+        mount,
+        ROOT_INO,
+        [ListedEntry(b"a.bin", False, 10, "e"), ListedEntry(b"b.bin", False, 10, "e")],
+    )
+    await fs.unlink(ROOT_INO, b"a.bin")
+    await fs.rename(ROOT_INO, b"b.bin", ROOT_INO, b"c.bin", 0)
+    await mount.flush()  # the deletes of a.bin and b.bin are done
+    assert not fs.journal.being_deleted("a.bin") and not fs.journal.being_deleted("b.bin")
+    finish()
+    names = sorted(name for _cookie, name, _ino in fs.meta.read_dir(ROOT_INO, 0, 100))
+    assert names == [b"c.bin"], f"the listing brought deleted names back: {names}"
