@@ -13,6 +13,9 @@ Use it between an S3 client and a loopback S3 server::
     # the next response to a matching request: the server did the work, the
     # client gets nothing (RST) or half of the response head then FIN
     proxy.fail_responses(1, kind="truncate", match=lambda line: line.startswith("POST"))
+    # the next 50 DELETE requests: answered 503 SlowDown by the proxy itself
+    # (the server never sees them), so the deletes stay owed
+    proxy.refuse_requests(50, status="503", match=lambda line: line.startswith("DELETE"))
     # take the endpoint away and bring it back, at run time:
     proxy.refuse()       # connects get ECONNREFUSED; open connections are reset
     proxy.black_hole()   # connects succeed, requests are read, nothing ever answers
@@ -50,6 +53,10 @@ Invariants:
 - A rule's ``match`` is a substring of the request line (``"PUT /bkt/key?
   partNumber=1&uploadId=... HTTP/1.1"``) or a predicate on it; None matches
   every request.  Rules are consumed in the order they were added.
+- Refused requests (``refuse_requests``): a matching request, whatever its
+  body, is answered by the proxy itself with an S3 error document (503
+  ``SlowDown`` or 403 ``AccessDenied``) and ``Connection: close``; it never
+  reaches the server.  Rules are consumed in the order they were added.
 - Random faults (``random_faults``): each request with a chance of
   ``error_503``/``error_403`` is answered by the proxy itself with an S3
   error document (``SlowDown`` / ``AccessDenied``) and ``Connection:
@@ -160,6 +167,23 @@ def _headers(head: bytes) -> tuple[str, dict[str, str]]:
 Match = str | Callable[[str], bool] | None
 FAULT_KINDS = ("reset", "truncate")
 FORWARD, REFUSE, BLACK_HOLE = "forward", "refuse", "black_hole"
+#: status -> (status line, S3 error code) of the answers the proxy gives itself.
+ERROR_ANSWERS = {"503": ("503 Slow Down", "SlowDown"), "403": ("403 Forbidden", "AccessDenied")}
+
+
+def _error_answer(status: str) -> bytes:
+    """An S3 error response for ``status`` ("503" or "403"), closing the connection."""
+    status_line, code = ERROR_ANSWERS[status]
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message>"
+        "<RequestId>faultproxy</RequestId></Error>"
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status_line}\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return head + body
 
 
 @dataclass
@@ -197,6 +221,7 @@ class FaultProxy:
         self._random: _RandomFaults | None = None
         self.random_counts: collections.Counter[str] = collections.Counter()
         self._response_rules: list[_Rule] = []
+        self._refuse_rules: list[_Rule] = []
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -307,6 +332,14 @@ class FaultProxy:
         with self._lock:
             self._response_rules.append(_Rule(n, kind, match))
 
+    def refuse_requests(self, n: int, *, status: str = "503", match: Match = None) -> None:
+        """Answer the next ``n`` matching requests with an S3 error (``status``
+        "503" or "403") instead of forwarding them: the server never acts."""
+        if status not in ERROR_ANSWERS:
+            raise ValueError(f"status must be one of {sorted(ERROR_ANSWERS)}, not {status!r}")
+        with self._lock:
+            self._refuse_rules.append(_Rule(n, status, match))
+
     def random_faults(
         self,
         *,
@@ -336,23 +369,19 @@ class FaultProxy:
                 return None
             roll = faults.rng.random()
             if roll < faults.error_503:
-                kind, status, code = "503", "503 Slow Down", "SlowDown"
+                kind = "503"
             elif roll < faults.error_503 + faults.error_403:
-                kind, status, code = "403", "403 Forbidden", "AccessDenied"
+                kind = "403"
             else:
                 return None
             self.random_counts[kind] += 1
             self.faults_injected += 1
-        body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n'
-            f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message>"
-            "<RequestId>faultproxy</RequestId></Error>"
-        ).encode()
-        head = (
-            f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        return head + body
+        return _error_answer(kind)
+
+    def _refusal(self, request_line: str) -> bytes | None:
+        """The proxy's own error answer if a ``refuse_requests`` rule matches."""
+        kind = self._take_rule(self._refuse_rules, request_line)
+        return None if kind is None else _error_answer(kind)
 
     def _random_reset(self) -> bool:
         with self._lock:
@@ -369,6 +398,7 @@ class FaultProxy:
             self._resets = self._truncates = 0
             self._request_rules.clear()
             self._response_rules.clear()
+            self._refuse_rules.clear()
             self._random = None
 
     def close(self) -> None:
@@ -489,7 +519,7 @@ class FaultProxy:
                 if "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
                 length = int(fields.get("content-length", "0") or 0)
-                answer = self._random_error()
+                answer = self._random_error() or self._refusal(start_line)
                 if answer is not None:
                     expects_continue = "100-continue" in fields.get("expect", "").lower()
                     body = 0 if expects_continue else length

@@ -29,6 +29,8 @@ def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]
     (what the bucket held at this moment); returns a function that merges
     it and finishes the listing, as ``Namespace._list`` does."""
     fs = mount.fs
+    watch = fs.journal.watch_deletes()
+    deleted = watch.__enter__()  # before the LIST, as Namespace._list
     gen = fs.meta.begin_listing(dir_ino)
     ident = fs.identity
 
@@ -38,6 +40,7 @@ def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]
             gen,
             entries,
             prefix="",
+            skip_new=lambda name, is_dir: deleted(name.decode() + ("/" if is_dir else "")),
             protects=fs.journal.protects,
             file_mode=ident.file_mode,
             dir_mode=ident.dir_mode,
@@ -46,6 +49,7 @@ def listing_taken_now(mount: CoreMount, dir_ino: int, entries: list[ListedEntry]
             now=time.time(),
         )
         fs.meta.finish_listing(dir_ino, gen, time.time(), prefix="", protects=fs.journal.protects)
+        watch.__exit__(None, None, None)
 
     return finish
 
@@ -99,3 +103,84 @@ async def test_overwrite_completing_during_a_listing_is_not_reverted(
     where = await mount.fs.where("f.bin")
     assert where["size"] == len(b"new content") and where["cached_bytes"] == where["size"], where
     assert await mount.read_file("f.bin") == b"new content"
+
+
+# --- a name that changed type locally while the LIST still shows the old type ----------------
+#
+# Found while chasing a flaky model run (a file missing after renames): a
+# directory ``c`` is renamed away and a file is renamed to ``c``.  Until the
+# deletes of ``c/...`` have run, a LIST still shows the prefix ``c/``; the
+# merge took it for "the file became a directory in the bucket" (or, when the
+# file was linked during the listing, for "both ``c`` and ``c/`` exist") and
+# dropped the local file, dirty data and all, then skipped the new directory
+# because its delete was pending: ``c`` was gone.
+
+
+async def _setup_dir_c_and_dirty_y(mount: CoreMount) -> int:
+    fs = mount.fs
+    await fs.mkdir(ROOT_INO, b"c", 0o755, 0, 0)
+    await mount.write_file("c/x", b"in the old directory")
+    await mount.flush()  # c/ and c/x are in the bucket, clean
+    return await mount.write_file("y", b"not uploaded yet")  # dirty, upload held
+
+
+async def test_listing_from_before_a_rename_keeps_the_file_renamed_over_a_directory(
+    make_fs: Any,
+) -> None:
+    """LIST taken before both renames: it shows the prefix ``c/`` and the file
+    linked at ``c`` during the listing must not give way to it."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    ino = await _setup_dir_c_and_dirty_y(mount)
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"c", True)])
+    await fs.rename(ROOT_INO, b"c", ROOT_INO, b"d", 0)
+    await fs.rename(ROOT_INO, b"y", ROOT_INO, b"c", 0)
+    finish()
+    assert fs.meta.lookup(ROOT_INO, b"c") == ino, "the listing replaced the file by the old dir"
+    assert await mount.read_file("c") == b"not uploaded yet"
+    await mount.flush()
+    assert await mount.read_file("c") == b"not uploaded yet"
+    assert await mount.read_file("d/x") == b"in the old directory"
+
+
+async def test_listing_during_the_old_directorys_deletes_keeps_the_renamed_file(
+    make_fs: Any,
+) -> None:
+    """LIST taken after both renames, while the old directory's objects are
+    still in the bucket: ``c/`` is not "the file became a directory"."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    ino = await _setup_dir_c_and_dirty_y(mount)
+    await fs.rename(ROOT_INO, b"c", ROOT_INO, b"d", 0)
+    await fs.rename(ROOT_INO, b"y", ROOT_INO, b"c", 0)
+    finish = listing_taken_now(mount, ROOT_INO, [ListedEntry(b"c", True), ListedEntry(b"d", True)])
+    finish()
+    assert fs.meta.lookup(ROOT_INO, b"c") == ino, "the listing replaced the file by the old dir"
+    assert await mount.read_file("c") == b"not uploaded yet"
+    await mount.flush()
+    assert await mount.read_file("c") == b"not uploaded yet"
+
+
+async def test_delete_completing_during_a_listing_does_not_bring_the_name_back(
+    make_fs: Any,
+) -> None:
+    """The LIST was sent before the unlink's delete reached the bucket: it
+    still shows the name, whose delete is no longer pending when the page
+    is merged (``Journal.watch_deletes``)."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    await mount.write_file("a.bin", b"x" * 10)
+    await mount.write_file("b.bin", b"y" * 10)
+    await mount.flush()
+    finish = listing_taken_now(
+        mount,
+        ROOT_INO,
+        [ListedEntry(b"a.bin", False, 10, "e"), ListedEntry(b"b.bin", False, 10, "e")],
+    )
+    await fs.unlink(ROOT_INO, b"a.bin")
+    await fs.rename(ROOT_INO, b"b.bin", ROOT_INO, b"c.bin", 0)
+    await mount.flush()  # the deletes of a.bin and b.bin are done
+    assert not fs.journal.being_deleted("a.bin") and not fs.journal.being_deleted("b.bin")
+    finish()
+    names = sorted(name for _cookie, name, _ino in fs.meta.read_dir(ROOT_INO, 0, 100))
+    assert names == [b"c.bin"], f"the listing brought deleted names back: {names}"

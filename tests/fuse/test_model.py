@@ -65,8 +65,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from tests.faults import FaultProxy
 from tests.fuse.conftest import (
     Mount,
+    MountFactory,
     fusermount,
     is_tierfsd,
     run_tierfs,
@@ -693,3 +695,44 @@ def test_rename_of_uploaded_file_then_write_keeps_new_key(model_env: ModelEnv) -
     assert keys == ["c"], f"bucket keys {keys} (the upload went to the old key)"
     assert names == ["c"], f"mount shows {names}"
     assert m.s3.get_object(Bucket=m.bucket, Key=m.key("c"))["Body"].read() == b"hello world"
+
+
+def test_file_renamed_over_a_directory_survives_the_old_directorys_listing(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """A directory ``c`` is renamed away and a dirty file renamed to ``c``;
+    while the deletes of ``c/...`` are still owed (the proxy refuses every
+    DELETE), re-listings of the root see the prefix ``c/``.  The file must
+    stay a file with its bytes, and reach the bucket at ``c`` afterwards.
+    (The model once lost ``c`` this way: the merge took ``c/`` for "the file
+    became a directory in the bucket" and dropped the local file.)"""
+    m = mount(endpoint_url=fault_proxy.endpoint, list_ttl="0.3s", upload_delay="1h")
+    (m.path / "c").mkdir()
+    (m.path / "c" / "x").write_bytes(b"in the old directory")
+    (m.path / "y").write_bytes(b"not uploaded yet")
+    assert run_tierfs("flush", str(m.path / "c")).returncode == 0
+    fault_proxy.refuse_requests(1_000_000, status="403", match=lambda line: "DELETE" in line)
+    os.rename(m.path / "c", m.path / "d")
+    os.rename(m.path / "y", m.path / "c")
+    listings_before = m.status()["counters"]["listings"]
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        time.sleep(0.4)  # past list_ttl: the next readdir re-lists the root
+        assert sorted(os.listdir(m.path)) == ["c", "d"]
+        assert stat.S_ISREG(os.lstat(m.path / "c").st_mode)
+        assert (m.path / "c").read_bytes() == b"not uploaded yet"
+    assert m.status()["counters"]["listings"] > listings_before, "no re-listing ran"
+    assert fault_proxy.faults_injected > 0, "no DELETE was refused"
+    assert "c/x" in [
+        o["Key"][len(m.prefix) + 1 :]
+        for o in m.s3.list_objects_v2(Bucket=m.bucket, Prefix=m.prefix + "/").get("Contents", [])
+    ], "the old directory's object was deleted: the listing never saw c/"
+    fault_proxy.clear_faults()
+    done = run_tierfs("flush", str(m.path), timeout=FLUSH_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    keys = sorted(
+        o["Key"][len(m.prefix) + 1 :]
+        for o in m.s3.list_objects_v2(Bucket=m.bucket, Prefix=m.prefix + "/").get("Contents", [])
+    )
+    assert [k for k in keys if not k.startswith(".tierfs-attrs/")] == ["c", "d/", "d/x"], keys
+    assert m.s3.get_object(Bucket=m.bucket, Key=m.key("c"))["Body"].read() == b"not uploaded yet"

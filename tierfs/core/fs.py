@@ -168,6 +168,7 @@ class TierFS(WriteOps, SyncOps):
         )
         self.namespace.live_inode = self._live_inode
         self.namespace.being_deleted = self.journal.being_deleted
+        self.namespace.watch_deletes = self.journal.watch_deletes
         self.namespace.protects = self.journal.protects
         self.namespace.attrs_owed = self.journal.attrs_owed
         self.namespace.spawn = self._spawn

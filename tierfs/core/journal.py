@@ -146,6 +146,9 @@ class Journal:
         self.failures: dict[int, int] = {}
         self.errors: dict[int, str] = {}
         self._deleting: dict[str, int] = {}
+        #: One set per open ``watch_deletes``: the keys and prefixes whose
+        #: delete left the journal since it was opened.
+        self._delete_watchers: list[set[str]] = []
         #: ino -> pending setmeta/mkdir entries of it.
         self._attr_entries: dict[int, int] = {}
         for entry in self.entries.values():
@@ -229,6 +232,9 @@ class Journal:
         for i in range(1, len(parts) + 1):
             prefix = "/".join(parts[:i]) + ("/" if i < len(parts) or key.endswith("/") else "")
             count = self._deleting.get(prefix, 0) + sign
+            if sign < 0:
+                for done in self._delete_watchers:
+                    done.add(prefix)
             if count:
                 self._deleting[prefix] = count
             else:
@@ -243,6 +249,20 @@ class Journal:
         that was deleted or renamed away locally before the bucket caught up.
         """
         return key_or_prefix in self._deleting
+
+    @contextlib.contextmanager
+    def watch_deletes(self) -> Iterator[Callable[[str], bool]]:
+        """``being_deleted`` for a listing: while the block runs, the predicate
+        it yields is also true for a key or prefix whose delete left the
+        journal since the block began.  A LIST sent before such a delete
+        completed still shows the name; without this, the listing would
+        bring the deleted name back until the next listing swept it."""
+        done: set[str] = set()
+        self._delete_watchers.append(done)
+        try:
+            yield lambda key_or_prefix: key_or_prefix in self._deleting or key_or_prefix in done
+        finally:
+            self._delete_watchers.remove(done)
 
     def read_origin(self, ino: int) -> str | None:
         """Where the bytes of ``ino``'s origin are *now*, if a rename moved

@@ -10,7 +10,14 @@ State of a directory inode:
 A listing streams ListObjectsV2 pages (delimiter "/") and merges each page
 into LMDB in one transaction, so memory holds one page, not the directory.
 When the last page is merged, names that were not seen are swept (only clean,
-bucket-backed entries; local-only data of later issues stays).  A listing
+bucket-backed entries; local-only data of later issues stays).  Likewise a
+listed name of the other type (``c/`` for a file ``c``) replaces a local
+name only if that is a clean copy of the bucket, and never when its key is
+still being deleted by this node (``MetaDB.merge_listing``): a LIST sent
+before the deletes of a directory renamed away still shows its prefix.
+"Being deleted" includes the deletes that completed while the listing ran
+(``Journal.watch_deletes``, opened before the LIST is sent): the LIST may
+predate them, and would bring an unlinked or renamed-away name back.  A listing
 whose directory was renamed or removed while a page was on its way is
 dropped before it merges anything more (checked right after each await, so
 the check and the merge are atomic for the other trio tasks).  Only one
@@ -95,11 +102,13 @@ again); a HEAD that outlives the wait is abandoned to its thread.  Only
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from array import array
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import trio
@@ -195,6 +204,11 @@ class Namespace:
         #: prefix) still owed to the bucket?  Such names are not re-created
         #: by a listing.
         self.being_deleted: Callable[[str], bool] = lambda key: False
+        #: Set by TierFS: ``being_deleted`` that also remembers the deletes
+        #: completed while the block runs (``Journal.watch_deletes``).
+        self.watch_deletes: Callable[[], AbstractContextManager[Callable[[str], bool]]] = (
+            lambda: contextlib.nullcontext(self.being_deleted)
+        )
         #: Set by TierFS: must a listing leave this inode alone?
         self.protects: Callable[[int], bool] = lambda ino: False
         #: Set by TierFS: does the bucket still owe a local change of this
@@ -375,6 +389,12 @@ class Namespace:
             log.exception("background re-listing of %r failed", dir_inode.name)
 
     async def _list(self, dir_inode: Inode) -> None:
+        # Opened before the LIST is sent: a name whose delete completes
+        # after that is still in the answer, and must not come back.
+        with self.watch_deletes() as deleted:
+            await self._list_watched(dir_inode, deleted)
+
+    async def _list_watched(self, dir_inode: Inode, deleted: Callable[[str], bool]) -> None:
         prefix = self.prefix_of(dir_inode)
         gen = self.meta.begin_listing(dir_inode.ino)
         pages = self.store.list_pages(prefix)
@@ -401,7 +421,7 @@ class Namespace:
                 entries,
                 prefix=prefix,
                 protects=self.protects,
-                skip_new=lambda name, is_dir: self.being_deleted(
+                skip_new=lambda name, is_dir: deleted(
                     prefix + name.decode() + ("/" if is_dir else "")
                 ),
                 file_mode=ident.file_mode,

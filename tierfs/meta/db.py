@@ -405,6 +405,16 @@ class MetaDB:
 
         New names get new inode numbers; known names keep theirs.  A name seen
         as a directory in this generation wins over a file of the same name.
+
+        A listed name whose type differs from the local one replaces it only
+        if the local name is a plain clean copy of the bucket: not when the
+        listed key is one this node still owes a delete for (``skip_new``:
+        a directory renamed away whose ``c/...`` objects are not deleted
+        yet), nor when the local name holds what the bucket lacks
+        (``_holds_local_data``: a file renamed onto ``c``, dirty or with its
+        copy pending).  A model run once lost such a file: the LIST still
+        showed the old ``c/``, the merge dropped the local file as "became a
+        directory", and then skipped the directory as being deleted.
         """
         result = MergeResult(changed=[], removed=[], conflicts=[])
         with self.write() as w:
@@ -417,6 +427,15 @@ class MetaDB:
                     ino, cookie, seen_gen = decode_dentry(raw)
                     inode = self._get_inode_txn(txn, ino)
                     if inode.is_dir != entry.is_dir:
+                        if skip_new(entry.name, entry.is_dir) or self._holds_local_data(
+                            txn, ino, prefix + entry.name.decode(), protects
+                        ):
+                            # The listed name is a leftover this node is still
+                            # deleting (a directory renamed away, a file the
+                            # local name replaced), or the local name holds
+                            # what the bucket does not have yet: the local
+                            # name wins, its entries will make the bucket agree.
+                            continue
                         if seen_gen == gen:
                             # Both `a` and `a/...` exist in this listing.
                             result.conflicts.append(entry.name)
