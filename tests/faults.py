@@ -16,6 +16,10 @@ Use it between an S3 client and a loopback S3 server::
     # the next 50 DELETE requests: answered 503 SlowDown by the proxy itself
     # (the server never sees them), so the deletes stay owed
     proxy.refuse_requests(50, status="503", match=lambda line: line.startswith("DELETE"))
+    # hold every matching request (before its head is forwarded) until the
+    # gate is set; ``held`` counts the requests that waited
+    gate = proxy.hold_requests(match=lambda line: line.startswith("DELETE"))
+    gate.set()
     # take the endpoint away and bring it back, at run time:
     proxy.refuse()       # connects get ECONNREFUSED; open connections are reset
     proxy.black_hole()   # connects succeed, requests are read, nothing ever answers
@@ -57,6 +61,10 @@ Invariants:
   body, is answered by the proxy itself with an S3 error document (503
   ``SlowDown`` or 403 ``AccessDenied``) and ``Connection: close``; it never
   reaches the server.  Rules are consumed in the order they were added.
+- Held requests (``hold_requests``): a matching request waits, before its
+  head reaches the server, until the gate that ``hold_requests`` returned
+  is set (at most ``HOLD_LIMIT`` seconds); the server never sees it before.
+  ``clear_faults`` and ``close`` set every gate, so no thread stays held.
 - Random faults (``random_faults``): each request with a chance of
   ``error_503``/``error_403`` is answered by the proxy itself with an S3
   error document (``SlowDown`` / ``AccessDenied``) and ``Connection:
@@ -90,6 +98,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 _HEAD_LIMIT = 64 * 1024
+#: The longest a held request waits for its gate (seconds).
+HOLD_LIMIT = 60.0
 
 
 class _Passthrough(Exception):
@@ -222,6 +232,8 @@ class FaultProxy:
         self.random_counts: collections.Counter[str] = collections.Counter()
         self._response_rules: list[_Rule] = []
         self._refuse_rules: list[_Rule] = []
+        self._holds: list[tuple[Match, threading.Event]] = []
+        self.held = 0
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -340,6 +352,24 @@ class FaultProxy:
         with self._lock:
             self._refuse_rules.append(_Rule(n, status, match))
 
+    def hold_requests(self, match: Match) -> threading.Event:
+        """Hold every matching request until the returned gate is set."""
+        gate = threading.Event()
+        with self._lock:
+            self._holds.append((match, gate))
+        return gate
+
+    def _wait_if_held(self, request_line: str) -> None:
+        with self._lock:
+            gates = [
+                gate
+                for match, gate in self._holds
+                if not gate.is_set() and _Rule(1, "hold", match).matches(request_line)
+            ]
+            self.held += bool(gates)
+        for gate in gates:
+            gate.wait(HOLD_LIMIT)
+
     def random_faults(
         self,
         *,
@@ -400,10 +430,14 @@ class FaultProxy:
             self._response_rules.clear()
             self._refuse_rules.clear()
             self._random = None
+            for _match, gate in self._holds:
+                gate.set()
+            self._holds.clear()
 
     def close(self) -> None:
         """Stop accepting, close every connection, join the threads."""
         self._closed = True
+        self.clear_faults()  # releases held requests
         self._stop_listening()
         with self._lock:
             socks = list(self._socks)
@@ -525,6 +559,7 @@ class FaultProxy:
                     body = 0 if expects_continue else length
                     self._answer_instead(reader, body, client, upstream, answer)
                     return
+                self._wait_if_held(start_line)
                 fault = self._take_rule(self._request_rules, start_line) if length >= 2 else None
                 methods.append((start_line.split(" ", 1)[0].upper(), start_line))
                 # Forward the head at once: with "Expect: 100-continue" the

@@ -39,6 +39,16 @@ Invariants:
 * Ordering: two entries that touch the same key run in sequence order; an
   entry never overtakes an earlier one on a shared key (``runnable``).  A
   rename moves the file's upload entry behind the rename's copy/delete.
+  An upload's key is the file's *current* key, so a rename changes the
+  keys of its upload entry: the entry must then sit behind every entry the
+  rename queued, or its next attempt would PUT the new key before the
+  delete of the object it replaces (and that delete would remove it).
+  This holds for a running upload too (``requeue_upload``): its entry is
+  replaced at once, in the rename's transaction (durable: a replay runs
+  the new entry in its new place), and the attempt still on the wire is
+  *superseded*: it keeps blocking the key it PUTs (``running_key``) until
+  it ends, is never retried, never marks the file clean, and leaves no
+  trace in the journal.
 * A local change of attributes that the bucket does not have yet (a
   pending upload, setmeta or mkdir of the inode: ``attrs_owed``) wins over
   the attribute shadow that a listing finds.
@@ -84,6 +94,8 @@ class JournalWriter:
     removed: list[int] = field(default_factory=list)
     #: new seq -> the seq it replaces (its due time carries over)
     moved: dict[int, int] = field(default_factory=dict)
+    #: running upload entries replaced in this transaction (seq -> entry)
+    superseded: dict[int, Entry] = field(default_factory=dict)
 
     def append(self, entry: Entry) -> int:
         seq = self.tx.journal_append(entry)
@@ -109,11 +121,17 @@ class JournalWriter:
             self.remove(seq)
 
     def requeue_upload(self, ino: int) -> None:
-        """Move the upload of ``ino`` behind entries appended so far."""
+        """Move the upload of ``ino`` behind entries appended so far.
+
+        A running upload is moved as well: its attempt becomes superseded
+        (see the module docstring, ordering)."""
         seq = self.journal.upload_seq.get(ino)
-        if seq is not None and seq not in self.journal.running:
-            self.remove(seq)
-            self.moved[self.append({"op": "upload", "ino": ino})] = seq
+        if seq is None:
+            return
+        if seq in self.journal.running:
+            self.superseded[seq] = self.journal.entries[seq]
+        self.remove(seq)
+        self.moved[self.append({"op": "upload", "ino": ino})] = seq
 
 
 class Journal:
@@ -136,6 +154,9 @@ class Journal:
         #: that blocks not yet cached stay readable through the open handles.
         self.orphans: set[int] = set()
         self.running: set[int] = set()
+        #: seq -> entry of running upload attempts whose entry was replaced
+        #: (``requeue_upload``); dropped when the attempt ends (``run_ended``).
+        self.superseded: dict[int, Entry] = {}
         #: Tasks in ``wait_done`` (a flush, a write-through fsync or close).
         self.waiters = 0
         #: The last ``hurry`` (trio clock).
@@ -174,6 +195,7 @@ class Journal:
         self._publish(writer)
 
     def _publish(self, writer: JournalWriter) -> None:
+        self.superseded.update(writer.superseded)
         for new, old in writer.moved.items():
             if old in self.not_before:
                 self.not_before[new] = self.not_before[old]
@@ -280,6 +302,15 @@ class Journal:
         """Does the bucket still owe a local change of ``ino``'s attributes?"""
         return ino in self.upload_seq or ino in self._attr_entries
 
+    def is_superseded(self, seq: int) -> bool:
+        """Was the entry of this running attempt replaced meanwhile?"""
+        return seq in self.superseded
+
+    def run_ended(self, seq: int) -> None:
+        """An attempt of ``seq`` is over (whatever its outcome)."""
+        self.running.discard(seq)
+        self.superseded.pop(seq, None)
+
     def pending_upload(self, ino: int) -> bool:
         return ino in self.upload_seq
 
@@ -341,7 +372,11 @@ class Journal:
         self.wake()
 
     def retry_later(self, seq: int, delay: float, error: str = "") -> None:
-        """An attempt of ``seq`` failed (with ``error``): try again after ``delay``."""
+        """An attempt of ``seq`` failed (with ``error``): try again after ``delay``.
+
+        Nothing to do if the entry is gone (done, or superseded)."""
+        if seq not in self.entries:
+            return
         self.failures[seq] = self.failures.get(seq, 0) + 1
         if error:
             self.errors[seq] = error
@@ -369,7 +404,8 @@ class Journal:
         one of them ends, and looks again.
         """
         now = trio.current_time()
-        blocked: set[str] = set()
+        # A superseded attempt is older than every entry: its PUT blocks its key.
+        blocked = {e["running_key"] for e in self.superseded.values() if "running_key" in e}
         ready: list[int] = []
         next_due = math.inf
         for i, (seq, entry) in enumerate(self.entries.items()):

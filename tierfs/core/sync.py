@@ -198,7 +198,7 @@ class SyncOps:
             forget_frames(exc)
         finally:
             entry.pop("running_key", None)
-            self.journal.running.discard(seq)
+            self.journal.run_ended(seq)
             self.journal.wake()
 
     async def _store_call(self: TierFS, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -258,6 +258,8 @@ class SyncOps:
             entry.pop("upload_key")
             with self.meta.write() as tx:
                 tx.journal_put(seq, entry)
+        if self.journal.is_superseded(seq):
+            return  # a rename replaced the entry while the abort above ran
         inode = self._linked_inode(ino)
         if inode is None or inode.state == SyncState.CLEAN:
             self._finish(seq)
