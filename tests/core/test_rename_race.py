@@ -108,3 +108,43 @@ async def test_rename_onto_a_clean_name_during_the_upload_keeps_the_file_in_the_
     assert s3_store.get_range(TARGET, 0, len(NEW_BODY) + 10) == NEW_BODY, gated.done
     # The order the bucket saw: the replaced object went before the new one came.
     assert gated.done.index(("delete", TARGET)) < gated.done.index(("put", TARGET)), gated.done
+
+
+async def test_a_flush_follows_the_upload_that_a_rename_moved(
+    make_fs: Any, s3_store: S3Store
+) -> None:
+    """A flush waiting for a running upload when a rename moves it (the
+    attempt is superseded, a new entry carries the upload) returns only
+    once the new entry is done: the file is in the bucket at its new name."""
+    put(s3_store, "dd", b"d" * 5000)
+    mount = await make_fs()
+    fs = mount.fs
+    dd = await fs.namespace.resolve("dd")
+    gated = GatedStore(fs.store, put_key="dd", delete_key="")
+    fs.store = gated
+    opened = await fs.open(dd.ino, os.O_WRONLY | os.O_TRUNC)
+    await fs.write(opened.fh, 0, NEW_BODY)
+    await fs.release(opened.fh)
+    assert await wait_for(gated.put_started.is_set, 5), "the upload of dd did not start"
+
+    flushed = trio.Event()
+    bucket_at_flush: list[bytes] = []
+
+    async def flush() -> None:
+        await mount.flush()
+        bucket_at_flush.append(s3_store.get_range("z", 0, len(NEW_BODY) + 10))
+        flushed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(flush)
+        await trio.sleep(0.1)
+        await fs.rename(ROOT_INO, b"dd", ROOT_INO, b"z", 0)
+        # The new entry uploads z while the superseded PUT of dd is held.
+        with trio.fail_after(10):
+            await flushed.wait()
+        assert bucket_at_flush == [NEW_BODY]
+        gated.put_gate.set()
+    await mount.flush()  # the held PUT of dd ended; the rename's delete of dd follows it
+    names = {info.key for page in s3_store.list_pages("") for info in page.objects}
+    assert names == {"z"}, (names, gated.done)
+    assert s3_store.get_range("z", 0, len(NEW_BODY) + 10) == NEW_BODY

@@ -157,6 +157,10 @@ class Journal:
         #: seq -> entry of running upload attempts whose entry was replaced
         #: (``requeue_upload``); dropped when the attempt ends (``run_ended``).
         self.superseded: dict[int, Entry] = {}
+        #: moved seq -> the entry that replaced it (while that one is
+        #: pending), and back: a flush follows its entries when they move.
+        self._moved_to: dict[int, int] = {}
+        self._moved_from: dict[int, set[int]] = {}
         #: Tasks in ``wait_done`` (a flush, a write-through fsync or close).
         self.waiters = 0
         #: The last ``hurry`` (trio clock).
@@ -199,6 +203,10 @@ class Journal:
         for new, old in writer.moved.items():
             if old in self.not_before:
                 self.not_before[new] = self.not_before[old]
+            olds = self._moved_from.pop(old, set()) | {old}
+            for moved in olds:
+                self._moved_to[moved] = new
+            self._moved_from[new] = olds
         for seq in writer.removed:
             self._forget(seq)
         for seq, entry in writer.added:
@@ -231,6 +239,8 @@ class Journal:
         self.failures.pop(seq, None)
         self.errors.pop(seq, None)
         self._keys.pop(seq, None)
+        for moved in self._moved_from.pop(seq, ()):
+            self._moved_to.pop(moved, None)
         self._count_delete(entry, -1)
         self._count_attrs(entry, -1)
         self._done.set()
@@ -301,6 +311,11 @@ class Journal:
     def attrs_owed(self, ino: int) -> bool:
         """Does the bucket still owe a local change of ``ino``'s attributes?"""
         return ino in self.upload_seq or ino in self._attr_entries
+
+    def successors(self, seqs: set[int]) -> set[int]:
+        """``seqs`` with each moved entry replaced by the entry that now
+        carries its change (``requeue_upload``)."""
+        return {self._moved_to.get(seq, seq) for seq in seqs}
 
     def is_superseded(self, seq: int) -> bool:
         """Was the entry of this running attempt replaced meanwhile?"""

@@ -519,7 +519,9 @@ class SyncOps:
         before = {s: journal.failures.get(s, 0) + (s in journal.running) for s in seqs}
         journal.hurry(seqs)
         open_since: float | None = None  # trio time this wait first saw the breaker open
-        while pending := seqs & journal.entries.keys():
+        # A rename meanwhile may move an upload entry (``requeue_upload``):
+        # the wait follows it to its new place.
+        while pending := (seqs := journal.successors(seqs)) & journal.entries.keys():
             for ino in self._upload_refused:
                 seq = journal.upload_seq.get(ino)
                 if seq in pending:  # a failed file: no attempt can succeed
@@ -537,9 +539,9 @@ class SyncOps:
                     raise EndpointUnreachable(self._outage_message(pending))
             else:
                 open_since = None
-            failed = {s for s in pending if journal.failures.get(s, 0) > before[s]}
+            failed = {s for s in pending if journal.failures.get(s, 0) > before.get(s, 0)}
             for seq in failed:
-                if journal.failures[seq] - before[seq] >= self.flush_max_failures:
+                if journal.failures[seq] - before.get(seq, 0) >= self.flush_max_failures:
                     error = journal.errors.get(seq, self.last_sync_error)
                     raise StoreError(f"the bucket keeps refusing the writes: {error}")
             journal.retry_sooner(failed, FLUSH_RETRY_WITHIN)
