@@ -17,7 +17,11 @@ Upload of a dirty file, step by step:
    the digests computed while uploading, its origin becomes the new object
    and the entry is removed, in one transaction.  Otherwise the file stays
    dirty and the entry is tried again later: a file is marked clean only if
-   it did not change during the upload.
+   it did not change during the upload.  If a rename replaced the entry
+   meanwhile (the attempt is *superseded*, see ``journal``), the attempt
+   just ends: the new entry, behind the rename's entries, uploads the file.
+   (Known gap: a superseded multipart attempt's upload id is not recorded,
+   so a crash during it leaves its parts for the bucket's lifecycle rules.)
 
 Attribute shadow (``tierfs.core.shadow``): upload, copy, setmeta and mkdir
 bracket their change with ``_put_shadow`` (before: the shadow object of the
