@@ -260,10 +260,10 @@ class SyncOps:
             await self._store_call(self.store.abort_upload, entry["upload_key"], entry["upload_id"])
             entry.pop("upload_id")
             entry.pop("upload_key")
+            if self.journal.is_superseded(seq):
+                return  # a rename replaced the entry (durably) while the abort ran
             with self.meta.write() as tx:
                 tx.journal_put(seq, entry)
-        if self.journal.is_superseded(seq):
-            return  # a rename replaced the entry while the abort above ran
         inode = self._linked_inode(ino)
         if inode is None or inode.state == SyncState.CLEAN:
             self._finish(seq)
