@@ -12,8 +12,11 @@ number and ran before that delete: the PUT of the new ``é x`` landed
 first, the delete then removed it, and the next listing swept the clean
 file.  The bucket lost the file.
 
-The test holds the first PUT (to ``dd``) until the rename is done, and the
-DELETE of ``é x`` until the retried upload had the time to overtake it.
+The first test holds the first PUT (to ``dd``) until the rename is done,
+and the DELETE of ``é x`` until the retried upload had the time to overtake
+it.  The fix moves a running upload behind the rename's entries too (its
+attempt is superseded, ``tierfs.core.journal``); the second test checks
+that a flush waiting for the moved entry follows it to its new place.
 """
 
 from __future__ import annotations
