@@ -233,3 +233,31 @@ def test_failed_files_are_recorded_until_the_inode_goes(tmp_path: Path) -> None:
     with db.write() as w:
         w.delete_inode(ino)
     assert db.failed_files() == {}
+
+
+def test_pins_survive_a_reopen_and_go_with_their_inode(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    merge(db, [ListedEntry(b"a", False, 30, "e1"), ListedEntry(b"b", False, 30, "e2")])
+    a, b = db.lookup(ROOT_INO, b"a"), db.lookup(ROOT_INO, b"b")
+    assert a is not None and b is not None
+    assert db.pins() == {} and db.get_pin(a) is None
+    db.set_pin(a, 0)
+    db.set_pin(b, 1)
+    db.set_pin(b, 0)  # re-pinning moves the pin
+    db.close()
+    db = MetaDB(tmp_path, "s3://b")
+    assert db.pins() == {a: 0, b: 0}
+    assert db.clear_pin(b) and not db.clear_pin(b)
+    # A name the bucket no longer lists takes its pin with it.
+    merge(db, [ListedEntry(b"b", False, 30, "e2")])
+    assert db.lookup(ROOT_INO, b"a") is None
+    assert db.pins() == {}
+    # So does a deleted inode.
+    c = create(db, b"c")
+    db.set_pin(c, 1)
+    assert db.pins() == {c: 1}
+    with db.write() as w:
+        w.unlink(ROOT_INO, b"c")
+        w.delete_inode(c)
+    assert db.pins() == {}
+    db.close()

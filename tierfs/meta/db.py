@@ -21,6 +21,8 @@ name           key                                     value
                                                        gid], ...]`` (the *ledger*)
 ``failed``     ino                                     JSON: damaged dirty blocks of a
                                                        file that must not be uploaded
+``pins``       ino                                     tier index (u8) the file or
+                                                       directory is pinned to
 =============  ======================================  ===============================
 
 Invariants (each public method, and each ``with db.write() as tx`` block, is
@@ -34,6 +36,9 @@ ONE write transaction, so they hold after every commit and after a crash):
   usage never drifts from the block maps.  ``recount_residency`` re-derives
   one inode's share from its block records (after a block was dropped for
   damage), correcting ``usage`` by the difference.
+* ``pins[ino]`` exists only while ``ino`` exists (``tierfs pin``; a pinned
+  directory pins its subtree, which the lifecycle code resolves).  It goes
+  with the inode, so a pin survives remounts and renames but not a delete.
 * ``failed[ino]`` exists only while ``ino`` exists: a file whose dirty block
   failed its checksum (see ``core.blockcache``).  It goes when the inode is
   deleted or when the file is uploaded again from bytes that all verify.
@@ -226,6 +231,7 @@ class MetaDB:
         self._xattrs = self.env.open_db(b"xattrs")
         self._shadows = self.env.open_db(b"shadows")
         self._failed = self.env.open_db(b"failed")
+        self._pins = self.env.open_db(b"pins")
         #: The group transaction, then nested write() transactions, innermost last.
         self._stack: list[lmdb.Transaction] = []
         #: Batch commits (see "Group commit"); TierFS turns it on.
@@ -676,6 +682,7 @@ class MetaDB:
             # business now (they are harmless orphans, see tierfs.core.shadow).
             txn.delete(ino_key(ino), db=self._shadows)
             txn.delete(ino_key(ino), db=self._failed)
+            txn.delete(ino_key(ino), db=self._pins)
             result.removed.append((ino, tiers))
 
     def _unlink_dentry(self, txn: lmdb.Transaction, parent: int, name: bytes, cookie: int) -> None:
@@ -877,6 +884,29 @@ class MetaDB:
                 for k, v in txn.cursor(db=self._failed)
             }
 
+    # --- pins ------------------------------------------------------------------------------------
+
+    def set_pin(self, ino: int, tier: int) -> None:
+        """Pin ``ino`` (a file or a directory) to ``tier``."""
+        with self.write() as w:
+            w.txn.put(ino_key(ino), U8.pack(tier), db=self._pins)
+
+    def clear_pin(self, ino: int) -> bool:
+        """Unpin ``ino``; False if it was not pinned."""
+        with self.write() as w:
+            return bool(w.txn.delete(ino_key(ino), db=self._pins))
+
+    def get_pin(self, ino: int) -> int | None:
+        """The tier ``ino`` itself is pinned to (not its ancestors), or None."""
+        with self._read() as txn:
+            raw = txn.get(ino_key(ino), db=self._pins)
+            return None if raw is None else U8.unpack(raw)[0]
+
+    def pins(self) -> dict[int, int]:
+        """Every pin: ino -> tier index."""
+        with self._read() as txn:
+            return {U64.unpack(k)[0]: U8.unpack(v)[0] for k, v in txn.cursor(db=self._pins)}
+
     # --- journal -------------------------------------------------------------------------------
 
     def journal_entries(self) -> list[tuple[int, dict[str, Any]]]:
@@ -915,6 +945,7 @@ class MetaTxn:
         tiers = self.db._drop_blocks_txn(self.txn, ino, None)
         self.txn.delete(ino_key(ino), db=self.db._inodes)
         self.txn.delete(ino_key(ino), db=self.db._atimes)
+        self.txn.delete(ino_key(ino), db=self.db._pins)
         self.clear_failed(ino)
         for name in self._xattr_names(ino):
             self.txn.delete(U64.pack(ino) + name, db=self.db._xattrs)
