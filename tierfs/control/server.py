@@ -41,6 +41,12 @@ class ControlServer:
             "status": self._status,
             "where": self._where,
             "flush": self._flush,
+            "evict": self._evict,
+            "pin": self._pin,
+            "unpin": self._unpin,
+            "policy_show": self._policy_show,
+            "policy_plan": self._policy_plan,
+            "policy_reload": self._policy_reload,
         }
 
     def bind(self) -> trio.socket.SocketType:
@@ -138,22 +144,64 @@ class ControlServer:
         return status
 
     async def _where(self, args: dict[str, Any]) -> Any:
-        paths = args.get("paths")
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise InvalidArgument("'where' needs a list of paths relative to the mount root")
+        return await self._each_path("where", args, self.fs.where)
+
+    @staticmethod
+    async def _each_path(
+        op: str, args: dict[str, Any], fn: Callable[[str], Awaitable[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """``fn(path)`` for each of ``args["paths"]``; a path that fails
+        gets its error in its own result, and the others go on."""
+        paths = _paths(op, args)
         results = []
         for path in paths:
             try:
-                results.append(await self.fs.where(path))
+                results.append(await fn(path))
             except TierfsError as exc:
                 results.append({"path": path, "error": str(exc), "errno": exc.errno})
         return results
 
+    async def _evict(self, args: dict[str, Any]) -> Any:
+        tier = _optional_str(args, "tier")
+        return await self._each_path(
+            "evict", args, lambda path: self.fs.lifecycle.evict_path(path, tier)
+        )
+
+    async def _pin(self, args: dict[str, Any]) -> Any:
+        tier = _optional_str(args, "tier")
+        return await self._each_path(
+            "pin", args, lambda path: self.fs.lifecycle.pin_path(path, tier)
+        )
+
+    async def _unpin(self, args: dict[str, Any]) -> Any:
+        return await self._each_path("unpin", args, self.fs.lifecycle.unpin_path)
+
+    async def _policy_show(self, args: dict[str, Any]) -> Any:
+        return self.fs.lifecycle.show()
+
+    async def _policy_plan(self, args: dict[str, Any]) -> Any:
+        return await self.fs.lifecycle.plan_report()
+
+    async def _policy_reload(self, args: dict[str, Any]) -> Any:
+        return self.fs.lifecycle.reload()
+
     async def _flush(self, args: dict[str, Any]) -> Any:
-        paths = args.get("paths")
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise InvalidArgument("'flush' needs a list of paths relative to the mount root")
+        paths = _paths("flush", args)
         waited = 0
         for path in paths:
             waited += await self.fs.flush_path(path)
         return {"entries": waited}
+
+
+def _paths(op: str, args: dict[str, Any]) -> list[str]:
+    paths = args.get("paths")
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise InvalidArgument(f"{op!r} needs a list of paths relative to the mount root")
+    return paths
+
+
+def _optional_str(args: dict[str, Any], key: str) -> str | None:
+    value = args.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgument(f"{key!r} must be a string")
+    return value
