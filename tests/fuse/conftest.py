@@ -4,8 +4,11 @@
 objects into a fresh bucket (under the prefix ``data/``), writes a config
 with two small tiers and short TTLs (and, if ``upload_delay=`` or
 ``write_mode=`` is given, a ``[write]`` table; ``endpoint_url=`` points the
-daemon at another endpoint, e.g. the ``fault_proxy`` fixture's) under ``tmp_path``, runs ``tierfs mount
-CONFIG MP`` as a new user would and returns a ``Mount``.  ``Mount.umount()``
+daemon at another endpoint, e.g. the ``fault_proxy`` fixture's;
+``watermarks={"nvme": (0.8, 0.5)}`` sets a tier's watermarks;
+``extra_config=`` appends TOML such as ``[mover]`` or ``[[rules]]``) under
+``tmp_path``, runs ``tierfs mount CONFIG MP`` as a new user would and
+returns a ``Mount``.  ``Mount.umount()``
 and ``Mount.remount()`` cycle the same config and state dir.  With
 ``backing_dir=PATH`` the backing is ``file://PATH`` instead of the bucket.
 
@@ -300,12 +303,16 @@ def write_config(
     revalidate_ttl: str,
     write: dict[str, str] | None = None,
     backing_dir: Path | None = None,
+    watermarks: dict[str, tuple[float, float]] | None = None,
+    extra: str = "",
 ) -> None:
     """A config the way an operator writes one (TOML strings via json.dumps).
 
     ``write`` (for example ``{"mode": "through", "upload_delay": "30s"}``)
     becomes a ``[write]`` table; without it the defaults apply.  With
-    ``backing_dir`` the backing is ``file://backing_dir`` instead of the bucket."""
+    ``backing_dir`` the backing is ``file://backing_dir`` instead of the bucket.
+    ``watermarks`` maps a tier name to its (high, low) watermarks; ``extra``
+    is TOML appended as written (``[mover]``, ``[[rules]]``, ...)."""
     if backing_dir is not None:
         backing = [f"url = {json.dumps(backing_dir.resolve().as_uri())}"]
     else:
@@ -328,8 +335,11 @@ def write_config(
             f"name = {json.dumps(name)}",
             f"path = {json.dumps(str(tier_dir))}",
             f"capacity = {json.dumps(capacities[name])}",
-            "",
         ]
+        if watermarks and name in watermarks:
+            high, low = watermarks[name]
+            lines += [f"high_watermark = {high}", f"low_watermark = {low}"]
+        lines.append("")
     lines += [
         "[fetch]",
         f"block_size = {json.dumps(block_size)}",
@@ -343,6 +353,8 @@ def write_config(
     ]
     if write:
         lines += ["[write]", *(f"{k} = {json.dumps(v)}" for k, v in write.items()), ""]
+    if extra:
+        lines.append(extra)
     path.write_text("\n".join(lines))
 
 
@@ -393,6 +405,8 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         options: str = "",
         endpoint_url: str | None = None,
         backing_dir: Path | None = None,
+        watermarks: dict[str, tuple[float, float]] | None = None,
+        extra_config: str = "",
         do_mount: bool = True,
     ) -> Mount:
         base = tmp_path / f"m{len(made)}"
@@ -425,6 +439,8 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
                 if v is not None
             },
             backing_dir=backing_dir,
+            watermarks=watermarks,
+            extra=extra_config,
         )
         m = Mount(
             path=mountpoint,
