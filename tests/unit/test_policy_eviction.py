@@ -36,11 +36,12 @@ def test_the_scan_keeps_the_hot_set_where_lru_does_not(
 
 
 def test_a_new_file_read_again_soon_goes_to_main() -> None:
-    tracker = S3FifoTracker(capacity=10)
+    tracker = S3FifoTracker(capacity=10, burst_window=0)
     tracker.on_insert(1, 1)
     assert tracker.queue_of(1) == "small"
+    tracker.on_insert(2, 1)
     tracker.on_access(1)
-    for ino in range(2, 12):
+    for ino in range(3, 12):
         tracker.on_insert(ino, 1)
     assert list(tracker.victims(1)) == [2]  # 1 was read again: it went to main instead
     assert tracker.queue_of(1) == "main"
@@ -50,24 +51,27 @@ def test_a_new_file_read_again_soon_goes_to_main() -> None:
 
 
 def test_main_gives_a_second_chance_per_access() -> None:
-    tracker = S3FifoTracker(capacity=100)
+    tracker = S3FifoTracker(capacity=100, burst_window=0)
     for ino in (1, 2, 3):
         tracker.on_insert(ino, 10)
+    for ino in (1, 2, 3):
         tracker.on_access(ino)
     assert list(tracker.victims(30)) == [1, 2, 3]  # from small: moved to main, freq 0
-    tracker = S3FifoTracker(capacity=1000)
+    tracker = S3FifoTracker(capacity=1000, burst_window=0)
     for ino in (1, 2, 3):
         tracker.on_insert(ino, 10)
     # Small holds 30 bytes, under its share (100): main would go first, but it is empty.
     tracker.on_access(2)
+    assert tracker.queue_of(2) == "small"
     assert list(tracker.victims(10)) == [1]
     assert tracker.queue_of(2) == "small"
 
 
 def test_demote_first_and_skip() -> None:
-    tracker = S3FifoTracker(capacity=100)
+    tracker = S3FifoTracker(capacity=100, burst_window=0)
     for ino in range(1, 6):
         tracker.on_insert(ino, 10)
+    for ino in range(1, 6):
         tracker.on_access(ino)
     tracker.demote_first(4)
     tracker.demote_first(2)
@@ -82,6 +86,41 @@ def test_demote_first_and_skip() -> None:
     assert len(tracker) == 3
     # A skipped file kept its place: still the first to go.
     assert next(tracker.victims(1)) == 4
+
+
+def test_a_burst_of_block_reads_counts_as_one_access() -> None:
+    """A file read once as many blocks, even interleaved with other readers, is not reused."""
+    tracker = S3FifoTracker(capacity=1000)
+    tracker.on_insert(1, 10)
+    tracker.on_insert(2, 10)
+    for _block in range(16):
+        assert tracker.on_access(1) and tracker.on_access(2)
+    for ino in range(3, 200):  # far more than the burst window
+        tracker.on_insert(ino, 10)
+    assert next(tracker.victims(1)) == 1  # still freq 0: the first to go
+    # Counting every access, the same reads would have sent file 1 to main.
+    every_block = S3FifoTracker(capacity=1000, burst_window=0)
+    every_block.on_insert(1, 10)
+    every_block.on_insert(2, 10)
+    for _block in range(16):
+        every_block.on_access(1)
+        every_block.on_access(2)
+    for ino in range(3, 200):
+        every_block.on_insert(ino, 10)
+    assert next(every_block.victims(1)) == 3
+    assert every_block.queue_of(1) == "main"
+    assert tracker.on_access(2)  # a later read counts
+    assert list(tracker.victims(1)) == [3]  # 2 went to main instead
+    assert tracker.queue_of(2) == "main"
+
+
+def test_the_scan_of_multi_block_files_keeps_the_hot_set() -> None:
+    capacity = 1000 * 4 * MiB
+    tracker = S3FifoTracker(capacity)
+    stats = replay(tracker, scan_trace(capacity, 4 * MiB, blocks_per_read=16), capacity)
+    assert stats.hot_reads > 100 and stats.hot_hit_ratio >= 0.9, stats
+    in_main = [ino for ino in range(1, 2_000_000) if tracker.queue_of(ino) == "main"]
+    assert in_main and max(in_main) <= 250  # only hot files (inodes 1..250) are in main
 
 
 def test_on_remove_forgets_without_a_ghost() -> None:

@@ -28,7 +28,16 @@ tiers hold one cache file per inode).  The core calls:
 
 * ``on_insert(ino, nbytes)`` when a file gets data on the tier (a ghost hit
   goes to main, anything else to small);
-* ``on_access(ino)`` on a read hit: ``freq = min(freq + 1, 3)``;
+* ``on_access(ino)`` on a read hit: ``freq = min(freq + 1, 3)``, counted once
+  per burst.  The tracker has a clock that ticks on every insert and every
+  counted access; its epoch is ``tick // burst_window`` (64).  Each entry
+  keeps the epoch (8 bits) of its insert or last counted access, and an
+  access in that same epoch is not counted again.  So a file read in one
+  pass as many blocks, or by a few DataLoader workers at once, is one
+  access, not sixteen; otherwise every file of a scan would look reused and
+  go to main, and scan resistance would be lost.  (The 8-bit epoch wraps:
+  an entry untouched for a multiple of 256 epochs loses one count, rarely
+  and harmlessly.)  ``burst_window=0`` counts every access;
 * ``set_size(ino, nbytes)`` when its resident bytes change;
 * ``on_remove(ino)`` when it leaves the tier for another reason (unlink,
   ``tierfs evict``, a demotion the planner chose): forgotten, no ghost;
@@ -55,8 +64,8 @@ calls ``on_insert`` again if it keeps it after all.  Each call pops at most
 about five times the number of tracked entries, so it ends even when every
 entry is skipped; it never scans the residency on an access.
 
-Implementation and memory: one dict ``ino -> packed int`` (bytes, queue,
-freq) and one ``collections.deque`` of inodes per queue (8 bytes a slot).
+Implementation and memory: one dict ``ino -> packed int`` (bytes, epoch,
+queue, freq) and one ``collections.deque`` of inodes per queue (8 bytes a slot).
 Removing an entry (``on_remove``, ``demote_first``) leaves its old slot in a
 deque; a popped slot whose inode is no longer in that queue is dropped, so
 stale slots cost nothing but their 8 bytes until they are popped.  (An inode
@@ -104,8 +113,12 @@ __all__ = [
 _SMALL, _MAIN, _FIRST = 0, 1, 2
 _FREQ_BITS = 2
 _QUEUE_BITS = 2
-_SHIFT = _FREQ_BITS + _QUEUE_BITS
+_EPOCH_SHIFT = _FREQ_BITS + _QUEUE_BITS
+_EPOCH_MASK = 0xFF << _EPOCH_SHIFT
+_SHIFT = _EPOCH_SHIFT + 8  # nbytes above freq, queue and epoch
+_LOW_MASK = (1 << _SHIFT) - 1
 _FREQ_MASK = (1 << _FREQ_BITS) - 1
+_QUEUE_MASK = 3 << _FREQ_BITS
 _MAX_FREQ = 3
 _GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / phi, for Fibonacci hashing
 _U64 = (1 << 64) - 1
@@ -185,9 +198,18 @@ class EvictionTracker(Protocol):
 class S3FifoTracker:
     """S3-FIFO over files; see the module docstring."""
 
-    def __init__(self, capacity: int, *, small_fraction: float = 0.10) -> None:
+    def __init__(
+        self, capacity: int, *, small_fraction: float = 0.10, burst_window: int = 64
+    ) -> None:
         if not 0 < small_fraction < 1:
             raise ValueError("small_fraction must be in (0, 1)")
+        self._burst_window = max(0, burst_window)
+        # The burst clock: ``_epoch`` (0..255) advances by one every
+        # ``burst_window`` ticks; ``_ticks_left`` counts down to it.
+        self._epoch = 0
+        self._ticks_left = self._burst_window
+        if not self._burst_window:
+            self.on_access = self._on_access_every_time  # type: ignore[method-assign]
         self._small_fraction = small_fraction
         self._small_target = 0
         self.set_capacity(capacity)
@@ -195,8 +217,6 @@ class S3FifoTracker:
         self._queues: tuple[deque[int], deque[int], deque[int]] = (deque(), deque(), deque())
         self._bytes = [0, 0, 0]
         self._ghost = _Ghost()
-        self.hits = 0
-        self.misses = 0
 
     # --- state -----------------------------------------------------------------------
 
@@ -248,17 +268,51 @@ class S3FifoTracker:
             queue = _MAIN
         else:
             queue = _SMALL
-        self._meta[ino] = (nbytes << _SHIFT) | (queue << _FREQ_BITS)
+        self._tick()  # first: the reads of this burst must see the epoch stored here
+        self._meta[ino] = (nbytes << _SHIFT) | (self._epoch << _EPOCH_SHIFT) | (queue << _FREQ_BITS)
         self._queues[queue].append(ino)
         self._bytes[queue] += nbytes
 
+    def _tick(self) -> None:
+        if self._burst_window:
+            self._ticks_left -= 1
+            if self._ticks_left <= 0:
+                self._ticks_left = self._burst_window
+                self._epoch = (self._epoch + 1) & 0xFF
+
     def on_access(self, ino: int, nbytes: int = 0) -> bool:
-        """A read of ``ino``; True if it is tracked here (a hit)."""
+        """A read of ``ino``; True if it is tracked here (a hit).
+
+        The hot path: one dict lookup; a dict store only when the count
+        grows (a new burst, freq below 3): a file read often is saturated
+        and costs no store.  The arithmetic stays on the low bits (small
+        ints) but for one addition to the packed int (each big-int result is
+        an allocation, and a store frees the old value: cache misses).
+        """
         packed = self._meta.get(ino)
         if packed is None:
-            self.misses += 1
             return False
-        self.hits += 1
+        low = packed & _LOW_MASK
+        if low & _FREQ_MASK == _MAX_FREQ:
+            return True  # saturated: nothing to count, nothing to store
+        stored_epoch = low >> _EPOCH_SHIFT
+        if stored_epoch == self._epoch:
+            return True  # the same burst: counted already
+        ticks_left = self._ticks_left - 1  # self._tick(), inlined
+        if ticks_left <= 0:
+            ticks_left = self._burst_window
+            self._epoch = (self._epoch + 1) & 0xFF
+        self._ticks_left = ticks_left
+        self._meta[ino] = (
+            packed + ((self._epoch - stored_epoch) << _EPOCH_SHIFT) + (low & _FREQ_MASK < _MAX_FREQ)
+        )
+        return True
+
+    def _on_access_every_time(self, ino: int, nbytes: int = 0) -> bool:
+        """``on_access`` with ``burst_window=0``: every access counts."""
+        packed = self._meta.get(ino)
+        if packed is None:
+            return False
         if packed & _FREQ_MASK < _MAX_FREQ:
             self._meta[ino] = packed + 1
         return True
@@ -351,8 +405,6 @@ class LruTracker:
         self.capacity = capacity
         self._lru: OrderedDict[int, int] = OrderedDict()  # ino -> nbytes, oldest first
         self.tracked_bytes = 0
-        self.hits = 0
-        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -366,11 +418,10 @@ class LruTracker:
         self._lru.move_to_end(ino)
 
     def on_access(self, ino: int, nbytes: int = 0) -> bool:
-        if ino not in self._lru:
-            self.misses += 1
+        try:
+            self._lru.move_to_end(ino)
+        except KeyError:
             return False
-        self.hits += 1
-        self._lru.move_to_end(ino)
         return True
 
     def set_size(self, ino: int, nbytes: int) -> None:

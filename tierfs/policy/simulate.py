@@ -3,7 +3,9 @@
 ``scan_trace`` builds the scan scenario of issue 12: a hot set (``hot_fraction``
 of the capacity) is read ``warm_rounds`` times, then one pass over cold files
 worth ``scan_factor`` times the capacity runs, with one read of the next hot
-file (round robin) after every ``cold_per_hot`` cold reads.  ``replay``
+file (round robin) after every ``cold_per_hot`` cold reads.  With
+``blocks_per_read`` > 1 each file read is that many consecutive accesses (a
+file read block by block); only the first counts in the statistics.  ``replay``
 feeds reads to a tracker the way a cache would: a hit is ``on_access``; a miss
 inserts the file and evicts ``victims`` until the tracked bytes fit the
 capacity.  Hits are counted per phase and per set, so the hot-set hit ratio
@@ -26,6 +28,7 @@ class Read:
     nbytes: int
     hot: bool
     phase: str  # "warm" | "scan"
+    counted: bool = True  # False for the further blocks of one file read
 
 
 @dataclass(slots=True)
@@ -48,17 +51,24 @@ def scan_trace(
     scan_factor: float = 3.0,
     cold_per_hot: int = 4,
     warm_rounds: int = 3,
+    blocks_per_read: int = 1,
 ) -> Iterator[Read]:
     hot_files = max(1, int(capacity * hot_fraction) // file_size)
     cold_files = int(capacity * scan_factor) // file_size
+
+    def whole_file(ino: int, hot: bool, phase: str) -> Iterator[Read]:
+        yield Read(ino, file_size, hot, phase)
+        for _ in range(blocks_per_read - 1):
+            yield Read(ino, file_size, hot, phase, counted=False)
+
     for _ in range(warm_rounds):
         for ino in range(1, hot_files + 1):
-            yield Read(ino, file_size, True, "warm")
+            yield from whole_file(ino, True, "warm")
     next_hot = 0
     for index in range(cold_files):
-        yield Read(1_000_000 + index, file_size, False, "scan")
+        yield from whole_file(1_000_000 + index, False, "scan")
         if (index + 1) % cold_per_hot == 0:
-            yield Read(1 + next_hot, file_size, True, "scan")
+            yield from whole_file(1 + next_hot, True, "scan")
             next_hot = (next_hot + 1) % hot_files
 
 
@@ -75,7 +85,7 @@ def replay(
             if excess > 0:
                 for _ in tracker.victims(excess):
                     pass
-        if read.phase != phase:
+        if read.phase != phase or not read.counted:
             continue
         if read.hot:
             stats.hot_reads += 1
