@@ -10,11 +10,10 @@ Pure Python, no mount, no root:
   for two access streams:
 
   - ``ws``: hits on a working set of 10k files spread over all tracked ones
-    (the same working-set size at every scale, so the ratio measures the
-    algorithm: an O(1) structure stays flat, a scan grows 100x), plus a
-    mixed stream on it (90% hits, 10% misses that insert a new file and
-    evict one victim).  The acceptance ratio cost(1M) / cost(10k) (<= 1.5)
-    is taken on these;
+    (the same number of files at every scale: a scan of the residency would
+    grow 100x; but at 1M the 10k files are scattered over a much larger
+    table, so cache and TLB misses still grow), plus a mixed stream on it
+    (90% hits, 10% misses that insert a new file and evict one victim);
   - ``blocks``: random files among all tracked ones, each read as 16
     consecutive block accesses (a 64 MiB shard in 4 MiB blocks, as a
     training epoch reads): the cost per block access;
@@ -26,6 +25,11 @@ Pure Python, no mount, no root:
 * the memory: growth of the process RSS per tracked entry, in a fresh child
   process per size (ghost filled by a steady state), as bytes per entry and
   MB per million entries (target: <= 200 MB).
+
+The ratios cost(largest) / cost(smallest) are printed for every stream; the
+issue's acceptance is <= 1.5 for 1M over 10k.  Run it alone: other load on
+the machine moves the figures (the sizes are measured in turn, best of
+``--rounds``, to spread that load evenly).
 
     .venv/bin/python tests/bench/bench_eviction.py [--sizes 10000,100000,1000000]
         [--accesses 2000000] [--json]
