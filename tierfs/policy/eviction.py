@@ -14,10 +14,11 @@ Why S3-FIFO and not 2Q or ARC:
   while there; a scan therefore only churns the small queue, and the main
   queue, where the hot set lives, is not touched.  A file seen again soon
   after it left (its number is in the ghost queue) goes straight to main.
-* A hit is one dict lookup and one small-integer update: no list is
-  relinked, unlike LRU, 2Q's Am queue or ARC's T2.  On a FUSE read path that
-  runs on the event loop this is the cheapest possible bookkeeping, and it
-  has no lock to contend for.
+* A hit is one dict lookup, plus a dict store only while the file's count
+  grows (at most three per stay): no list is relinked, unlike LRU, 2Q's Am
+  queue or ARC's T2.  (In CPython, ``OrderedDict.move_to_end`` is C code and
+  about as fast at 10k entries; the benchmark shows both side by side.)  No
+  lock is needed: the tracker is called from the event loop only.
 * ARC adapts better to workloads that shift between recency and frequency,
   but needs four lists and relinks on every hit; 2Q needs tuning of two
   sizes (Kin, Kout).  S3-FIFO matches or beats both on published traces

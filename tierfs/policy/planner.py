@@ -53,9 +53,8 @@ Protection: a file open for writing is never moved.  A pinned file (``tierfs
 pin``, or a rule with ``pin = true``) is never demoted or dropped.
 ``keep_newest = N``: per rule and parent directory of the matched entries
 (``RuleMatch.anchor_parent``), the N entries with the newest mtime (an
-entry's mtime is the newest of the files below it) are never demoted or
-dropped, except by an explicit ``cache``/``pin`` of another rule (which
-cannot apply: first match wins); ties break on the entry path.
+entry's mtime is the newest of the files below it; ties break on the entry
+path) are never demoted or dropped by age, placement or watermarks.
 
 Room: a move into a tier is planned only if the tier's planned usage plus
 the bytes stays within its capacity (not its high mark: going above high
