@@ -60,11 +60,41 @@ Rules
   tier space before ENOSPC); ``part_size`` size in 5 MiB..5 GiB, the smallest
   multipart part (files up to it go up in one PUT; larger parts are used when
   10,000 would not hold the file).
+* ``[mover]``: ``interval`` duration > 0 (default "5s"): how often the tiers
+  are checked when nothing wakes the mover; ``bandwidth`` a rate that caps
+  the mover's copies, default "0" = no cap.  A rate is a size per second:
+  "200MiB/s", "1.5GB/s", "200M/s" or "200MiB" (the "/s" may be left out;
+  size units as for sizes, so "M" is binary); other time bases ("/h") are
+  rejected.  A TOML integer is bytes per second.
+* ``[metrics]``: ``listen`` = "host:port" (Prometheus text at /metrics); no
+  ``listen`` (or no table) means metrics are off.  The host is an IPv4
+  address, a bracketed IPv6 address ("[::1]:9567") or a host name; the port
+  1..65535.  A non-loopback host such as "0.0.0.0" is allowed: the metrics
+  carry no file names and no credentials, but then anyone who can reach the
+  node can read them, so put such a port behind a firewall.
 * ``[[rules]]``: ``match`` glob required (relative to the mount root, no
-  leading "/", no ".." segment); ``place`` must name a configured tier;
-  ``keep_newest`` integer >= 1; ``demote_after`` duration; ``write`` "back" |
-  "through"; ``pin`` boolean; ``promote`` "on_access" | "never".  First
-  match wins, so a rule whose pattern repeats an earlier one is an error.
+  leading "/", no "." or ".." segment, no empty segment; a trailing "/" is
+  ignored); ``place`` must name a configured tier; ``keep_newest`` integer
+  >= 1; ``demote_after`` / ``evict_after`` durations; ``write`` "back" |
+  "through"; ``pin`` boolean; ``promote`` "on_access" | "never"; ``cache``
+  boolean.  First match wins, so a rule whose pattern repeats an earlier one
+  is an error.  (Wider shadowing, such as "data/**" before "data/x/*", is
+  found by ``tierfs.policy.rules.shadowed_rules`` for ``policy check``.)
+  Contradictions inside one rule are errors, reported at the line of the
+  second key named:
+
+  - ``pin = true`` with ``demote_after`` or ``evict_after``: a pinned file
+    is never demoted or evicted;
+  - ``pin = true`` with ``keep_newest``: every pinned entry stays anyway;
+  - ``cache = false`` with ``pin = true``, ``place``, ``keep_newest``,
+    ``promote = "on_access"``, ``demote_after`` or ``evict_after``: nothing
+    is kept locally, so none of them can act (``write`` is allowed: new data
+    is staged on the first tier with room until it is uploaded);
+  - ``keep_newest`` with ``place`` naming a tier other than the first: the
+    newest entries are kept on the first tier (checked when the tiers are
+    known, i.e. not for a policy file checked alone);
+  - ``evict_after`` not longer than ``demote_after``: the local copies would
+    be dropped before the demotion could happen.
 * ``policy_files = [...]``: paths relative to the config file's directory;
   each file holds only ``[[rules]]`` and its problems carry ITS file:line.
   Their rules come after the inline rules, in list order.
@@ -88,7 +118,15 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from tierfs.errors import ConfigError
-from tierfs.units import format_size, parse_duration, parse_fraction, parse_size, toml_kind
+from tierfs.units import (
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_fraction,
+    parse_rate,
+    parse_size,
+    toml_kind,
+)
 
 __all__ = [
     "BackingConfig",
@@ -96,6 +134,8 @@ __all__ = [
     "Config",
     "FetchConfig",
     "KeyPath",
+    "MetricsConfig",
+    "MoverConfig",
     "NamespaceConfig",
     "Problem",
     "RuleConfig",
@@ -162,10 +202,29 @@ class RuleConfig:
     source: str  # "file:line" where the rule starts, for messages
     place: str | None = None
     keep_newest: int | None = None
-    demote_after: float | None = None
+    demote_after: float | None = None  # seconds
     write: str | None = None
     pin: bool | None = None
     promote: str | None = None
+    evict_after: float | None = None  # seconds
+    cache: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MoverConfig:
+    interval: float = 5.0  # seconds, > 0
+    bandwidth: int = 0  # bytes per second; 0 = no cap
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    listen: str | None = None  # "host:port" as written; None = metrics off
+    host: str = ""  # without the brackets of an IPv6 address
+    port: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.listen is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +236,8 @@ class Config:
     fetch: FetchConfig = field(default_factory=FetchConfig)
     namespace: NamespaceConfig = field(default_factory=NamespaceConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
+    mover: MoverConfig = field(default_factory=MoverConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     rules: tuple[RuleConfig, ...] = ()
     policy_files: tuple[Path, ...] = ()
 
@@ -720,9 +781,65 @@ def _conv_glob(value: Any) -> str:
             f"{_q(text)} starts with '/'; patterns are relative to the mount root, "
             f"write {_q(text.lstrip('/'))}"
         )
-    if ".." in text.split("/"):
+    segments = text.rstrip("/").split("/")
+    if ".." in segments:
         raise ValueError(f"{_q(text)} has a '..' segment, which can never match")
+    if "." in segments:
+        raise ValueError(f"{_q(text)} has a '.' segment, which can never match; remove it")
+    if "" in segments:
+        raise ValueError(f"{_q(text)} has an empty segment ('//'), which can never match")
     return text
+
+
+def _conv_positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("must be more than zero")
+    return seconds
+
+
+def _conv_rate(value: Any) -> int:
+    return parse_rate(value)
+
+
+_HOSTNAME_RE = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+_LISTEN_HINT = 'use "host:port" like "127.0.0.1:9567" or "[::1]:9567"'
+
+
+def _conv_listen(value: Any) -> tuple[str, str, int]:
+    """``"host:port"`` -> (as written, host, port); IPv6 hosts in brackets."""
+    import ipaddress
+
+    text = _conv_str(value).strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{_q(text)} has no port; {_LISTEN_HINT}")
+    if not host:
+        raise ValueError(
+            f"{_q(text)} has no host; write 127.0.0.1{text} for this node only, "
+            f"or 0.0.0.0{text} for every interface"
+        )
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{_q(text)}: the port must be a number from 1 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{_q(text)}: {_q(host)} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f'{_q(text)}: write an IPv6 address in brackets, like "[::1]:9567"')
+    elif re.fullmatch(r"[\d.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{_q(text)}: {_q(host)} is not an IPv4 address") from None
+    elif not _HOSTNAME_RE.fullmatch(host):
+        raise ValueError(f"{_q(text)}: {_q(host)} is not a host name; {_LISTEN_HINT}")
+    return text, host, int(port_text)
 
 
 def _path_conv(base: Path) -> Callable[[Any], Path]:
@@ -889,6 +1006,8 @@ _TOP_KEYS = (
     "fetch",
     "namespace",
     "write",
+    "mover",
+    "metrics",
     "rules",
     "policy_files",
 )
@@ -898,7 +1017,19 @@ _TIER_KEYS = ("name", "path", "capacity", "high_watermark", "low_watermark")
 _FETCH_KEYS = ("block_size", "readahead_max", "concurrency")
 _NAMESPACE_KEYS = ("list_ttl", "revalidate_ttl", "file_mode", "dir_mode", "uid", "gid")
 _WRITE_KEYS = ("mode", "upload_delay", "space_wait", "part_size")
-_RULE_KEYS = ("match", "place", "keep_newest", "demote_after", "write", "pin", "promote")
+_MOVER_KEYS = ("interval", "bandwidth")
+_METRICS_KEYS = ("listen",)
+_RULE_KEYS = (
+    "match",
+    "place",
+    "keep_newest",
+    "demote_after",
+    "evict_after",
+    "write",
+    "pin",
+    "promote",
+    "cache",
+)
 
 _WRITE_MODES = ("back", "through")
 _PROMOTE_MODES = ("on_access", "never")
@@ -1124,6 +1255,95 @@ def _write(report: _Report, doc: _Doc) -> WriteConfig:
     )
 
 
+def _mover(report: _Report, doc: _Doc) -> MoverConfig:
+    table = _table(report, doc, doc.data, "mover", "[mover]")
+    if table is None:
+        return MoverConfig()
+    path: KeyPath = ("mover",)
+    _check_keys(report, doc, table, path, _MOVER_KEYS, "[mover]")
+    d = MoverConfig()
+    return MoverConfig(
+        interval=_get(report, doc, table, path, "interval", _conv_positive_duration, d.interval),
+        bandwidth=_get(report, doc, table, path, "bandwidth", _conv_rate, d.bandwidth),
+    )
+
+
+def _metrics(report: _Report, doc: _Doc) -> MetricsConfig:
+    table = _table(report, doc, doc.data, "metrics", '[metrics] with listen = "127.0.0.1:9567"')
+    if table is None:
+        return MetricsConfig()
+    path: KeyPath = ("metrics",)
+    _check_keys(report, doc, table, path, _METRICS_KEYS, "[metrics]")
+    listen = _get(report, doc, table, path, "listen", _conv_listen, None)
+    if listen is None:
+        return MetricsConfig()
+    text, host, port = listen
+    return MetricsConfig(listen=text, host=host, port=port)
+
+
+def _rule_conflicts(
+    report: _Report,
+    doc: _Doc,
+    path: KeyPath,
+    rule: RuleConfig,
+    tier_names: Collection[str] | None,
+) -> None:
+    """Report settings of one rule that contradict each other (see the Rules list)."""
+
+    def add(key: str, sentence: str) -> None:
+        report.add(doc, (*path, key), f"{key}: {sentence}")
+
+    if rule.pin:
+        for key in ("demote_after", "evict_after"):
+            if getattr(rule, key) is not None:
+                add(key, "a pinned file (pin = true) is never demoted or evicted; remove one")
+        if rule.keep_newest is not None:
+            add(
+                "keep_newest",
+                "pin = true already keeps every entry where it is; remove one of them",
+            )
+    if rule.cache is False:
+        kept = {
+            "pin": rule.pin is True,
+            "place": rule.place is not None,
+            "keep_newest": rule.keep_newest is not None,
+            "promote": rule.promote == "on_access",
+            "demote_after": rule.demote_after is not None,
+            "evict_after": rule.evict_after is not None,
+        }
+        for key, present in kept.items():
+            if present:
+                add(
+                    key,
+                    "this rule has cache = false, so nothing it matches is kept locally "
+                    "and this setting can never act; remove one of them",
+                )
+    names = list(tier_names) if tier_names is not None else []
+    if (
+        rule.keep_newest is not None
+        and rule.place is not None
+        and names
+        and rule.place in names
+        and rule.place != names[0]
+    ):
+        add(
+            "place",
+            f"keep_newest keeps the newest entries on the first tier ({_q(names[0])}), "
+            f"but place puts new data on {_q(rule.place)}; drop place or keep_newest",
+        )
+    if (
+        rule.evict_after is not None
+        and rule.demote_after is not None
+        and rule.evict_after <= rule.demote_after
+    ):
+        add(
+            "evict_after",
+            f"{format_duration(rule.evict_after)} is not longer than demote_after "
+            f"({format_duration(rule.demote_after)}), so the local copies would be dropped "
+            "before they are demoted; make evict_after longer",
+        )
+
+
 class _RuleState:
     """Rules seen so far across files, to catch a pattern that repeats."""
 
@@ -1160,20 +1380,20 @@ def _rules(report: _Report, doc: _Doc, data: dict[str, Any], state: _RuleState) 
                 (*path, "place"),
                 f"place: {_q(place)} is not a configured tier ({known})" + _suggest(place, names),
             )
-        rules.append(
-            RuleConfig(
-                match=match,
-                source=source,
-                place=place,
-                keep_newest=_get(report, doc, table, path, "keep_newest", _conv_int(1), None),
-                demote_after=_get(report, doc, table, path, "demote_after", _conv_duration, None),
-                write=_get(report, doc, table, path, "write", _conv_choice(*_WRITE_MODES), None),
-                pin=_get(report, doc, table, path, "pin", _conv_bool, None),
-                promote=_get(
-                    report, doc, table, path, "promote", _conv_choice(*_PROMOTE_MODES), None
-                ),
-            )
+        rule = RuleConfig(
+            match=match,
+            source=source,
+            place=place,
+            keep_newest=_get(report, doc, table, path, "keep_newest", _conv_int(1), None),
+            demote_after=_get(report, doc, table, path, "demote_after", _conv_duration, None),
+            write=_get(report, doc, table, path, "write", _conv_choice(*_WRITE_MODES), None),
+            pin=_get(report, doc, table, path, "pin", _conv_bool, None),
+            promote=_get(report, doc, table, path, "promote", _conv_choice(*_PROMOTE_MODES), None),
+            evict_after=_get(report, doc, table, path, "evict_after", _conv_duration, None),
+            cache=_get(report, doc, table, path, "cache", _conv_bool, None),
         )
+        _rule_conflicts(report, doc, path, rule, names)
+        rules.append(rule)
     return rules
 
 
@@ -1259,6 +1479,8 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
     fetch = _fetch(report, doc)
     namespace = _namespace(report, doc)
     write = _write(report, doc)
+    mover = _mover(report, doc)
+    metrics = _metrics(report, doc)
     rule_state = _RuleState([t.name for t in tiers if t.name])
     rules = _rules(report, doc, doc.data, rule_state)
     policy_paths, policy_rules = _policy_files(report, doc, base, rule_state)
@@ -1272,6 +1494,8 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
         fetch=fetch,
         namespace=namespace,
         write=write,
+        mover=mover,
+        metrics=metrics,
         rules=tuple(rules + policy_rules),
         policy_files=tuple(policy_paths),
     )
@@ -1324,7 +1548,7 @@ def check_file(path: str | os.PathLike[str], *, check_paths: bool = True) -> lis
 
     This is ``tierfs policy check FILE``.  A file with any of the config
     tables (``backing``, ``state``, ``tiers``, ``fetch``, ``namespace``,
-    ``write``, ``policy_files``) is checked as a full config, including the
+    ``write``, ``mover``, ``metrics``, ``policy_files``) is checked as a full config, including the
     policy files it lists.  Any other file is checked as a policy file, which
     holds only ``[[rules]]``; the tiers are then unknown, so a rule's
     ``place`` is only checked to be a string, not that it names a configured

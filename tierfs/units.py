@@ -25,6 +25,13 @@ Parsing
     from the largest unit to the smallest, each unit at most once:
     "1h30m", "1d 12h", "1.5s", "250ms".
 
+``parse_rate(value) -> int`` (bytes per second; 0 = no cap)
+    A transfer rate: a size as for ``parse_size`` with an optional ``/s``
+    suffix ("200MiB/s", "200MiB", "1.5GB/s", "200M/s"), or a TOML integer
+    (bytes per second).  ``0`` / ``"0"`` means "no cap".  Other time bases
+    ("/h", "/min") are rejected, since a cap per hour reads as a cap per
+    second to most people.
+
 ``parse_fraction(value) -> float``
     A number (0.8) or a string: "0.8" or a percentage "80%".  Negative, NaN
     and infinite values are rejected; the caller checks the range it needs.
@@ -56,6 +63,7 @@ __all__ = [
     "format_size",
     "parse_duration",
     "parse_fraction",
+    "parse_rate",
     "parse_size",
     "toml_kind",
 ]
@@ -128,6 +136,33 @@ def parse_size(value: str | int) -> int:
     if unit in ("", "b") and exact.denominator != 1:
         raise ValueError(f"{_quote(value)} is not a whole number of bytes; {_SIZE_HINT}")
     return math.floor(exact + Fraction(1, 2))
+
+
+_RATE_HINT = 'use a size per second like "200MiB/s" or "1.5GB/s", or "0" for no cap'
+_RATE_SUFFIX_RE = re.compile(r"\s*/\s*([A-Za-z]+)\s*$")
+
+
+def parse_rate(value: str | int) -> int:
+    """Parse a rate such as ``"200MiB/s"``, ``"1.5GB/s"`` or ``"0"``; bytes per second."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(
+            f'a rate must be a string like "200MiB/s" or a whole number of bytes per second, '
+            f"not {toml_kind(value)}"
+        )
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value} is negative; a rate must be zero (no cap) or more")
+        return value
+    text = value.strip()
+    suffix = _RATE_SUFFIX_RE.search(text)
+    if suffix is not None:
+        if suffix.group(1).lower() not in ("s", "sec"):
+            raise ValueError(f"{_quote(value)} is not a rate per second; {_RATE_HINT}")
+        text = text[: suffix.start()]
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise ValueError(f"{_quote(value)} is not a rate; {_RATE_HINT}") from None
 
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")

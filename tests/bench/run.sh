@@ -3,6 +3,8 @@
 #
 #   bash tests/bench/run.sh [read] [bench_read.py options]    # the read bench (default)
 #   bash tests/bench/run.sh write [bench_write.py options]    # the write bench
+#   bash tests/bench/run.sh eviction [bench_eviction.py options]  # eviction bookkeeping
+#                                                           # (pure Python: no root, no mount)
 #   bash tests/bench/run.sh [read|write] --help               # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
@@ -27,6 +29,12 @@ BENCH=bench_read.py
 case ${1:-} in
     read) shift ;;
     write) BENCH=bench_write.py; shift ;;
+    eviction)
+        # Needs only the project's venv: no root, no S3 server, no other tools.
+        shift
+        [[ -x .venv/bin/python ]] || bash scripts/install.sh
+        exec .venv/bin/python "$BENCH_DIR/bench_eviction.py" "$@"
+        ;;
 esac
 for arg in "$@"; do
     if [[ $arg == -h || $arg == --help ]]; then

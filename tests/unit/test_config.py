@@ -91,17 +91,33 @@ dir_mode = "0755"
 mode = "back"                         # "back": upload after close; "through": fsync/close wait for S3
 upload_delay = "5s"                   # wait after the last close before uploading
 
-[[rules]]                             # lifecycle rules, first match wins;
-match = "checkpoints/**"              # may also live in separate policy files
-place = "nvme"                        # listed under `policy_files = [...]`
-keep_newest = 2
-demote_after = "3d"
+[mover]                               # all optional
+interval = "5s"                       # how often tiers are checked when nothing wakes the mover
+bandwidth = "0"                       # cap on the mover's copies, e.g. "200MiB/s"; "0" = none
+
+[metrics]                             # optional; off by default
+listen = "127.0.0.1:9567"             # Prometheus text at /metrics; every series is named tierfs_*
+
+[[rules]]                             # lifecycle rules, first match wins; they may also
+match = "checkpoints/*"               # live in policy files listed under `policy_files = [...]`
+place = "nvme"                        # a rule that matches a directory covers its whole subtree
+keep_newest = 2                       # per parent directory, the 2 newest matched entries (by mtime,
+                                      # whole subtrees) stay on the first tier; older ones go first
+demote_after = "3d"                   # untouched this long: leaves the first tier
 write = "back"                        # "back" (default) or "through"
 
 [[rules]]
+match = "datasets/val/**"             # `**` crosses directories, `*` does not
+pin = true                            # never demoted or evicted
+
+[[rules]]
 match = "datasets/**"
-pin = false
-promote = "on_access"
+promote = "on_access"                 # "on_access" (default) or "never"
+evict_after = "14d"                   # untouched this long: clean local copies are dropped
+
+[[rules]]
+match = "scratch/huge/**"
+cache = false                         # read straight from S3; nothing is kept locally
 """
 
 
@@ -190,9 +206,14 @@ def test_design_example_loads(write: Write, tier_dirs: dict[str, Path]) -> None:
     assert cfg.namespace.uid is None and cfg.namespace.gid is None
     assert cfg.write.mode == "back"
     assert cfg.write.upload_delay == 5.0
+    assert cfg.mover == config_mod.MoverConfig(interval=5.0, bandwidth=0)
+    assert cfg.metrics == config_mod.MetricsConfig(
+        listen="127.0.0.1:9567", host="127.0.0.1", port=9567
+    )
+    assert cfg.metrics.enabled
     assert cfg.rules == (
         RuleConfig(
-            match="checkpoints/**",
+            match="checkpoints/*",
             source=f"{path}:{line_of(text, '[[rules]]', 1)}",
             place="nvme",
             keep_newest=2,
@@ -200,10 +221,20 @@ def test_design_example_loads(write: Write, tier_dirs: dict[str, Path]) -> None:
             write="back",
         ),
         RuleConfig(
-            match="datasets/**",
+            match="datasets/val/**",
             source=f"{path}:{line_of(text, '[[rules]]', 2)}",
-            pin=False,
+            pin=True,
+        ),
+        RuleConfig(
+            match="datasets/**",
+            source=f"{path}:{line_of(text, '[[rules]]', 3)}",
             promote="on_access",
+            evict_after=14 * 86400.0,
+        ),
+        RuleConfig(
+            match="scratch/huge/**",
+            source=f"{path}:{line_of(text, '[[rules]]', 4)}",
+            cache=False,
         ),
     )
     assert cfg.policy_files == ()
@@ -224,6 +255,9 @@ def test_minimal_config_gets_defaults(write: Write, minimal: str, tmp_path: Path
     assert cfg.fetch == config_mod.FetchConfig()
     assert cfg.namespace == config_mod.NamespaceConfig()
     assert cfg.write == config_mod.WriteConfig()
+    assert cfg.mover == config_mod.MoverConfig(interval=5.0, bandwidth=0)
+    assert cfg.metrics == config_mod.MetricsConfig()
+    assert not cfg.metrics.enabled
     assert cfg.rules == ()
     # The state dir does not exist yet: fine, its parent is writable.
     assert cfg.state.dir == tmp_path / "state"
@@ -332,7 +366,9 @@ def test_multiple_errors_are_reported_together(write: Write, tier_dirs: dict[str
         .replace('list_ttl = "60s"', 'list_ttl = "soon"')
         .replace('mode = "back"', 'mode = "bak"')
         .replace("keep_newest = 2", "keep_newest = 0")
-        .replace("pin = false", 'pin = "no"')
+        .replace("pin = true", 'pin = "no"')
+        .replace('interval = "5s"', 'interval = "0s"')
+        .replace('listen = "127.0.0.1:9567"', 'listen = "127.0.0.1"')
     )
     path = write(text)
     problems = problems_of(path)
@@ -352,6 +388,8 @@ def test_multiple_errors_are_reported_together(write: Write, tier_dirs: dict[str
         ): 'mode: "bak" is not allowed; use "back" or "through"; did you mean "back"?',
         line_of(text, "keep_newest"): "keep_newest: 0 is out of range; use an integer at least 1",
         line_of(text, 'pin = "no"'): "pin: expected true or false, got a string",
+        line_of(text, 'interval = "0s"'): "interval: must be more than zero",
+        line_of(text, 'listen = "127.0.0.1"'): 'listen: "127.0.0.1" has no port',
     }
     assert len(problems) == len(expected), problems
     for line, fragment in expected.items():
@@ -418,9 +456,16 @@ def test_policy_rules_come_after_inline_rules(
     write('[[rules]]\nmatch = "b/**"\npin = true\n', "sub/p2.toml")
     text = 'policy_files = ["p1.toml", "sub/p2.toml"]\n' + design_text(tier_dirs)
     cfg = load_config(write(text))
-    assert [r.match for r in cfg.rules] == ["checkpoints/**", "datasets/**", "a/**", "b/**"]
-    assert cfg.rules[2].source == f"{tmp_path / 'p1.toml'}:1"
-    assert cfg.rules[3].source == f"{tmp_path / 'sub' / 'p2.toml'}:1"
+    assert [r.match for r in cfg.rules] == [
+        "checkpoints/*",
+        "datasets/val/**",
+        "datasets/**",
+        "scratch/huge/**",
+        "a/**",
+        "b/**",
+    ]
+    assert cfg.rules[4].source == f"{tmp_path / 'p1.toml'}:1"
+    assert cfg.rules[5].source == f"{tmp_path / 'sub' / 'p2.toml'}:1"
     assert cfg.policy_files == (tmp_path / "p1.toml", tmp_path / "sub" / "p2.toml")
 
 
@@ -682,6 +727,13 @@ def test_unknown_keys_everywhere(write: Write, tmp_path: Path) -> None:
         [[rules]]
         match = "y"
         zzz = 1
+        [[rules]]
+        match = "z"
+        evict_afer = "1d"
+        [mover]
+        bandwith = "1MiB/s"
+        [metrics]
+        listem = "127.0.0.1:9567"
         """
     )
     path = write(text)
@@ -697,8 +749,11 @@ def test_unknown_keys_everywhere(write: Write, tmp_path: Path) -> None:
         (
             22,
             'unknown key "zzz" in [[rules]]; valid keys are match, place, keep_newest, '
-            "demote_after, write, pin, promote",
+            "demote_after, evict_after, write, pin, promote, cache",
         ),
+        (25, 'unknown key "evict_afer" in [[rules]]; did you mean "evict_after"?'),
+        (27, 'unknown key "bandwith" in [mover]; did you mean "bandwidth"?'),
+        (29, 'unknown key "listem" in [metrics]; did you mean "listen"?'),
     ]
 
 
@@ -1168,6 +1223,10 @@ def test_write_part_size(write: Write, minimal: str) -> None:
             'match = "x"\npromote = "always"',
             'promote: "always" is not allowed; use "on_access" or "never"',
         ),
+        ('match = "x"\nevict_after = "2 weeks"', 'evict_after: "2 weeks" is not a duration'),
+        ('match = "x"\ncache = "no"', "cache: expected true or false, got a string"),
+        ('match = "a/./b"', "match: \"a/./b\" has a '.' segment"),
+        ('match = "a//b"', 'match: "a//b" has an empty segment'),
     ],
 )
 def test_rule_errors(write: Write, minimal: str, body: str, fragment: str) -> None:
@@ -1375,3 +1434,170 @@ def test_locator_matches_generated_documents(
     tomllib.loads(text)  # the generator emits valid TOML
     locator = TomlLocator(text)
     assert {path: locator.line(path) for path in expected} == expected
+
+
+# --- new rule keys, conflicts, [mover] and [metrics] -----------------------------------------------
+
+
+def test_rule_evict_after_and_cache(write: Write, minimal: str) -> None:
+    text = minimal + '[[rules]]\nmatch = "a/**"\nevict_after = "14d"\n'
+    text += '[[rules]]\nmatch = "b/**"\ncache = false\nwrite = "through"\n'
+    a, b = load_config(write(text)).rules
+    assert (a.evict_after, a.cache) == (14 * 86400.0, None)
+    assert (b.evict_after, b.cache, b.write) == (None, False, "through")
+
+
+def test_rule_match_may_end_with_a_slash(write: Write, minimal: str) -> None:
+    (rule,) = load_config(write(minimal + '[[rules]]\nmatch = "data/"\npin = true\n')).rules
+    assert rule.match == "data/"
+
+
+TWO_TIERS = """\
+[backing]
+url = "s3://bucket"
+
+[state]
+dir = "state"
+
+[[tiers]]
+name = "nvme"
+path = "nvme"
+
+[[tiers]]
+name = "hdd"
+path = "hdd"
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "fragment"),
+    [
+        ("pin = true\ndemote_after = '1d'", "demote_after", "a pinned file (pin = true) is never"),
+        ("pin = true\nevict_after = '1d'", "evict_after", "a pinned file (pin = true) is never"),
+        ("pin = true\nkeep_newest = 2", "keep_newest", "pin = true already keeps every entry"),
+        ("cache = false\npin = true", "pin", "this rule has cache = false"),
+        ("cache = false\nplace = 'nvme'", "place", "this rule has cache = false"),
+        ("cache = false\nkeep_newest = 1", "keep_newest", "this rule has cache = false"),
+        ("cache = false\npromote = 'on_access'", "promote", "this rule has cache = false"),
+        ("cache = false\ndemote_after = '1h'", "demote_after", "this rule has cache = false"),
+        ("cache = false\nevict_after = '1h'", "evict_after", "this rule has cache = false"),
+        (
+            "keep_newest = 2\nplace = 'hdd'",
+            "place",
+            'keep_newest keeps the newest entries on the first tier ("nvme"), but place puts '
+            'new data on "hdd"',
+        ),
+        (
+            "demote_after = '3d'\nevict_after = '1d'",
+            "evict_after",
+            "evict_after: 1d is not longer than demote_after (3d)",
+        ),
+        (
+            "demote_after = '3d'\nevict_after = '3d'",
+            "evict_after",
+            "evict_after: 3d is not longer than demote_after (3d)",
+        ),
+    ],
+)
+def test_rule_conflicts_are_errors_at_the_second_key(
+    write: Write, tmp_path: Path, body: str, key: str, fragment: str
+) -> None:
+    for name in ("nvme", "hdd"):
+        (tmp_path / name).mkdir()
+    text = TWO_TIERS + '\n[[rules]]\nmatch = "x/**"\n' + body + "\n"
+    _, line, sentence = only_problem(write(text))
+    assert line == line_of(text, key + " =")
+    assert sentence.startswith(f"{key}: ") and fragment in sentence, sentence
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "pin = false\ndemote_after = '1d'",  # not pinned: fine
+        "cache = false\npin = false\npromote = 'never'\nwrite = 'through'",
+        "keep_newest = 2\nplace = 'nvme'\ndemote_after = '3d'\nevict_after = '14d'",
+        "cache = true\npin = true",
+    ],
+)
+def test_rule_combinations_that_are_fine(write: Write, tmp_path: Path, body: str) -> None:
+    for name in ("nvme", "hdd"):
+        (tmp_path / name).mkdir()
+    load_config(write(TWO_TIERS + '\n[[rules]]\nmatch = "x/**"\n' + body + "\n"))
+
+
+def test_keep_newest_place_conflict_needs_the_tiers(write: Write) -> None:
+    """A policy file checked alone does not know which tier is first."""
+    path = write('[[rules]]\nmatch = "c/*"\nkeep_newest = 2\nplace = "hdd"\n', "p.toml")
+    assert check_file(path) == []
+
+
+def test_mover_table(write: Write, minimal: str) -> None:
+    cfg = load_config(write(minimal + '[mover]\ninterval = "250ms"\nbandwidth = "200MiB/s"\n'))
+    assert cfg.mover == config_mod.MoverConfig(interval=0.25, bandwidth=200 * MiB)
+    cfg = load_config(write(minimal + '[mover]\nbandwidth = "1.5GB/s"\n'))
+    assert cfg.mover.bandwidth == 1_500_000_000
+    cfg = load_config(write(minimal + "[mover]\nbandwidth = 0\n"))
+    assert cfg.mover.bandwidth == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        ('interval = "0s"', "interval: must be more than zero"),
+        ("interval = 0", "interval: must be more than zero"),
+        ('interval = "soon"', 'interval: "soon" is not a duration'),
+        ('bandwidth = "200MiB/h"', 'bandwidth: "200MiB/h" is not a rate per second'),
+        ('bandwidth = "fast"', 'bandwidth: "fast" is not a rate'),
+        ("bandwidth = -1", "bandwidth: -1 is negative"),
+    ],
+)
+def test_mover_errors(write: Write, minimal: str, line: str, fragment: str) -> None:
+    text = minimal + "[mover]\n" + line + "\n"
+    _, lineno, sentence = only_problem(write(text))
+    assert lineno == line_of(text, line)
+    assert sentence.startswith(fragment), sentence
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [
+        ("127.0.0.1:9567", "127.0.0.1", 9567),
+        ("0.0.0.0:1", "0.0.0.0", 1),
+        ("[::1]:65535", "::1", 65535),
+        ("localhost:9567", "localhost", 9567),
+        ("node-1.example.org:80", "node-1.example.org", 80),
+    ],
+)
+def test_metrics_listen(write: Write, minimal: str, listen: str, host: str, port: int) -> None:
+    cfg = load_config(write(minimal + f'[metrics]\nlisten = "{listen}"\n'))
+    assert cfg.metrics == config_mod.MetricsConfig(listen=listen, host=host, port=port)
+
+
+def test_metrics_table_without_listen_is_off(write: Write, minimal: str) -> None:
+    assert not load_config(write(minimal + "[metrics]\n")).metrics.enabled
+
+
+@pytest.mark.parametrize(
+    ("listen", "fragment"),
+    [
+        ("9567", "has no port"),
+        (":9567", "has no host; write 127.0.0.1:9567"),
+        ("127.0.0.1:0", "the port must be a number from 1 to 65535"),
+        ("127.0.0.1:65536", "the port must be a number from 1 to 65535"),
+        ("127.0.0.1:http", "the port must be a number from 1 to 65535"),
+        ("::1:9567", "write an IPv6 address in brackets"),
+        ("[::g]:9567", "is not an IPv6 address"),
+        ("300.1.1.1:9567", "is not an IPv4 address"),
+        ("bad_host:9567", "is not a host name"),
+    ],
+)
+def test_metrics_listen_errors(write: Write, minimal: str, listen: str, fragment: str) -> None:
+    text = minimal + f'[metrics]\nlisten = "{listen}"\n'
+    _, lineno, sentence = only_problem(write(text))
+    assert lineno == line_of(text, "listen =")
+    assert sentence.startswith("listen: ") and fragment in sentence, sentence
+
+
+def test_metrics_listen_must_be_a_string(write: Write, minimal: str) -> None:
+    _, _, sentence = only_problem(write(minimal + "[metrics]\nlisten = 9567\n"))
+    assert sentence == "listen: expected a string, got an integer"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import example, given
@@ -13,6 +14,7 @@ from tierfs.units import (
     format_size,
     parse_duration,
     parse_fraction,
+    parse_rate,
     parse_size,
     toml_kind,
 )
@@ -391,3 +393,41 @@ def test_toml_kind_names() -> None:
     assert toml_kind([1]) == "an array"
     assert toml_kind({}) == "a table"
     assert toml_kind(datetime.date(2024, 1, 1)) == "a date or time"
+
+
+# --- parse_rate -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0", 0),
+        (0, 0),
+        (1000, 1000),
+        ("200MiB/s", 200 * 1024**2),
+        ("200MiB", 200 * 1024**2),
+        ("200 MiB / s", 200 * 1024**2),
+        ("1.5GB/s", 1_500_000_000),
+        ("200M/s", 200 * 1024**2),
+        ("10MB/sec", 10_000_000),
+    ],
+)
+def test_parse_rate_examples(text: str | int, expected: int) -> None:
+    assert parse_rate(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("200MiB/h", "is not a rate per second"),
+        ("fast", "is not a rate;"),
+        ("-1MiB/s", "is not a rate;"),
+        (-5, "is negative"),
+        (True, "not a boolean"),
+        (1.5, "not a float"),
+        ("/s", "is not a rate;"),
+    ],
+)
+def test_parse_rate_rejects(value: object, fragment: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        parse_rate(value)  # type: ignore[arg-type]
