@@ -235,3 +235,42 @@ def test_memory_per_tracked_entry_is_within_the_target() -> None:
     entries = 50_000
     per_entry = _bytes_per_entry(lambda: S3FifoTracker(entries * 4 * MiB), entries)
     assert per_entry <= 200, per_entry
+
+
+def test_ranking_changes_nothing_and_starts_where_victims_start() -> None:
+    tracker = S3FifoTracker(capacity=10, burst_window=0)
+    for ino in range(1, 12):
+        tracker.on_insert(ino, 1)
+    tracker.on_access(1)
+    tracker.on_access(5)
+    tracker.on_access(5)
+    tracker.demote_first(7)
+    queues = {ino: tracker.queue_of(ino) for ino in range(1, 12)}
+    ranking = tracker.ranking()
+    assert sorted(ranking) == list(range(1, 12))
+    assert {ino: tracker.queue_of(ino) for ino in range(1, 12)} == queues
+    assert ranking[:3] == [7, 2, 3]  # the "first" queue, then files read once, oldest first
+    assert ranking[-2:] == [1, 5]  # read again: the most valuable, most reads last
+    assert list(tracker.victims(3)) == ranking[:3]
+
+
+def test_lru_ranking_is_least_recently_used_first() -> None:
+    tracker = LruTracker()
+    for ino in (1, 2, 3):
+        tracker.on_insert(ino, 1)
+    tracker.on_access(1)
+    assert tracker.ranking() == [2, 3, 1]
+    assert sorted(tracker.inodes()) == [1, 2, 3]
+
+
+def test_batch_eviction_by_ranking_keeps_the_hot_set_where_lru_does_not() -> None:
+    """The mover's way: when full, the head of the ranking goes down to a low mark."""
+    file_size = 4 * MiB
+    capacity = 1000 * file_size
+    s3fifo = replay(
+        S3FifoTracker(capacity), scan_trace(capacity, file_size), capacity, batch_to=0.8
+    )
+    lru = replay(LruTracker(capacity), scan_trace(capacity, file_size), capacity, batch_to=0.8)
+    assert s3fifo.hot_reads == lru.hot_reads > 100
+    assert s3fifo.hot_hit_ratio >= 0.90, s3fifo
+    assert lru.hot_hit_ratio <= 0.5, lru

@@ -190,6 +190,8 @@ class EvictionTracker(Protocol):
     def victims(
         self, bytes_to_free: int, skip: Callable[[int], bool] = _never
     ) -> Iterator[int]: ...
+    def ranking(self) -> list[int]: ...
+    def inodes(self) -> list[int]: ...
     def __contains__(self, ino: object) -> bool: ...
     def __len__(self) -> int: ...
     @property
@@ -344,6 +346,43 @@ class S3FifoTracker:
 
     # --- eviction --------------------------------------------------------------------
 
+    def inodes(self) -> list[int]:
+        """Every tracked inode, in no particular order."""
+        return list(self._meta)
+
+    def _live(self, queue_id: int) -> list[tuple[int, int]]:
+        """(ino, freq) of the live slots of one queue, head first, each inode once."""
+        meta = self._meta
+        seen: set[int] = set()
+        out: list[tuple[int, int]] = []
+        for ino in self._queues[queue_id]:
+            packed = meta.get(ino)
+            if packed is None or (packed >> _FREQ_BITS) & 3 != queue_id or ino in seen:
+                continue
+            seen.add(ino)
+            out.append((ino, packed & _FREQ_MASK))
+        return out
+
+    def ranking(self) -> list[int]:
+        """Every tracked inode, least valuable first, changing nothing.
+
+        The order ``victims`` would give up files in, as far as it can be
+        told without running it: the "first" queue; files read once in the
+        small queue (FIFO order); main's files with no second chance left;
+        files read again while in small (``victims`` moves them to main);
+        then main's others by their remaining chances, fewest first.  For the
+        planner (``tierfs policy plan`` and the mover), which must not change
+        the tracker while it only looks.  O(n log n) in the tracked files.
+        """
+        small = self._live(_SMALL)
+        main = self._live(_MAIN)
+        order = [ino for ino, _ in self._live(_FIRST)]
+        order += [ino for ino, freq in small if freq == 0]
+        order += [ino for ino, freq in main if freq == 0]
+        order += [ino for ino, freq in small if freq > 0]
+        order += [ino for ino, _ in sorted((e for e in main if e[1] > 0), key=lambda e: e[1])]
+        return order
+
     def victims(self, bytes_to_free: int, skip: Callable[[int], bool] = _never) -> Iterator[int]:
         """Inodes to give up, least valuable first, until ``bytes_to_free`` are yielded."""
         freed = 0
@@ -412,6 +451,13 @@ class LruTracker:
 
     def __contains__(self, ino: object) -> bool:
         return ino in self._lru
+
+    def inodes(self) -> list[int]:
+        return list(self._lru)
+
+    def ranking(self) -> list[int]:
+        """Least recently used first."""
+        return list(self._lru)
 
     def on_insert(self, ino: int, nbytes: int) -> None:
         self.tracked_bytes += nbytes - self._lru.get(ino, 0)

@@ -73,18 +73,34 @@ def scan_trace(
 
 
 def replay(
-    tracker: EvictionTracker, reads: Iterable[Read], capacity: int, phase: str = "scan"
+    tracker: EvictionTracker,
+    reads: Iterable[Read],
+    capacity: int,
+    phase: str = "scan",
+    *,
+    batch_to: float | None = None,
 ) -> ReplayStats:
-    """Feed ``reads`` to ``tracker`` as a cache of ``capacity`` bytes; count ``phase``."""
+    """Feed ``reads`` to ``tracker`` as a cache of ``capacity`` bytes; count ``phase``.
+
+    By default each miss that overfills the cache gives up ``victims`` until
+    it fits.  With ``batch_to`` (a fraction, like a low watermark) the cache
+    works as the mover does: when full, the head of ``ranking()`` goes, in
+    one batch, until the tracked bytes are at ``batch_to * capacity``.
+    """
     stats = ReplayStats()
     for read in reads:
         hit = tracker.on_access(read.ino, read.nbytes)
         if not hit:
             tracker.on_insert(read.ino, read.nbytes)
             excess = tracker.tracked_bytes - capacity
-            if excess > 0:
+            if excess > 0 and batch_to is None:
                 for _ in tracker.victims(excess):
                     pass
+            elif excess > 0:
+                for ino in tracker.ranking():
+                    if tracker.tracked_bytes <= batch_to * capacity:
+                        break
+                    tracker.on_remove(ino)
         if read.phase != phase or not read.counted:
             continue
         if read.hot:
