@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tierfs.config import check_file, load_config
+from tierfs.config import RuleConfig, check_file, load_config, load_policy
 from tierfs.control.client import locate, request
 from tierfs.errors import ConfigError, ControlError, TierfsError
+from tierfs.policy.rules import shadowed_rules
 from tierfs.units import format_size
 
 MOUNT_TIMEOUT = 60.0
@@ -343,12 +344,27 @@ def cmd_unpin(args: argparse.Namespace) -> int:
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
     problems = check_file(args.file)
-    if not problems:
-        print("ok")
-        return 0
-    for problem in problems:
-        print(ConfigError.format_problem(problem), file=sys.stderr)
-    return 1
+    if problems:
+        for problem in problems:
+            print(ConfigError.format_problem(problem), file=sys.stderr)
+        return 1
+    for later, earlier in shadowed_rules(_rules_of(args.file)):
+        print(
+            f"{later.source}: warning: this rule can never match: the rule at {earlier.source} "
+            f"({earlier.match!r}) matches every path that {later.match!r} matches, and the "
+            "first match wins",
+            file=sys.stderr,
+        )
+    print("ok")
+    return 0
+
+
+def _rules_of(path: str) -> tuple[RuleConfig, ...]:
+    """The rules of a config file (with its policy files) or of a policy file."""
+    try:
+        return load_config(path, check_paths=False).rules
+    except ConfigError:
+        return load_policy(path)  # not a full config: a policy file
 
 
 def _mount_socket(mountpoint: str) -> str:
