@@ -3,7 +3,10 @@ and writes.
 
 Split out of this module: block digests and the running hash of writes
 (:mod:`tierfs.core.digests`) and the uploader's reader of cache files
-(:mod:`tierfs.core.upload_source`).
+(:mod:`tierfs.core.upload_source`).  Moving a file's blocks between
+tiers, and filling or evicting them on request, is
+:mod:`tierfs.core.movement` (which uses ``fill``, ``relocating_to``,
+``forget_verified`` and ``drop_cache_file`` here).
 
 A file's bytes are cut into blocks of ``block_size``.  Per block, the states:
 
@@ -180,6 +183,9 @@ class CachedFile:
     writing: dict[int, int] = field(default_factory=dict)
     #: Blocks that two writes were in flight for at once: no running digest.
     contended: set[int] = field(default_factory=set)
+    #: The tier a relocate is copying this file's blocks to: no new block of
+    #: the file is placed there meanwhile (see ``tierfs.core.movement``).
+    relocating_to: int | None = None
 
     @property
     def ino(self) -> int:
@@ -346,6 +352,21 @@ class BlockCache:
     def mark_verified(self, ino: int, blockno: int) -> None:
         self._verified.add((ino, blockno))
 
+    def forget_verified(self, ino: int, blocknos: Iterable[int]) -> None:
+        """These blocks moved: check each again on its first read."""
+        for blockno in blocknos:
+            self._verified.discard((ino, blockno))
+
+    def drop_cache_file(self, cf: CachedFile, tier: int) -> None:
+        """Delete ``cf``'s cache file on ``tier``, which no block record names
+        any more, and close its fds (a later block placed there starts a
+        new file).  Only when nothing else is using those fds."""
+        for fds in (cf.fds, cf.direct_fds):
+            fd = fds.pop(tier, None)
+            if fd is not None:
+                os.close(fd)
+        self.tiers[tier].remove_file(cf.ino)
+
     def _direct_fd(self, cf: CachedFile, tier: int) -> int | None:
         if tier not in cf.direct_fds:
             self._fd(cf, tier)  # creates the cache file
@@ -493,6 +514,10 @@ class BlockCache:
             else:
                 waits.append(self._start_flight(cf, blockno))
         waits += self._start_fetches(cf, absent)
+        await self._wait_flights(cf, waits)
+
+    async def _wait_flights(self, cf: CachedFile, waits: Iterable[_Flight]) -> None:
+        """Wait for ``waits``; the first that failed raises its error."""
         for flight in set(waits):
             await flight.done.wait()
             if flight.error is not None:
@@ -500,6 +525,24 @@ class BlockCache:
                 if isinstance(err, TierfsError):
                     raise type(err)(str(err), errno=err.errno) from err
                 raise StoreError(f"{cf.key}: {err}") from err
+
+    async def fill(self, cf: CachedFile, blocknos: Iterable[int], tier: int | None) -> None:
+        """Fetch the absent blocks ``blocknos`` (those holding origin bytes)
+        into ``tier`` if it has room (None, or no room: the normal
+        placement).  A block already being fetched is waited for, not
+        fetched twice; present blocks are left alone (not verified)."""
+        waits: list[_Flight] = []
+        absent: list[int] = []
+        for blockno in blocknos:
+            if blockno in cf.blocks or blockno * self.block_size >= cf.inode.origin_size:
+                continue
+            flight = cf.flights.get(blockno)
+            if flight is not None:
+                waits.append(flight)
+            else:
+                absent.append(blockno)
+        waits += self._start_fetches(cf, absent, tier)
+        await self._wait_flights(cf, waits)
 
     def _start_flight(self, cf: CachedFile, blockno: int) -> _Flight:
         flight = cf.flights.get(blockno)
@@ -510,7 +553,9 @@ class BlockCache:
         self._nursery.start_soon(self._run_flight, cf, blockno, flight)
         return flight
 
-    def _start_fetches(self, cf: CachedFile, blocknos: list[int]) -> list[_Flight]:
+    def _start_fetches(
+        self, cf: CachedFile, blocknos: list[int], tier: int | None = None
+    ) -> list[_Flight]:
         """Fetch absent blocks, consecutive ones together: one ranged GET per
         run of up to ``max_run_blocks`` (fewer, larger requests cost the
         store and us less CPU per byte than one GET per block)."""
@@ -518,24 +563,26 @@ class BlockCache:
         run: list[int] = []
         for blockno in sorted(blocknos):
             if run and (blockno != run[-1] + 1 or len(run) >= self.max_run_blocks):
-                flights.append(self._start_run(cf, run))
+                flights.append(self._start_run(cf, run, tier))
                 run = []
             run.append(blockno)
         if run:
-            flights.append(self._start_run(cf, run))
+            flights.append(self._start_run(cf, run, tier))
         return flights
 
-    def _start_run(self, cf: CachedFile, run: list[int]) -> _Flight:
+    def _start_run(self, cf: CachedFile, run: list[int], tier: int | None = None) -> _Flight:
         flight = _Flight()
         for blockno in run:
             cf.flights[blockno] = flight
         assert self._nursery is not None, "BlockCache.start() was not called"
-        self._nursery.start_soon(self._run_fetch_flight, cf, run, flight)
+        self._nursery.start_soon(self._run_fetch_flight, cf, run, flight, tier)
         return flight
 
-    async def _run_fetch_flight(self, cf: CachedFile, run: list[int], flight: _Flight) -> None:
+    async def _run_fetch_flight(
+        self, cf: CachedFile, run: list[int], flight: _Flight, tier: int | None = None
+    ) -> None:
         try:
-            await self._fetch(cf, run)
+            await self._fetch(cf, run, tier)
         except Exception as exc:
             flight.error = exc
             if not isinstance(exc, TierfsError):
@@ -627,10 +674,10 @@ class BlockCache:
             dirty=True,
         )
 
-    async def _fetch(self, cf: CachedFile, run: list[int]) -> None:
+    async def _fetch(self, cf: CachedFile, run: list[int], tier: int | None = None) -> None:
         """Fetch consecutive blocks ``run`` with one ranged GET, write each to
-        the first tier with room and record it (or keep it in memory if no
-        tier has room)."""
+        ``tier`` if given and with room, else the first tier with room, and
+        record it (or keep it in memory if no tier has room)."""
         bs = self.block_size
         offset = run[0] * bs
         lengths = [min(bs, cf.size - b * bs) for b in run]
@@ -640,7 +687,7 @@ class BlockCache:
         generation = cf.generation
         self.stats.miss_blocks += len(run)
         for _attempt in range(len(self.tiers) + 1):
-            tiers = [self.space.reserve(n) for n in lengths]
+            tiers = [self.space.reserve(n, prefer=tier, avoid=cf.relocating_to) for n in lengths]
             fds = [
                 (self._fd(cf, t), self._direct_fd(cf, t)) if t is not None else None for t in tiers
             ]
@@ -804,7 +851,7 @@ class BlockCache:
             await self._ensure(cf, rmw)
         for blockno in range(first, last + 1):
             if blockno not in cf.blocks:
-                tier = await self._reserve_for_write(bs)
+                tier = await self._reserve_for_write(bs, avoid=cf.relocating_to)
                 cf.reserved[blockno] = (tier, bs)
                 cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
         hashers = self._begin_writes(cf, offset, end)
@@ -945,7 +992,7 @@ class BlockCache:
         while written < len(view):
             written += os.pwrite(fd, view[written:], offset + written)
 
-    async def _reserve_for_write(self, nbytes: int) -> int:
+    async def _reserve_for_write(self, nbytes: int, avoid: int | None = None) -> int:
         """A tier for a new dirty block; waits for uploads to free space.
 
         Dirty data is never evicted, so when every tier is full of it the
@@ -955,7 +1002,7 @@ class BlockCache:
         """
         deadline = trio.current_time() + self.write_space_timeout
         while True:
-            tier = self.space.reserve(nbytes)
+            tier = self.space.reserve(nbytes, avoid=avoid)
             if tier is not None:
                 return tier
             if trio.current_time() >= deadline:

@@ -22,6 +22,7 @@ before it, and calls back up only through the callbacks it was given):
     handles    open file handles and writers (``handles``)
     sync       local commits, journal execution, flush, upload (``sync``)
     writes     POSIX mutations (``writes``)
+    movement   fill / relocate / evict / check of a file's blocks (``movement``)
 
 The callbacks that reach up (``space``'s busy check, ``blocks``'s idle and
 origin callbacks, ``namespace``'s spawn and drop callbacks, ``damage``'s
@@ -52,6 +53,7 @@ from .blockcache import BlockCache
 from .damage import DamageLog
 from .handles import Handles
 from .journal import Entry, Journal
+from .movement import DataMovement
 from .namespace import Identity, Namespace
 from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
 from .space import SpaceManager
@@ -174,6 +176,14 @@ class TierFS:
             self.handles,
             self.sync,
             control_xattr=self.control_xattr,
+        )
+        self.movement = DataMovement(
+            meta,
+            tiers,
+            self.blocks,
+            self.space,
+            self.journal,
+            open_for_writing=self.handles.open_for_writing,
         )
         if self.endpoint is not None:
             self.endpoint.add_listener(self._endpoint_changed)

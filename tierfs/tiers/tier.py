@@ -23,6 +23,7 @@ room it does not have.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import stat
@@ -32,6 +33,11 @@ from tierfs.config import TierConfig
 from tierfs.errors import TierfsError
 
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's libc
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +127,19 @@ class Tier:
             if exc.errno == errno.EINVAL:
                 return None
             raise
+
+    @staticmethod
+    def punch_hole(fd: int, offset: int, length: int) -> bool:
+        """Free ``[offset, offset+length)`` of a cache file (it reads as
+        zeros after); False where the filesystem cannot punch holes (the
+        bytes then stay, unindexed, until the file is dropped)."""
+        mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+        if _libc.fallocate(fd, mode, offset, length) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+            return False
+        raise OSError(err, os.strerror(err))
 
     def remove_file(self, ino: int) -> None:
         with contextlib.suppress(FileNotFoundError):
