@@ -122,7 +122,7 @@ import trio
 from tierfs.errors import BlockDamaged, NoSpace, PreconditionFailed, StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, MetaTxn, SyncState
 from tierfs.store import ObjectStore
-from tierfs.tiers.tier import Tier
+from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
 
 from .buffers import BlockBuffers
 from .digests import BlockHasher, block_digest, read_and_hash
@@ -492,10 +492,7 @@ class BlockCache:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _pread(self, cf: CachedFile, tier: int, start: int, end: int) -> bytes:
-        data = os.pread(self._fd(cf, tier), end - start, start)
-        if len(data) < end - start:  # past the cache file's end: never written, zeros
-            data += bytes(end - start - len(data))
-        return data
+        return pread_padded(self._fd(cf, tier), end - start, start)
 
     async def _ensure(self, cf: CachedFile, blocknos: Iterable[int]) -> None:
         """Make every block present and verified (or transient)."""
@@ -802,11 +799,11 @@ class BlockCache:
                 if fd_pair is None:
                     out.append((0, bytes(block), None))
                 elif fd_pair[1] is not None and nbytes % _DIRECT_ALIGN == 0:
-                    self._pwrite_all(fd_pair[1], block, offset + pos)
+                    pwrite_all(fd_pair[1], block, offset + pos)
                     out.append((block_digest(block), b"", buf))
                     kept[i] = True
                 else:
-                    self._pwrite_all(fd_pair[0], block, offset + pos)
+                    pwrite_all(fd_pair[0], block, offset + pos)
                     out.append((block_digest(block), b"", None))
                 pos += nbytes
             return out
@@ -875,7 +872,7 @@ class BlockCache:
                 if direct_fd is not None:
                     direct.append((direct_fd, chunk, pos, hashers[blockno]))
                 else:
-                    self._pwrite_all(self._fd(cf, tier), chunk, pos)
+                    pwrite_all(self._fd(cf, tier), chunk, pos)
                     hasher = hashers[blockno]
                     if hasher is not None:
                         hasher.update(chunk, bs)
@@ -982,15 +979,9 @@ class BlockCache:
         for fd, chunk, offset, hasher in writes:
             buf = self._aligned_buffer(len(chunk))
             buf[: len(chunk)] = chunk
-            self._pwrite_all(fd, memoryview(buf)[: len(chunk)], offset)
+            pwrite_all(fd, memoryview(buf)[: len(chunk)], offset)
             if hasher is not None:
                 hasher.update(memoryview(buf)[: len(chunk)], self.block_size)
-
-    @staticmethod
-    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-        written = 0
-        while written < len(view):
-            written += os.pwrite(fd, view[written:], offset + written)
 
     async def _reserve_for_write(self, nbytes: int, avoid: int | None = None) -> int:
         """A tier for a new dirty block; waits for uploads to free space.

@@ -14,9 +14,9 @@
 
 from __future__ import annotations
 
-import os
-
 import xxhash
+
+from tierfs.tiers.tier import pread_padded
 
 
 def block_digest(data: bytes | memoryview) -> int:
@@ -25,10 +25,7 @@ def block_digest(data: bytes | memoryview) -> int:
 
 def read_and_hash(fd: int, offset: int, nbytes: int) -> int:
     """Thread: xxh3 of ``nbytes`` at ``offset`` (zeros past the file's end)."""
-    data = os.pread(fd, nbytes, offset)
-    if len(data) < nbytes:  # past the cache file's end: never written, zeros
-        data += bytes(nbytes - len(data))
-    return block_digest(data)
+    return block_digest(pread_padded(fd, nbytes, offset))
 
 
 class BlockHasher:

@@ -87,6 +87,7 @@ class TierFS:
         tiers: list[Tier],
         *,
         control_socket: str = "",
+        invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
     ) -> None:
         self.config = config
         self.meta = meta
@@ -109,9 +110,9 @@ class TierFS:
         #: FUSE requests served (counted by the FUSE layer); the uploader
         #: holds back while they come fast.
         self.requests = 0
-        #: Set by the daemon: drop the kernel's cached attributes of an inode
+        #: From the daemon: drop the kernel's cached attributes of an inode
         #: and, if the flag is true, its cached pages too.
-        self.invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel
+        self.invalidate_kernel_cache = invalidate_kernel_cache
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
         #: Runs every background task of the daemon (see ``supervisor``).
@@ -269,7 +270,10 @@ class TierFS:
         """Delete cache files that no block record refers to.
 
         They are left by a crash between dropping blocks in LMDB and deleting
-        the file (eviction, a changed object).  Runs once, at mount.
+        the file (eviction, a changed object), or by a relocate: the copy on
+        the destination before the switch, the source after it (see
+        ``movement``, "Crash safety").  A file with any block recorded on
+        its tier is kept.  Runs once, at mount.
         """
         removed = 0
         for tier in self.tiers:

@@ -108,7 +108,7 @@ from tierfs.errors import (
     NotFound,
 )
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
-from tierfs.tiers.tier import Tier
+from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
 
 from .blockcache import BlockCache, CachedFile
 from .digests import block_digest
@@ -153,14 +153,9 @@ def _copy_blocks(src_fd: int, dst_fd: int, jobs: list[tuple[int, int]]) -> list[
     the end of the source file are zeros, as a read of them returns)."""
     digests: list[int] = []
     for offset, nbytes in jobs:
-        data = os.pread(src_fd, nbytes, offset)
-        if len(data) < nbytes:
-            data += bytes(nbytes - len(data))
+        data = pread_padded(src_fd, nbytes, offset)
         digests.append(block_digest(data))
-        view = memoryview(data)
-        written = 0
-        while written < nbytes:
-            written += os.pwrite(dst_fd, view[written:], offset + written)
+        pwrite_all(dst_fd, data, offset)
     return digests
 
 

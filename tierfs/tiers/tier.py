@@ -46,6 +46,23 @@ class FsStats:
     free: int
 
 
+def pread_padded(fd: int, nbytes: int, offset: int) -> bytes:
+    """``nbytes`` of a cache file at ``offset``; bytes past the file's end
+    (never written) read as zeros."""
+    data = os.pread(fd, nbytes, offset)
+    if len(data) < nbytes:
+        data += bytes(nbytes - len(data))
+    return data
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``os.pwrite`` may write less)."""
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        written += os.pwrite(fd, view[written:], offset + written)
+
+
 class Tier:
     """One cache tier.  Methods are synchronous and cheap, except ``remove``,
     ``copy`` style bulk work, which callers run in threads."""
