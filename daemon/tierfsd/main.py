@@ -209,9 +209,15 @@ class Daemon:
         )
         self.tiers = [Tier(i, t) for i, t in enumerate(config.tiers)]
         sock_path = socket_path_for(mountpoint, config.state.dir)
-        self.fs = TierFS(config, self.meta, self.store, self.tiers, control_socket=str(sock_path))
+        self.fs = TierFS(
+            config,
+            self.meta,
+            self.store,
+            self.tiers,
+            control_socket=str(sock_path),
+            invalidate_kernel_cache=self._invalidate,
+        )
         self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
-        self.fs.invalidate_kernel_cache = self._invalidate
         self._fuse_stopped = trio.Event()
 
     @staticmethod

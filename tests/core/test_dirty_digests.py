@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import tierfs.core.blockcache as blockcache
+import tierfs.core.digests as digests
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import WriteConfig
 from tierfs.errors import ObjectNotFound, StoreError, TierfsError
@@ -42,13 +43,13 @@ def blocks(mount: CoreMount, ino: int) -> dict[int, BlockRecord]:
 
 def count_readbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = blockcache._read_and_hash
+    real = blockcache.read_and_hash
 
     def counting(fd: int, offset: int, nbytes: int) -> int:
         calls.append(offset)
         return real(fd, offset, nbytes)
 
-    monkeypatch.setattr(blockcache, "_read_and_hash", counting)
+    monkeypatch.setattr(blockcache, "read_and_hash", counting)
     return calls
 
 
@@ -69,7 +70,7 @@ async def test_sequential_write_is_sealed_from_the_bytes_it_wrote(
         assert rec.dirty and rec.sealed, rec
         block = data[blockno * MiB : (blockno + 1) * MiB]
         assert rec.nbytes == len(block)
-        assert rec.digest == blockcache.block_digest(block)
+        assert rec.digest == digests.block_digest(block)
     assert readbacks == [], "a sequential writer's blocks were read back to be hashed"
     assert await mount.read_file("seq.bin") == data
 
@@ -93,7 +94,7 @@ async def test_rewrites_and_truncates_are_sealed_by_reading_back(
     assert sorted(recs) == [0, 1, 2]
     for blockno, rec in recs.items():
         assert rec.dirty and rec.sealed
-        assert rec.digest == blockcache.block_digest(data[blockno * MiB : (blockno + 1) * MiB])
+        assert rec.digest == digests.block_digest(data[blockno * MiB : (blockno + 1) * MiB])
     assert sorted(set(readbacks)) == [0, MiB, 2 * MiB]
     mount = await mount.remount()
     assert await mount.read_file("rw.bin") == bytes(data)  # verified after the remount
@@ -204,7 +205,7 @@ async def test_overlapping_writes_of_a_block_are_sealed_from_what_landed(
     landed = cache_file(mount, ino).read_bytes()
     assert landed in (first, second)
     rec = blocks(mount, ino)[0]
-    assert rec.sealed and rec.digest == blockcache.block_digest(landed)
+    assert rec.sealed and rec.digest == digests.block_digest(landed)
     mount = await mount.remount()
     assert await mount.read_file("race.bin") == landed
 

@@ -54,7 +54,7 @@ async def test_first_flush_after_an_outage_succeeds(
     await mount.write_file("a.bin", b"a" * 100_000)
     (seq,) = fs.journal.entries
     with trio.fail_after(30):  # the outage: attempts fail, the backoff grows
-        while fs.journal.failures.get(seq, 0) < fs.flush_max_failures + 1:
+        while fs.journal.failures.get(seq, 0) < fs.sync.flush_max_failures + 1:
             fs.journal.hurry({seq})
             await trio.sleep(0.05)
     assert fs.journal.not_before[seq] - trio.current_time() > 1.0, "in a long backoff now"
@@ -74,7 +74,7 @@ async def test_a_flush_that_fails_reports_its_own_error(
     mount = await make_fs()
     mount.store.inner = breakable
     fs = mount.fs
-    fs.flush_max_failures = 2
+    fs.sync.flush_max_failures = 2
     breakable.broken = True
     await mount.write_file("b.bin", b"b" * 1000)
     (seq,) = fs.journal.entries
@@ -87,5 +87,7 @@ async def test_a_flush_that_fails_reports_its_own_error(
     started = time.monotonic()
     with pytest.raises(StoreError, match="outage number one"):
         await mount.flush()
-    assert breakable.uploads - before >= fs.flush_max_failures, "the flush made its own attempts"
+    assert breakable.uploads - before >= fs.sync.flush_max_failures, (
+        "the flush made its own attempts"
+    )
     assert time.monotonic() - started < 10, "own attempts are not held back by the old backoff"

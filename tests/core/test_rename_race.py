@@ -91,7 +91,7 @@ async def test_rename_onto_a_clean_name_during_the_upload_keeps_the_file_in_the_
     dd = await fs.namespace.resolve("dd")
     await fs.namespace.resolve(TARGET)
     gated = GatedStore(fs.store, put_key="dd", delete_key=TARGET)
-    fs.store = gated
+    fs.sync.store = gated  # the uploader's store
 
     opened = await fs.open(dd.ino, os.O_WRONLY | os.O_TRUNC)
     await fs.write(opened.fh, 0, NEW_BODY)
@@ -124,7 +124,7 @@ async def test_a_flush_follows_the_upload_that_a_rename_moved(
     fs = mount.fs
     dd = await fs.namespace.resolve("dd")
     gated = GatedStore(fs.store, put_key="dd", delete_key="")
-    fs.store = gated
+    fs.sync.store = gated  # the uploader's store
     opened = await fs.open(dd.ino, os.O_WRONLY | os.O_TRUNC)
     await fs.write(opened.fh, 0, NEW_BODY)
     await fs.release(opened.fh)

@@ -59,7 +59,7 @@ async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(
     from tierfs.errors import StoreError
 
     mount = await make_fs()
-    mount.fs.flush_max_failures = 2
+    mount.fs.sync.flush_max_failures = 2
     always = Injector(10**6, error_response(503, "SlowDown"))
     s3_store.client.meta.events.register("before-send.s3.*", _only({"PutObject"}, always))
     await mount.write_file("stuck.bin", b"data")
@@ -68,7 +68,7 @@ async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(
     # Nothing was lost: the upload is still owed and goes through once the bucket recovers.
     assert (await mount.fs.where("stuck.bin"))["state"] == "dirty"
     always.remaining = 0
-    mount.fs.flush_max_failures = 100
+    mount.fs.sync.flush_max_failures = 100
     await mount.flush()
     assert s3_store.get_range("stuck.bin", 0, 4) == b"data"
 

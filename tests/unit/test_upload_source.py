@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.core.blockcache import UploadSource
+from tierfs.core.upload_source import UploadSource
 
 BLOCK = 4096
 
@@ -31,7 +31,9 @@ def make_source(
 ) -> tuple[UploadSource, bytes]:
     fd, data = cache_file
     data = data[: blocks * BLOCK]
-    source = UploadSource(BLOCK, len(data), {b: (fd, BLOCK) for b in range(blocks)}, max_buffers=max_buffers)
+    source = UploadSource(
+        BLOCK, len(data), {b: (fd, BLOCK) for b in range(blocks)}, max_buffers=max_buffers
+    )
     return source, data
 
 

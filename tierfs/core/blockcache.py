@@ -1,6 +1,13 @@
 """The data path: cached blocks, block-level fetch, single-flight, readahead,
 and writes.
 
+Split out of this module: block digests and the running hash of writes
+(:mod:`tierfs.core.digests`) and the uploader's reader of cache files
+(:mod:`tierfs.core.upload_source`).  Moving a file's blocks between
+tiers, and filling or evicting them on request, is
+:mod:`tierfs.core.movement` (which uses ``fill``, ``relocating_to``,
+``forget_verified`` and ``drop_cache_file`` here).
+
 A file's bytes are cut into blocks of ``block_size``.  Per block, the states:
 
     absent, below origin_size --fetch (ranged GET, pwrite, xxh3)--> clean+verified
@@ -27,7 +34,7 @@ flip in a tier file between commit and upload is caught, like one in a
 clean block, instead of being served and uploaded.  Cost is kept off the
 write path: each write of a block that starts where the previous one ended
 (from offset 0 of the block) feeds a running xxh3 of that block
-(``_BlockHasher``; inline for small writes, in the worker thread for direct
+(``BlockHasher``; inline for small writes, in the worker thread for direct
 ones), so a sequential writer's blocks are sealed from the bytes already
 held, at no extra I/O.  Any other pattern (a rewrite inside the block, a
 truncate, two writes of one block in flight at once) drops the running
@@ -45,7 +52,7 @@ so that new bytes are never built on damaged ones and sealed with them.  A
 block that changed while the check ran (a write in flight, a new record) is
 not damage: the check is skipped or the upload retried.
 
-On damage (``on_damage``, set by TierFS) the file is marked ``failed`` in
+On damage (``on_damage``, passed by TierFS) the file is marked ``failed`` in
 LMDB, which ``tierfs where`` and ``tierfs status`` show, the daemon log
 names the file and block, and the upload is refused until the file's
 content changes.  What an operator does then: the damaged block's bytes
@@ -105,23 +112,23 @@ import errno
 import logging
 import mmap
 import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
-import xxhash
 
 from tierfs.errors import BlockDamaged, NoSpace, PreconditionFailed, StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, MetaTxn, SyncState
 from tierfs.store import ObjectStore
-from tierfs.tiers.tier import Tier
+from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
 
 from .buffers import BlockBuffers
+from .digests import BlockHasher, block_digest, read_and_hash
 from .readahead import ReadaheadWindow
 from .space import SpaceManager
+from .upload_source import UploadSource
 
 log = logging.getLogger(__name__)
 
@@ -143,44 +150,6 @@ _TRANSIENT_BLOCKS = 8
 
 async def _nothing() -> None:
     return None
-
-
-def block_digest(data: bytes | memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(data)
-
-
-def _read_and_hash(fd: int, offset: int, nbytes: int) -> int:
-    """Thread: xxh3 of ``nbytes`` at ``offset`` (zeros past the file's end)."""
-    data = os.pread(fd, nbytes, offset)
-    if len(data) < nbytes:  # past the cache file's end: never written, zeros
-        data += bytes(nbytes - len(data))
-    return block_digest(data)
-
-
-class _BlockHasher:
-    """Running xxh3 of a block's bytes ``[0, length)``, fed by writes in
-    offset order; a full block keeps only its digest."""
-
-    __slots__ = ("_state", "digest", "length")
-
-    def __init__(self) -> None:
-        self._state: xxhash.xxh3_64 | None = xxhash.xxh3_64()
-        self.length = 0
-        self.digest = 0
-
-    def extends(self, start: int) -> bool:
-        return self._state is not None and self.length == start
-
-    def update(self, data: bytes | memoryview, block_size: int) -> None:
-        assert self._state is not None
-        self._state.update(data)
-        self.length += len(data)
-        if self.length >= block_size:
-            self.digest = self._state.intdigest()
-            self._state = None
-
-    def result(self) -> int:
-        return self._state.intdigest() if self._state is not None else self.digest
 
 
 class _Flight:
@@ -209,11 +178,14 @@ class CachedFile:
     truncated_from: int | None = None  # first block dropped by a truncate, not yet committed
     inode_dirty: bool = False  # size/times changed since the last commit
     #: Running digests of dirty blocks written in order (see the module docstring).
-    hashers: dict[int, _BlockHasher] = field(default_factory=dict)
+    hashers: dict[int, BlockHasher] = field(default_factory=dict)
     #: block -> writes of it in flight (their bytes may be half on the tier).
     writing: dict[int, int] = field(default_factory=dict)
     #: Blocks that two writes were in flight for at once: no running digest.
     contended: set[int] = field(default_factory=set)
+    #: The tier a relocate is copying this file's blocks to: no new block of
+    #: the file is placed there meanwhile (see ``tierfs.core.movement``).
+    relocating_to: int | None = None
 
     @property
     def ino(self) -> int:
@@ -249,104 +221,6 @@ class ReadStats:
     uncached_blocks: int = 0
 
 
-class UploadSource:
-    """Reads a file's bytes from its cache files, from any thread, and
-    records the xxh3 digest of every whole block it reads.
-
-    ``read`` fills a buffer from a small pool (each part costs one copy
-    from the cache files into memory that is already mapped, instead of a
-    new allocation per block, a growing concatenation and a final copy).
-    Buffer ownership: the bytes ``read`` returns belong to the caller for
-    as long as it holds a reference to them.  A pooled buffer is reused
-    only when nothing but the pool refers to it (CPython's reference count:
-    a store still sending it, or a view of it, holds a reference), so a
-    part is never overwritten while it is on the wire.  At most
-    ``max_buffers`` buffers are pooled (the parts an upload has in flight,
-    plus one); a read that finds none idle gets a buffer of its own, freed
-    with its last reference.  ``close`` drops the pool: a finished or failed
-    upload holds no part in memory."""
-
-    #: sys.getrefcount of a pooled buffer that nobody else holds: the pool
-    #: list, the loop variable and getrefcount's own argument.
-    _IDLE_REFS = 3
-
-    def __init__(
-        self,
-        block_size: int,
-        size: int,
-        blocks: dict[int, tuple[int, int]],
-        expected: dict[int, tuple[int, int, bool]] | None = None,
-        *,
-        max_buffers: int = 5,
-    ) -> None:
-        self.block_size = block_size
-        self.size = size
-        self.blocks = blocks
-        #: blockno -> (digest, nbytes, dirty) of blocks whose record carries
-        #: a digest: a whole block read that does not match raises BlockDamaged.
-        self.expected = expected or {}
-        self.digests: dict[int, int] = {}
-        self.max_buffers = max_buffers
-        self._pool: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def _buffer(self, length: int) -> bytearray:
-        with self._lock:
-            for buf in self._pool:
-                if len(buf) == length and sys.getrefcount(buf) == self._IDLE_REFS:
-                    return buf
-            fresh = bytearray(length)
-            if len(self._pool) < self.max_buffers:
-                self._pool.append(fresh)
-            else:  # replace an idle buffer of another length, if there is one
-                for i, buf in enumerate(self._pool):
-                    if sys.getrefcount(buf) == self._IDLE_REFS:
-                        self._pool[i] = fresh
-                        break
-            return fresh
-
-    @property
-    def pooled(self) -> int:
-        return len(self._pool)
-
-    def close(self) -> None:
-        """Drop the pooled buffers (those still held elsewhere die with their holder)."""
-        with self._lock:
-            self._pool.clear()
-
-    def read(self, offset: int, length: int) -> bytearray:
-        bs = self.block_size
-        pos, end = offset, min(offset + length, self.size)
-        out = self._buffer(max(0, end - offset))
-        view = memoryview(out)
-        while pos < end:
-            blockno = pos // bs
-            block_end = min(end, (blockno + 1) * bs)
-            piece = view[pos - offset : block_end - offset]
-            where = self.blocks.get(blockno)
-            got = 0
-            if where is not None:
-                while got < len(piece):
-                    n = os.preadv(where[0], [piece[got:]], pos + got)
-                    if n <= 0:
-                        break  # past the cache file's end: never written, zeros
-                    got += n
-            if got < len(piece):
-                piece[got:] = bytes(len(piece) - got)  # a hole, or the unwritten tail
-            if pos == blockno * bs and (block_end - pos == bs or block_end == self.size):
-                digest = block_digest(piece)
-                want = self.expected.get(blockno)
-                if want is not None and want[1] == len(piece) and want[0] != digest:
-                    raise BlockDamaged(
-                        f"block {blockno} failed its checksum while it was read for upload",
-                        blockno=blockno,
-                        dirty=want[2],
-                    )
-                self.digests[blockno] = digest
-            pos = block_end
-        return out
-
-
 class BlockCache:
     def __init__(
         self,
@@ -358,7 +232,22 @@ class BlockCache:
         block_size: int,
         readahead_max: int,
         fetch_concurrency: int,
+        write_space_timeout: float = 60.0,
+        read_origin: Callable[[Inode], tuple[str, str]] | None = None,
+        on_space_pressure: Callable[[], Awaitable[None]] = _nothing,
+        on_idle: Callable[[int], None] | None = None,
+        on_damage: Callable[[int, int, int, str], None] | None = None,
     ) -> None:
+        """The callbacks reach back up to the file system (TierFS passes them):
+
+        * ``read_origin``: the key (and ETag for If-Match, if known) to read
+          an inode's origin bytes from right now;
+        * ``on_space_pressure``: ask the uploader to hurry (space is short);
+        * ``on_idle``: called with an inode number once nothing uses its
+          CachedFile any more (no handle, no upload, no fetch in flight);
+        * ``on_damage``: (ino, blockno, tier, during) when a dirty block
+          failed its checksum (see "Dirty-block digests").
+        """
         self.meta = meta
         self.store = store
         self.tiers = tiers
@@ -377,18 +266,15 @@ class BlockCache:
         self.buffers = BlockBuffers(block_size, keep=2 * (self.recent_max // block_size))
         self.io_limiter = trio.CapacityLimiter(4)
         self.files: dict[int, CachedFile] = {}
-        self.write_space_timeout = 60.0
-        #: Set by TierFS: the key (and ETag for If-Match, if known) to read an
-        #: inode's origin bytes from right now.
-        self.read_origin: Callable[[Inode], tuple[str, str]] = lambda i: (i.origin_key, i.etag)
-        #: Set by TierFS: ask the uploader to hurry (space is short).
-        self.on_space_pressure: Callable[[], Awaitable[None]] = _nothing
-        #: Set by TierFS: called with an inode number once nothing uses its
-        #: CachedFile any more (no handle, no upload, no fetch in flight).
-        self.on_idle: Callable[[int], None] = lambda ino: None
-        #: Set by TierFS: (ino, blockno, tier, during) when a dirty block
-        #: failed its checksum (see "Dirty-block digests").
-        self.on_damage: Callable[[int, int, int, str], None] = lambda ino, b, t, during: None
+        self.write_space_timeout = write_space_timeout
+        self.read_origin: Callable[[Inode], tuple[str, str]] = read_origin or (
+            lambda i: (i.origin_key, i.etag)
+        )
+        self.on_space_pressure = on_space_pressure
+        self.on_idle: Callable[[int], None] = on_idle or (lambda ino: None)
+        self.on_damage: Callable[[int, int, int, str], None] = on_damage or (
+            lambda ino, b, t, during: None
+        )
         self._verified: set[tuple[int, int]] = set()
         self.stats = ReadStats()
         self._nursery: trio.Nursery | None = None
@@ -434,6 +320,12 @@ class BlockCache:
     def is_busy(self, ino: int) -> bool:
         return ino in self.files
 
+    def live_inode(self, ino: int) -> Inode | None:
+        """The in-memory inode of a file in use (open, or with a fetch or an
+        upload in flight): while it exists it, not LMDB, is the truth."""
+        cf = self.files.get(ino)
+        return cf.inode if cf is not None else None
+
     def content_changed(self, ino: int, tiers: list[int], inode: Inode | None) -> None:
         """The bucket's object changed (or vanished): LMDB already forgot the blocks.
 
@@ -459,6 +351,21 @@ class BlockCache:
 
     def mark_verified(self, ino: int, blockno: int) -> None:
         self._verified.add((ino, blockno))
+
+    def forget_verified(self, ino: int, blocknos: Iterable[int]) -> None:
+        """These blocks moved: check each again on its first read."""
+        for blockno in blocknos:
+            self._verified.discard((ino, blockno))
+
+    def drop_cache_file(self, cf: CachedFile, tier: int) -> None:
+        """Delete ``cf``'s cache file on ``tier``, which no block record names
+        any more, and close its fds (a later block placed there starts a
+        new file).  Only when nothing else is using those fds."""
+        for fds in (cf.fds, cf.direct_fds):
+            fd = fds.pop(tier, None)
+            if fd is not None:
+                os.close(fd)
+        self.tiers[tier].remove_file(cf.ino)
 
     def _direct_fd(self, cf: CachedFile, tier: int) -> int | None:
         if tier not in cf.direct_fds:
@@ -585,10 +492,7 @@ class BlockCache:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _pread(self, cf: CachedFile, tier: int, start: int, end: int) -> bytes:
-        data = os.pread(self._fd(cf, tier), end - start, start)
-        if len(data) < end - start:  # past the cache file's end: never written, zeros
-            data += bytes(end - start - len(data))
-        return data
+        return pread_padded(self._fd(cf, tier), end - start, start)
 
     async def _ensure(self, cf: CachedFile, blocknos: Iterable[int]) -> None:
         """Make every block present and verified (or transient)."""
@@ -607,6 +511,10 @@ class BlockCache:
             else:
                 waits.append(self._start_flight(cf, blockno))
         waits += self._start_fetches(cf, absent)
+        await self._wait_flights(cf, waits)
+
+    async def _wait_flights(self, cf: CachedFile, waits: Iterable[_Flight]) -> None:
+        """Wait for ``waits``; the first that failed raises its error."""
         for flight in set(waits):
             await flight.done.wait()
             if flight.error is not None:
@@ -614,6 +522,24 @@ class BlockCache:
                 if isinstance(err, TierfsError):
                     raise type(err)(str(err), errno=err.errno) from err
                 raise StoreError(f"{cf.key}: {err}") from err
+
+    async def fill(self, cf: CachedFile, blocknos: Iterable[int], tier: int | None) -> None:
+        """Fetch the absent blocks ``blocknos`` (those holding origin bytes)
+        into ``tier`` if it has room (None, or no room: the normal
+        placement).  A block already being fetched is waited for, not
+        fetched twice; present blocks are left alone (not verified)."""
+        waits: list[_Flight] = []
+        absent: list[int] = []
+        for blockno in blocknos:
+            if blockno in cf.blocks or blockno * self.block_size >= cf.inode.origin_size:
+                continue
+            flight = cf.flights.get(blockno)
+            if flight is not None:
+                waits.append(flight)
+            else:
+                absent.append(blockno)
+        waits += self._start_fetches(cf, absent, tier)
+        await self._wait_flights(cf, waits)
 
     def _start_flight(self, cf: CachedFile, blockno: int) -> _Flight:
         flight = cf.flights.get(blockno)
@@ -624,7 +550,9 @@ class BlockCache:
         self._nursery.start_soon(self._run_flight, cf, blockno, flight)
         return flight
 
-    def _start_fetches(self, cf: CachedFile, blocknos: list[int]) -> list[_Flight]:
+    def _start_fetches(
+        self, cf: CachedFile, blocknos: list[int], tier: int | None = None
+    ) -> list[_Flight]:
         """Fetch absent blocks, consecutive ones together: one ranged GET per
         run of up to ``max_run_blocks`` (fewer, larger requests cost the
         store and us less CPU per byte than one GET per block)."""
@@ -632,24 +560,26 @@ class BlockCache:
         run: list[int] = []
         for blockno in sorted(blocknos):
             if run and (blockno != run[-1] + 1 or len(run) >= self.max_run_blocks):
-                flights.append(self._start_run(cf, run))
+                flights.append(self._start_run(cf, run, tier))
                 run = []
             run.append(blockno)
         if run:
-            flights.append(self._start_run(cf, run))
+            flights.append(self._start_run(cf, run, tier))
         return flights
 
-    def _start_run(self, cf: CachedFile, run: list[int]) -> _Flight:
+    def _start_run(self, cf: CachedFile, run: list[int], tier: int | None = None) -> _Flight:
         flight = _Flight()
         for blockno in run:
             cf.flights[blockno] = flight
         assert self._nursery is not None, "BlockCache.start() was not called"
-        self._nursery.start_soon(self._run_fetch_flight, cf, run, flight)
+        self._nursery.start_soon(self._run_fetch_flight, cf, run, flight, tier)
         return flight
 
-    async def _run_fetch_flight(self, cf: CachedFile, run: list[int], flight: _Flight) -> None:
+    async def _run_fetch_flight(
+        self, cf: CachedFile, run: list[int], flight: _Flight, tier: int | None = None
+    ) -> None:
         try:
-            await self._fetch(cf, run)
+            await self._fetch(cf, run, tier)
         except Exception as exc:
             flight.error = exc
             if not isinstance(exc, TierfsError):
@@ -685,7 +615,7 @@ class BlockCache:
     async def _hash_block(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> int:
         fd = self._fd(cf, rec.tier)
         return await trio.to_thread.run_sync(
-            _read_and_hash, fd, blockno * self.block_size, rec.nbytes, limiter=self.io_limiter
+            read_and_hash, fd, blockno * self.block_size, rec.nbytes, limiter=self.io_limiter
         )
 
     def _changed_since(self, cf: CachedFile, blockno: int, rec: BlockRecord) -> bool:
@@ -741,10 +671,10 @@ class BlockCache:
             dirty=True,
         )
 
-    async def _fetch(self, cf: CachedFile, run: list[int]) -> None:
+    async def _fetch(self, cf: CachedFile, run: list[int], tier: int | None = None) -> None:
         """Fetch consecutive blocks ``run`` with one ranged GET, write each to
-        the first tier with room and record it (or keep it in memory if no
-        tier has room)."""
+        ``tier`` if given and with room, else the first tier with room, and
+        record it (or keep it in memory if no tier has room)."""
         bs = self.block_size
         offset = run[0] * bs
         lengths = [min(bs, cf.size - b * bs) for b in run]
@@ -754,7 +684,7 @@ class BlockCache:
         generation = cf.generation
         self.stats.miss_blocks += len(run)
         for _attempt in range(len(self.tiers) + 1):
-            tiers = [self.space.reserve(n) for n in lengths]
+            tiers = [self.space.reserve(n, prefer=tier, avoid=cf.relocating_to) for n in lengths]
             fds = [
                 (self._fd(cf, t), self._direct_fd(cf, t)) if t is not None else None for t in tiers
             ]
@@ -869,11 +799,11 @@ class BlockCache:
                 if fd_pair is None:
                     out.append((0, bytes(block), None))
                 elif fd_pair[1] is not None and nbytes % _DIRECT_ALIGN == 0:
-                    self._pwrite_all(fd_pair[1], block, offset + pos)
+                    pwrite_all(fd_pair[1], block, offset + pos)
                     out.append((block_digest(block), b"", buf))
                     kept[i] = True
                 else:
-                    self._pwrite_all(fd_pair[0], block, offset + pos)
+                    pwrite_all(fd_pair[0], block, offset + pos)
                     out.append((block_digest(block), b"", None))
                 pos += nbytes
             return out
@@ -918,7 +848,7 @@ class BlockCache:
             await self._ensure(cf, rmw)
         for blockno in range(first, last + 1):
             if blockno not in cf.blocks:
-                tier = await self._reserve_for_write(bs)
+                tier = await self._reserve_for_write(bs, avoid=cf.relocating_to)
                 cf.reserved[blockno] = (tier, bs)
                 cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
         hashers = self._begin_writes(cf, offset, end)
@@ -926,7 +856,7 @@ class BlockCache:
         try:
             view = memoryview(data)
             pos = offset
-            direct: list[tuple[int, memoryview, int, _BlockHasher | None]] = []
+            direct: list[tuple[int, memoryview, int, BlockHasher | None]] = []
             while pos < end:
                 blockno = pos // bs
                 chunk_end = min(end, (blockno + 1) * bs)
@@ -942,7 +872,7 @@ class BlockCache:
                 if direct_fd is not None:
                     direct.append((direct_fd, chunk, pos, hashers[blockno]))
                 else:
-                    self._pwrite_all(self._fd(cf, tier), chunk, pos)
+                    pwrite_all(self._fd(cf, tier), chunk, pos)
                     hasher = hashers[blockno]
                     if hasher is not None:
                         hasher.update(chunk, bs)
@@ -964,21 +894,19 @@ class BlockCache:
         cf.inode_dirty = True
         return len(data)
 
-    def _begin_writes(
-        self, cf: CachedFile, offset: int, end: int
-    ) -> dict[int, _BlockHasher | None]:
+    def _begin_writes(self, cf: CachedFile, offset: int, end: int) -> dict[int, BlockHasher | None]:
         """Register a write of ``[offset, end)`` as in flight; per block, the
         running digest it extends (None: it cannot, see the module docstring)."""
         bs = self.block_size
-        out: dict[int, _BlockHasher | None] = {}
+        out: dict[int, BlockHasher | None] = {}
         for blockno in range(offset // bs, (end - 1) // bs + 1):
             start = max(offset, blockno * bs) - blockno * bs
-            hasher: _BlockHasher | None = cf.hashers.pop(blockno, None)
+            hasher: BlockHasher | None = cf.hashers.pop(blockno, None)
             if blockno in cf.writing:
                 hasher = None  # two writes in flight: their order on disk is unknown
                 cf.contended.add(blockno)
             elif start == 0:
-                hasher = _BlockHasher()
+                hasher = BlockHasher()
             elif hasher is not None and not hasher.extends(start):
                 hasher = None
             cf.writing[blockno] = cf.writing.get(blockno, 0) + 1
@@ -986,7 +914,7 @@ class BlockCache:
         return out
 
     @staticmethod
-    def _end_writes(cf: CachedFile, hashers: dict[int, _BlockHasher | None]) -> None:
+    def _end_writes(cf: CachedFile, hashers: dict[int, BlockHasher | None]) -> None:
         """The write registered by ``_begin_writes`` is done: its running
         digests are adopted unless another write overlapped it."""
         for blockno, hasher in hashers.items():
@@ -1045,25 +973,17 @@ class BlockCache:
             cf.uncommitted.add(blockno)
             self._verified.discard((cf.ino, blockno))  # new bytes: checked after their seal
 
-    def _pwrite_direct(
-        self, writes: list[tuple[int, memoryview, int, _BlockHasher | None]]
-    ) -> None:
+    def _pwrite_direct(self, writes: list[tuple[int, memoryview, int, BlockHasher | None]]) -> None:
         """Thread: aligned writes through O_DIRECT fds, via an aligned buffer;
         each chunk also feeds its block's running digest, if any."""
         for fd, chunk, offset, hasher in writes:
             buf = self._aligned_buffer(len(chunk))
             buf[: len(chunk)] = chunk
-            self._pwrite_all(fd, memoryview(buf)[: len(chunk)], offset)
+            pwrite_all(fd, memoryview(buf)[: len(chunk)], offset)
             if hasher is not None:
                 hasher.update(memoryview(buf)[: len(chunk)], self.block_size)
 
-    @staticmethod
-    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-        written = 0
-        while written < len(view):
-            written += os.pwrite(fd, view[written:], offset + written)
-
-    async def _reserve_for_write(self, nbytes: int) -> int:
+    async def _reserve_for_write(self, nbytes: int, avoid: int | None = None) -> int:
         """A tier for a new dirty block; waits for uploads to free space.
 
         Dirty data is never evicted, so when every tier is full of it the
@@ -1073,7 +993,7 @@ class BlockCache:
         """
         deadline = trio.current_time() + self.write_space_timeout
         while True:
-            tier = self.space.reserve(nbytes)
+            tier = self.space.reserve(nbytes, avoid=avoid)
             if tier is not None:
                 return tier
             if trio.current_time() >= deadline:
@@ -1120,7 +1040,7 @@ class BlockCache:
         bs = self.block_size
         jobs = [(self._fd(cf, rec.tier), blockno * bs, rec.nbytes) for blockno, rec in reread]
         digests = await trio.to_thread.run_sync(
-            lambda: [_read_and_hash(*job) for job in jobs], limiter=self.io_limiter
+            lambda: [read_and_hash(*job) for job in jobs], limiter=self.io_limiter
         )
         for (blockno, rec), digest in zip(reread, digests, strict=True):
             if not self._changed_since(cf, blockno, rec):

@@ -4,14 +4,31 @@ The FUSE layer (``tierfsd.fuse_ops``) converts pyfuse3 arguments, awaits a
 method here and converts the result; the control server calls ``where`` and
 ``status``.  Errors are TierfsError subclasses carrying an errno.
 
-Handles: ``open`` returns a file handle number that maps to a ``Handle``
+Handles (``handles``): ``open`` returns a file handle number that maps to a ``Handle``
 (the inode's CachedFile plus the handle's readahead state); ``release``
 drops it.  Directory handles carry nothing: ``readdir`` resumes from the
 cookie of the last entry returned, which stays valid while entries come and
 go (see ``MetaDB`` dirseq).
 
-Mutations live in ``writes`` (WriteOps) and the journal's execution in
-``sync`` (SyncOps), both mixed into TierFS.
+Composition.  TierFS is built from parts, each given its collaborators at
+construction, in this order (``__init__``; a part only calls parts built
+before it, and calls back up only through the callbacks it was given):
+
+    journal    the durable queue of bucket mutations (``journal``)
+    damage     what a block that fails its checksum does (``damage``)
+    space      placement of blocks on tiers, LRU eviction (``space``)
+    blocks     cached blocks: fetch, single-flight, reads, writes (``blockcache``)
+    namespace  names, listings, revalidation (``namespace``)
+    handles    open file handles and writers (``handles``)
+    sync       local commits, journal execution, flush, upload (``sync``)
+    writes     POSIX mutations (``writes``)
+    movement   fill / relocate / evict / check of a file's blocks (``movement``)
+
+The callbacks that reach up (``space``'s busy check, ``blocks``'s idle and
+origin callbacks, ``namespace``'s spawn and drop callbacks, ``damage``'s
+path lookup) are bound methods of TierFS passed to the constructors.  The
+public async methods the FUSE layer, the control server and the workers call
+stay on TierFS and delegate to the parts.
 """
 
 from __future__ import annotations
@@ -22,7 +39,6 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import trio
 
@@ -33,14 +49,18 @@ from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
 from tierfs.tiers.tier import Tier
 
-from .blockcache import BlockCache, CachedFile, ReadState
-from .journal import Journal
+from .blockcache import BlockCache
+from .damage import DamageLog
+from .handles import Handles
+from .journal import Entry, Journal
+from .movement import DataMovement
 from .namespace import Identity, Namespace
+from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
 from .space import SpaceManager
 from .store_threads import StoreThreads
 from .supervisor import FatalWorkerError, Supervisor
-from .sync import SyncOps
-from .writes import WriteOps
+from .sync import Sync
+from .writes import FileWrites
 
 log = logging.getLogger(__name__)
 
@@ -58,54 +78,7 @@ _ATIME_FLUSH_SECONDS = 5.0
 COMMIT_INTERVAL = 0.2
 
 
-@dataclass(frozen=True, slots=True)
-class Attributes:
-    ino: int
-    mode: int
-    nlink: int
-    uid: int
-    gid: int
-    size: int
-    blksize: int
-    mtime_ns: int
-    ctime_ns: int
-    atime_ns: int
-    timeout: float  # seconds the kernel may cache this entry and its attributes
-
-
-@dataclass(frozen=True, slots=True)
-class DirEntry:
-    cookie: int
-    name: bytes
-    attrs: Attributes
-
-
-@dataclass(frozen=True, slots=True)
-class OpenResult:
-    fh: int
-    keep_cache: bool
-    #: Bypass the kernel page cache for this handle (see ``_open_inode``).
-    direct_io: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FsStats:
-    block_size: int
-    total_bytes: int
-    free_bytes: int
-    files: int
-    name_max: int = 255
-
-
-@dataclass(slots=True)
-class Handle:
-    inode: Inode
-    cached: CachedFile
-    read_state: ReadState
-    writable: bool
-
-
-class TierFS(WriteOps, SyncOps):
+class TierFS:
     def __init__(
         self,
         config: Config,
@@ -114,6 +87,7 @@ class TierFS(WriteOps, SyncOps):
         tiers: list[Tier],
         *,
         control_socket: str = "",
+        invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
     ) -> None:
         self.config = config
         self.meta = meta
@@ -131,17 +105,23 @@ class TierFS(WriteOps, SyncOps):
         self.upload_limiter = trio.CapacityLimiter(4)
         #: Background store calls; the daemon abandons them at shutdown.
         self.store_threads = StoreThreads()
-        # Parts of one multipart upload in flight.  Four keep a loopback
-        # server busy: with eight, s3rver spent about 13% more CPU per
-        # uploaded GiB than with four (and than s5cmd's five), and the
-        # upload of a 2 GiB file took that much longer.
-        self.upload_part_concurrency = 4
-        self.flush_max_failures = 5
-        self.last_sync_error = ""
-        self.stats_uploaded_bytes = 0
         self.control_xattr = CONTROL_XATTR
+        self.endpoint = breaker_of(store)
+        #: FUSE requests served (counted by the FUSE layer); the uploader
+        #: holds back while they come fast.
+        self.requests = 0
+        #: From the daemon: drop the kernel's cached attributes of an inode
+        #: and, if the flag is true, its cached pages too.
+        self.invalidate_kernel_cache = invalidate_kernel_cache
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        #: Runs every background task of the daemon (see ``supervisor``).
+        self.supervisor = Supervisor()
+
+        # The parts, in dependency order (see the module docstring).
         self.journal = Journal(meta)
-        self.blocks: BlockCache
+        self._orphans = self.journal.orphans
+        self.damage = DamageLog(meta, tiers, config.fetch.block_size, path_of=self.path_of)
         self.space = SpaceManager(tiers, meta, is_busy=self._not_evictable)
         self.blocks = BlockCache(
             meta,
@@ -151,55 +131,69 @@ class TierFS(WriteOps, SyncOps):
             block_size=config.fetch.block_size,
             readahead_max=config.fetch.readahead_max,
             fetch_concurrency=config.fetch.concurrency,
+            write_space_timeout=config.write.space_wait,
+            read_origin=self._read_origin,
+            on_space_pressure=self._space_pressure,
+            on_idle=self._file_idle,
+            on_damage=self.damage.block_damaged,
         )
-        self.blocks.on_space_pressure = self._space_pressure
-        self.blocks.on_idle = self._file_idle
-        self.blocks.on_damage = self.block_damaged
-        #: Files whose upload found a damaged dirty block: not retried until
-        #: their content changes (see ``sync``).
-        self._upload_refused: set[int] = set()
-        self._damage_logged: set[tuple[int, int]] = set()
-        self.stats_damaged_dirty_blocks = 0
-        self.stats_damaged_clean_blocks = 0
-        self.blocks.write_space_timeout = config.write.space_wait
-        self.blocks.read_origin = self._read_origin
         self.namespace = Namespace(
-            meta, store, ns, self.identity, self.store_limiter, on_drop=self._blocks_dropped
+            meta,
+            store,
+            ns,
+            self.identity,
+            self.store_limiter,
+            on_drop=self._blocks_dropped,
+            live_inode=self.blocks.live_inode,
+            being_deleted=self.journal.being_deleted,
+            watch_deletes=self.journal.watch_deletes,
+            protects=self.journal.protects,
+            attrs_owed=self.journal.attrs_owed,
+            spawn=self._spawn,
         )
-        self.namespace.live_inode = self._live_inode
-        self.namespace.being_deleted = self.journal.being_deleted
-        self.namespace.watch_deletes = self.journal.watch_deletes
-        self.namespace.protects = self.journal.protects
-        self.namespace.attrs_owed = self.journal.attrs_owed
-        self.namespace.spawn = self._spawn
-        self._trio_token: trio.lowlevel.TrioToken | None = None
-        self.endpoint = breaker_of(store)
+        self.handles = Handles(self.blocks, self.space, self.journal)
+        self.sync = Sync(
+            config,
+            meta,
+            store,
+            tiers,
+            self.journal,
+            self.namespace,
+            self.blocks,
+            self.damage,
+            self.store_threads,
+            store_limiter=self.store_limiter,
+            upload_limiter=self.upload_limiter,
+            endpoint=self.endpoint,
+        )
+        self.writes = FileWrites(
+            config,
+            meta,
+            tiers,
+            self.journal,
+            self.namespace,
+            self.blocks,
+            self.space,
+            self.handles,
+            self.sync,
+            control_xattr=self.control_xattr,
+        )
+        self.movement = DataMovement(
+            meta,
+            tiers,
+            self.blocks,
+            self.space,
+            self.journal,
+            open_for_writing=self.handles.open_for_writing,
+        )
         if self.endpoint is not None:
             self.endpoint.add_listener(self._endpoint_changed)
-        self._handles: dict[int, Handle] = {}
-        #: FUSE requests served (counted by the FUSE layer); the uploader
-        #: holds back while they come fast.
-        self.requests = 0
-        self._writers: dict[int, int] = {}
-        self._orphans = self.journal.orphans
-        self._next_fh = 1
-        self._stale_page_cache: set[int] = set()
-        #: Set by the daemon: drop the kernel's cached attributes of an inode
-        #: and, if the flag is true, its cached pages too.
-        self.invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel
-        self._nursery: trio.Nursery | None = None
-        #: Runs every background task of the daemon (see ``supervisor``).
-        self.supervisor = Supervisor()
 
     def _read_origin(self, inode: Inode) -> tuple[str, str]:
         moving_from = self.journal.read_origin(inode.ino)
         if moving_from is not None:
             return moving_from, ""  # the ETag may change with a multipart copy
         return inode.origin_key, inode.etag
-
-    def _live_inode(self, ino: int) -> Inode | None:
-        cf = self.blocks.files.get(ino)
-        return cf.inode if cf is not None else None
 
     def _not_evictable(self, ino: int) -> bool:
         if self.blocks.is_busy(ino) or self.journal.pending_upload(ino):
@@ -209,12 +203,6 @@ class TierFS(WriteOps, SyncOps):
 
     async def _space_pressure(self) -> None:
         self.journal.hurry()
-
-    def _handle(self, fh: int) -> Handle:
-        try:
-            return self._handles[fh]
-        except KeyError:
-            raise InvalidArgument(f"unknown file handle {fh}") from None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -282,7 +270,10 @@ class TierFS(WriteOps, SyncOps):
         """Delete cache files that no block record refers to.
 
         They are left by a crash between dropping blocks in LMDB and deleting
-        the file (eviction, a changed object).  Runs once, at mount.
+        the file (eviction, a changed object), or by a relocate: the copy on
+        the destination before the switch, the source after it (see
+        ``movement``, "Crash safety").  A file with any block recorded on
+        its tier is kept.  Runs once, at mount.
         """
         removed = 0
         for tier in self.tiers:
@@ -300,20 +291,7 @@ class TierFS(WriteOps, SyncOps):
     # --- attributes ------------------------------------------------------------------
 
     def attributes(self, inode: Inode) -> Attributes:
-        timeout = self.config.namespace.list_ttl
-        return Attributes(
-            ino=inode.ino,
-            mode=inode.mode,
-            nlink=2 if inode.is_dir else 1,
-            uid=inode.uid,
-            gid=inode.gid,
-            size=inode.size,
-            blksize=self.config.fetch.block_size,
-            mtime_ns=inode.mtime_ns,
-            ctime_ns=inode.ctime_ns,
-            atime_ns=inode.mtime_ns,
-            timeout=timeout,
-        )
+        return attributes_of(inode, self.config)
 
     async def getattr(self, ino: int) -> Attributes:
         return self.attributes(self.namespace.get(ino))
@@ -358,50 +336,26 @@ class TierFS(WriteOps, SyncOps):
             # The kernel still holds the old size: reads past it would stop
             # short.  Attributes only: the pages go with keep_cache=False.
             await self.invalidate_kernel_cache(ino, False)
-        result = await self._open_inode(inode, flags, keep_cache=not changed)
-        if flags & os.O_TRUNC and self._open_flags_writable(flags) and inode.size:
-            await self._truncate(self._handles[result.fh].cached.inode, 0)
+        result = self.handles.open(inode, flags, keep_cache=not changed)
+        if flags & os.O_TRUNC and self.handles.writable_flags(flags) and inode.size:
+            await self.writes.truncate(self.handles.get(result.fh).cached.inode, 0)
         return result
-
-    async def _open_inode(self, inode: Inode, flags: int, *, keep_cache: bool = True) -> OpenResult:
-        ino = inode.ino
-        keep_cache = keep_cache and ino not in self._stale_page_cache
-        self._stale_page_cache.discard(ino)
-        cached = self.blocks.acquire(inode)
-        writable = self._open_flags_writable(flags)
-        if writable:
-            self._writers[ino] = self._writers.get(ino, 0) + 1
-            self.journal.hold(ino)
-        fh = self._next_fh
-        self._next_fh += 1
-        self._handles[fh] = Handle(cached.inode, cached, self.blocks.new_read_state(), writable)
-        self.space.touch(ino)
-        # A write-only handle cannot be read or mmapped, so the kernel need
-        # not keep its data: with direct I/O the bytes go from the writer's
-        # buffer to us without a second copy in page cache (for a checkpoint,
-        # the FUSE file's copy doubled the memory and the copying).  The
-        # kernel drops cached pages of the range a direct write covers, so
-        # readers through other handles stay coherent.
-        direct_io = flags & os.O_ACCMODE == os.O_WRONLY
-        return OpenResult(fh=fh, keep_cache=keep_cache, direct_io=direct_io)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         """A memoryview is lent until the caller's next ``await`` (BlockCache.read)."""
-        handle = self._handle(fh)
+        handle = self.handles.get(fh)
         self.space.touch(handle.cached.ino)
         return await self.blocks.read(handle.cached, offset, size, handle.read_state)
 
     async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh)
+        handle = self.handles.pop(fh)
         cf = handle.cached
         ino = cf.ino
         try:
             if handle.writable:
                 if ino not in self._orphans:
-                    await self._commit(cf, sync=False)
-                self._writers[ino] -= 1
-                if not self._writers[ino]:
-                    del self._writers[ino]
+                    await self.sync.commit(cf, sync=False)
+                if self.handles.writer_closed(ino):
                     self.journal.schedule(ino, self.config.write.upload_delay)
         finally:
             self.blocks.release(cf)
@@ -419,7 +373,7 @@ class TierFS(WriteOps, SyncOps):
         self.journal.wake()  # its object may be deleted now
         with self.meta.write() as tx:
             tiers = tx.delete_inode(ino)
-        self._remove_cache_files(ino, tiers)
+        self.writes.remove_cache_files(ino, tiers)
 
     async def readlink(self, ino: int) -> bytes:
         inode = self.namespace.get(ino)
@@ -434,35 +388,11 @@ class TierFS(WriteOps, SyncOps):
         except (NotFound, KeyError):
             return f"<inode {ino}>"
 
-    def block_damaged(self, ino: int, blockno: int, tier: int, during: str) -> None:
-        """A dirty block failed its checksum (BlockCache "Dirty-block
-        digests"): the file becomes ``failed`` (in LMDB, so it survives a
-        remount), and the log says loudly what was lost and what to do."""
-        self.meta.mark_failed(ino, blockno)
-        if (ino, blockno) in self._damage_logged:
-            return
-        self._damage_logged.add((ino, blockno))
-        self.stats_damaged_dirty_blocks += 1
-        log.error(
-            "DAMAGED DATA in %r (inode %d): block %d (bytes %d-%d) on tier %s failed its "
-            "checksum during %s.  It holds changes not uploaded yet, so this was the only "
-            "copy: reads of that block get EIO and the file is NOT uploaded (state 'failed' "
-            "in `tierfs where`).  Restore the file from a good copy (rewrite it through the "
-            "mount) or delete it; a rewritten file is uploaded again.",
-            self.path_of(ino),
-            ino,
-            blockno,
-            blockno * self.config.fetch.block_size,
-            (blockno + 1) * self.config.fetch.block_size - 1,
-            self.tiers[tier].name if 0 <= tier < len(self.tiers) else "?",
-            during,
-        )
-
     def _blocks_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
         """Namespace callback: the bucket changed a file, or it vanished."""
         inode = self.meta.get_inode(ino) if still_exists else None
         if still_exists:
-            self._stale_page_cache.add(ino)
+            self.handles.stale_page_cache.add(ino)
         else:
             self.space.forget(ino)
         self.blocks.content_changed(ino, tiers, inode)
@@ -544,7 +474,7 @@ class TierFS(WriteOps, SyncOps):
     def _dirty_bytes(self) -> int:
         total = 0
         for ino in self.journal.upload_seq:
-            inode = self._linked_inode(ino)
+            inode = self.sync.linked_inode(ino)
             if inode is not None:
                 total += inode.size
         return total
@@ -586,7 +516,7 @@ class TierFS(WriteOps, SyncOps):
             "dirty_bytes": self._dirty_bytes(),
             "pending_uploads": len(self.journal),
             "uploading": len(self.journal.running),
-            "last_sync_error": self.last_sync_error,
+            "last_sync_error": self.sync.last_sync_error,
             "endpoint": self._endpoint_status(),
             "failed_files": len(self.meta.failed_files()),
             "worker_restarts": self.supervisor.restarts,
@@ -607,12 +537,93 @@ class TierFS(WriteOps, SyncOps):
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,
-                "uploaded_bytes": self.stats_uploaded_bytes,
+                "uploaded_bytes": self.sync.stats_uploaded_bytes,
                 "stale_opens": self.namespace.stale_opens,
-                "damaged_dirty_blocks": self.stats_damaged_dirty_blocks,
-                "damaged_clean_blocks": self.stats_damaged_clean_blocks,
+                "damaged_dirty_blocks": self.damage.dirty_blocks,
+                "damaged_clean_blocks": self.damage.clean_blocks,
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),
             "time": time.time(),
         }
+
+    # --- mutations (``writes``) ------------------------------------------------------------
+
+    async def create(
+        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+    ) -> tuple[OpenResult, Attributes]:
+        return await self.writes.create(parent, name, mode, flags, uid, gid)
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
+        return await self.writes.mkdir(parent, name, mode, uid, gid)
+
+    async def symlink(
+        self, parent: int, name: bytes, target: bytes, uid: int, gid: int
+    ) -> Attributes:
+        return await self.writes.symlink(parent, name, target, uid, gid)
+
+    async def mknod(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
+        return await self.writes.mknod(parent, name, mode, uid, gid)
+
+    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
+        return await self.writes.link(ino, new_parent, new_name)
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        await self.writes.unlink(parent, name)
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        await self.writes.rmdir(parent, name)
+
+    async def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
+    ) -> None:
+        await self.writes.rename(old_parent, old_name, new_parent, new_name, flags)
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        return await self.writes.write(fh, offset, data)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.writes.fsync(fh, datasync)
+
+    async def flush(self, fh: int) -> None:
+        await self.writes.flush(fh)
+
+    async def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Attributes:
+        return await self.writes.setattr(
+            ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns
+        )
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        await self.writes.setxattr(ino, name, value)
+
+    async def removexattr(self, ino: int, name: bytes) -> None:
+        await self.writes.removexattr(ino, name)
+
+    # --- the bucket side (``sync``) ---------------------------------------------------------
+
+    def entry_keys(self, seq: int, entry: Entry) -> list[str] | None:
+        """The keys a journal entry touches, for ordering; None if obsolete."""
+        return self.sync.entry_keys(seq, entry)
+
+    async def run_entry(self, seq: int) -> None:
+        await self.sync.run_entry(seq)
+
+    async def wait_uploaded(self, ino: int) -> None:
+        await self.sync.wait_uploaded(ino)
+
+    async def flush_path(self, relpath: str) -> int:
+        """Wait until everything under ``relpath`` is durable in the bucket."""
+        return await self.sync.flush_path(relpath)
+
+    async def abort_stale_uploads(self, older_than: float = 24 * 3600) -> int:
+        return await self.sync.abort_stale_uploads(older_than)

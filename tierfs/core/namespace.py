@@ -28,7 +28,7 @@ A directory that was listed once is never held hostage by the bucket
 
 - while the endpoint's circuit breaker is open, its LMDB listing is served
   at once and no re-listing is tried;
-- otherwise the re-listing runs as a background task (``spawn``, set by
+- otherwise the re-listing runs as a background task (``spawn``, passed by
   TierFS; inline when there is none), and a caller waits for it at most
   ``STALE_LISTING_WAIT`` seconds from the start of that re-listing
   (``stale_wait``; namespace changes pass 0) before it is served the
@@ -191,34 +191,45 @@ class Namespace:
         identity: Identity,
         store_limiter: trio.CapacityLimiter,
         on_drop: DropCallback,
+        *,
+        live_inode: Callable[[int], Inode | None] | None = None,
+        being_deleted: Callable[[str], bool] | None = None,
+        watch_deletes: Callable[[], AbstractContextManager[Callable[[str], bool]]] | None = None,
+        protects: Callable[[int], bool] | None = None,
+        attrs_owed: Callable[[int], bool] | None = None,
+        spawn: Spawn = _no_spawn,
     ) -> None:
+        """The callbacks come from the journal and the block cache (TierFS
+        passes them; the defaults suit a namespace on its own):
+
+        * ``live_inode``: the in-memory inode of an open file, if any;
+        * ``being_deleted``: is a delete of this key (or a key under this
+          prefix) still owed to the bucket?  Such names are not re-created
+          by a listing;
+        * ``watch_deletes``: ``being_deleted`` that also remembers the
+          deletes completed while the block runs (``Journal.watch_deletes``);
+        * ``protects``: must a listing leave this inode alone?
+        * ``attrs_owed``: does the bucket still owe a local change of this
+          inode's attributes (a listing must not take the shadow's then)?
+        * ``spawn``: start a background task (see ``Spawn``).
+        """
         self.meta = meta
         self.store = store
         self.config = config
         self.identity = identity
         self._limiter = store_limiter
         self._on_drop = on_drop
-        #: Set by TierFS: the in-memory inode of an open file, if any.
-        self.live_inode: Callable[[int], Inode | None] = lambda ino: None
-        #: Set by TierFS: is a delete of this key (or a key under this
-        #: prefix) still owed to the bucket?  Such names are not re-created
-        #: by a listing.
-        self.being_deleted: Callable[[str], bool] = lambda key: False
-        #: Set by TierFS: ``being_deleted`` that also remembers the deletes
-        #: completed while the block runs (``Journal.watch_deletes``).
+        self.live_inode: Callable[[int], Inode | None] = live_inode or (lambda ino: None)
+        self.being_deleted: Callable[[str], bool] = being_deleted or (lambda key: False)
         self.watch_deletes: Callable[[], AbstractContextManager[Callable[[str], bool]]] = (
-            lambda: contextlib.nullcontext(self.being_deleted)
+            watch_deletes or (lambda: contextlib.nullcontext(self.being_deleted))
         )
-        #: Set by TierFS: must a listing leave this inode alone?
-        self.protects: Callable[[int], bool] = lambda ino: False
-        #: Set by TierFS: does the bucket still owe a local change of this
-        #: inode's attributes (a listing must not take the shadow's then)?
-        self.attrs_owed: Callable[[int], bool] = lambda ino: False
+        self.protects: Callable[[int], bool] = protects or (lambda ino: False)
+        self.attrs_owed: Callable[[int], bool] = attrs_owed or (lambda ino: False)
         #: dir ino -> {name: shadow entries} found by its last listing for
         #: names it does not hold (see "Attributes of listed names").
         self.orphan_shadows: dict[int, dict[bytes, list[ShadowAttrs]]] = {}
-        #: Set by TierFS: start a background task (see ``Spawn``).
-        self.spawn: Spawn = _no_spawn
+        self.spawn = spawn
         self.endpoint = breaker_of(store)
         #: Directories being listed: (done, when it started on the trio clock).
         self._listing: dict[int, tuple[trio.Event, float]] = {}

@@ -5,6 +5,8 @@ Rules (issue-2 scope; the lifecycle mover takes over demotion later):
 * A fetched block goes to the first tier, fastest first, whose accounted
   usage plus in-flight reservations plus the block stays within its capacity
   and within what the filesystem has free.
+* ``drop_clean`` is the one place that drops local copies of blocks: the
+  LRU eviction below and ``DataMovement.evict`` both call it.
 * When no tier has room, the least recently used files (file-level atime) are
   dropped: clean data only, it is all in the bucket.  The tier that holds the
   globally least-recently-used file is emptied down to its low watermark, in
@@ -62,16 +64,31 @@ class SpaceManager:
 
     # --- reservations ---------------------------------------------------------------
 
-    def reserve(self, nbytes: int) -> int | None:
-        """Pick a tier for ``nbytes`` and reserve the space; None if impossible."""
+    def reserve(
+        self, nbytes: int, *, prefer: int | None = None, avoid: int | None = None
+    ) -> int | None:
+        """Pick a tier for ``nbytes`` and reserve the space; None if impossible.
+
+        ``prefer``: that tier if it has room (a fill into a chosen tier),
+        else the usual order.  ``avoid``: never that tier (a relocate is
+        copying the file there)."""
+        if prefer is not None and prefer != avoid and self.reserve_on(prefer, nbytes):
+            return prefer
         for _round in range(len(self.tiers) + 1):
             for tier in range(len(self.tiers)):
-                if self.has_room(tier, nbytes):
+                if tier != avoid and self.has_room(tier, nbytes):
                     self._reserved[tier] += nbytes
                     return tier
             if not self._evict_lru():
                 return None
         return None
+
+    def reserve_on(self, tier: int, nbytes: int) -> bool:
+        """Reserve ``nbytes`` on ``tier`` if it has room now (no eviction)."""
+        if not self.has_room(tier, nbytes):
+            return False
+        self._reserved[tier] += nbytes
+        return True
 
     def release(self, tier: int, nbytes: int) -> None:
         """Give back a reservation (after the block was recorded, or failed)."""
@@ -104,10 +121,7 @@ class SpaceManager:
         target = bytes_to_reach(self.used(tier), t.capacity, t.low_watermark)
         victims = select_lru_victims(by_tier[tier], max(target, 1))
         for victim in victims:
-            self.meta.drop_blocks(victim.ino, tier)
-            t.remove_file(victim.ino)
-            self.evicted_files += 1
-            self.evicted_bytes += victim.nbytes
+            self.drop_clean(victim.ino, tier)
         log.info(
             "tier %s full: evicted %d least-recently-used files (%d bytes)",
             t.name,
@@ -115,6 +129,35 @@ class SpaceManager:
             sum(v.nbytes for v in victims),
         )
         return bool(victims)
+
+    def drop_clean(self, ino: int, tier: int | None = None) -> int:
+        """Drop the clean blocks of ``ino`` (on ``tier``, or on every tier):
+        the one place that drops local copies (LRU eviction here, and
+        ``DataMovement.evict``).  Dirty blocks are never dropped.  The caller
+        checked that the file is not busy (no CachedFile: no open fds).
+
+        Records go first (one transaction), then the bytes: a cache file
+        left with no record on its tier is deleted; one that still holds
+        dirty blocks keeps the dropped bytes, unindexed, until it is
+        dropped itself.  A crash in between leaves a cache file with no
+        record, which the orphan cleanup at the next mount deletes.
+        Returns the bytes dropped."""
+        victims = {
+            blockno: rec
+            for blockno, rec in self.meta.get_blocks(ino).items()
+            if not rec.dirty and (tier is None or rec.tier == tier)
+        }
+        if not victims:
+            return 0
+        self.meta.drop_block_list(ino, victims)
+        left = self.meta.residency(ino)
+        for t in {rec.tier for rec in victims.values()}:
+            if t not in left:
+                self.tiers[t].remove_file(ino)
+        nbytes = sum(rec.nbytes for rec in victims.values())
+        self.evicted_files += 1
+        self.evicted_bytes += nbytes
+        return nbytes
 
     # --- access times ------------------------------------------------------------------
 

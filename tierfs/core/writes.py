@@ -68,11 +68,10 @@ kept in LMDB on this node (not in the bucket).
 
 from __future__ import annotations
 
-import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any
 
+from tierfs.config import Config
 from tierfs.errors import (
     DirectoryNotEmpty,
     EndpointUnreachable,
@@ -87,15 +86,17 @@ from tierfs.errors import (
     NotSupported,
     PermissionDenied,
 )
-from tierfs.meta import ROOT_INO, Inode, SyncState
+from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.tiers.tier import Tier
 
-from .journal import JournalWriter
-from .namespace import NAME_MAX
+from .blockcache import BlockCache, CachedFile
+from .handles import Handles
+from .journal import Journal, JournalWriter
+from .namespace import NAME_MAX, Namespace
+from .results import Attributes, OpenResult, attributes_of
 from .shadow import SHADOW_ROOT
-
-if TYPE_CHECKING:
-    from .blockcache import CachedFile
-    from .fs import TierFS
+from .space import SpaceManager
+from .sync import Sync
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -119,12 +120,44 @@ def child_key(parent_key: str, name: bytes) -> str:
     return (parent_key + "/" if parent_key else "") + name.decode()
 
 
-class WriteOps:
-    """Mixed into TierFS; see the module docstring."""
+class FileWrites:
+    """The mutations of TierFS (see the module docstring).  Its collaborators
+    come in at construction; it calls ``sync`` to commit a file's writes and
+    to wait for the bucket, and ``handles`` to open a file it creates."""
+
+    def __init__(
+        self,
+        config: Config,
+        meta: MetaDB,
+        tiers: list[Tier],
+        journal: Journal,
+        namespace: Namespace,
+        blocks: BlockCache,
+        space: SpaceManager,
+        handles: Handles,
+        sync: Sync,
+        *,
+        control_xattr: bytes,
+    ) -> None:
+        self.config = config
+        self.meta = meta
+        self.tiers = tiers
+        self.journal = journal
+        self.namespace = namespace
+        self.blocks = blocks
+        self.space = space
+        self.handles = handles
+        self.sync = sync
+        self.control_xattr = control_xattr
+        #: Unlinked files still in use: deleted when the last user lets go.
+        self._orphans = journal.orphans
+
+    def attributes(self, inode: Inode) -> Attributes:
+        return attributes_of(inode, self.config)
 
     # --- helpers ------------------------------------------------------------------------
 
-    async def _parent_for_change(self: TierFS, parent: int) -> Inode:
+    async def _parent_for_change(self, parent: int) -> Inode:
         inode = self.namespace.get(parent)
         if not inode.is_dir:
             raise NotADirectory(f"inode {parent} is not a directory")
@@ -134,7 +167,7 @@ class WriteOps:
         await self.namespace.ensure_listed(inode, stale_wait=0.0)
         return inode
 
-    def _new_inode(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+    def _new_inode(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
         now = time.time_ns()
         return Inode(
             ino=0,
@@ -150,7 +183,7 @@ class WriteOps:
             listed_at=time.time() if stat.S_ISDIR(mode) else 0.0,
         )
 
-    def _link_new(self: TierFS, w: JournalWriter, inode: Inode) -> Inode:
+    def _link_new(self, w: JournalWriter, inode: Inode) -> Inode:
         parent = w.tx.get_inode(inode.parent)
         assert parent is not None
         inode.ino = w.tx.alloc_ino()
@@ -167,7 +200,7 @@ class WriteOps:
     def _touch_dir(parent: Inode) -> None:
         parent.mtime_ns = parent.ctime_ns = time.time_ns()
 
-    def _existing_child(self: TierFS, parent: int, name: bytes) -> Inode:
+    def _existing_child(self, parent: int, name: bytes) -> Inode:
         ino = self.meta.lookup(parent, name)
         if ino is None:
             raise NotFound(name.decode(errors="replace"))
@@ -176,8 +209,8 @@ class WriteOps:
     # --- creating ----------------------------------------------------------------------------
 
     async def create(
-        self: TierFS, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
-    ) -> tuple[Any, Any]:
+        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+    ) -> tuple[OpenResult, Attributes]:
         check_name(name)
         check_not_reserved(parent, name)
         await self._parent_for_change(parent)
@@ -187,10 +220,10 @@ class WriteOps:
         with self.journal.write() as w:
             self._link_new(w, inode)
             w.ensure_upload(inode.ino)
-        opened = await self._open_inode(inode, flags)
+        opened = self.handles.open(inode, flags)
         return opened, self.attributes(self.namespace.get(inode.ino))
 
-    async def mkdir(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Any:
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
         check_name(name)
         check_not_reserved(parent, name)
         dir_inode = await self._parent_for_change(parent)
@@ -204,8 +237,8 @@ class WriteOps:
         return self.attributes(inode)
 
     async def symlink(
-        self: TierFS, parent: int, name: bytes, target: bytes, uid: int, gid: int
-    ) -> Any:
+        self, parent: int, name: bytes, target: bytes, uid: int, gid: int
+    ) -> Attributes:
         check_name(name)
         check_not_reserved(parent, name)
         await self._parent_for_change(parent)
@@ -220,7 +253,7 @@ class WriteOps:
         self.journal.schedule(inode.ino, self.config.write.upload_delay)
         return self.attributes(inode)
 
-    async def mknod(self: TierFS, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Any:
+    async def mknod(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
         """FIFOs, sockets and empty regular files; device nodes are refused.
 
         In the bucket they are empty objects whose ``x-amz-meta-mode``
@@ -240,12 +273,12 @@ class WriteOps:
         self.journal.schedule(inode.ino, self.config.write.upload_delay)
         return self.attributes(inode)
 
-    async def link(self: TierFS, ino: int, new_parent: int, new_name: bytes) -> Any:
+    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
         raise NotPermitted("tierfs does not support hard links")
 
     # --- removing -------------------------------------------------------------------------------
 
-    async def unlink(self: TierFS, parent: int, name: bytes) -> None:
+    async def unlink(self, parent: int, name: bytes) -> None:
         dir_inode = await self._parent_for_change(parent)
         inode = self._existing_child(parent, name)
         if inode.is_dir:
@@ -266,9 +299,9 @@ class WriteOps:
         if busy:
             self._orphans.add(inode.ino)  # deleted when the last handle closes
         else:
-            self._remove_cache_files(inode.ino, tiers)
+            self.remove_cache_files(inode.ino, tiers)
 
-    def _queue_removal(self: TierFS, w: JournalWriter, inode: Inode, key: str) -> None:
+    def _queue_removal(self, w: JournalWriter, inode: Inode, key: str) -> None:
         """Bucket side of removing a file from the namespace."""
         w.cancel_upload(inode.ino)
         if inode.origin_key:
@@ -280,12 +313,12 @@ class WriteOps:
         if self.journal.uploading(inode.ino) and key != inode.origin_key:
             w.append({"op": "delete", "key": key, "shadow_ino": inode.ino})
 
-    def _remove_cache_files(self: TierFS, ino: int, tiers: list[int]) -> None:
+    def remove_cache_files(self, ino: int, tiers: list[int]) -> None:
         for tier in tiers:
             self.tiers[tier].remove_file(ino)
         self.space.forget(ino)
 
-    async def rmdir(self: TierFS, parent: int, name: bytes) -> None:
+    async def rmdir(self, parent: int, name: bytes) -> None:
         dir_inode = await self._parent_for_change(parent)
         inode = self._existing_child(parent, name)
         if not inode.is_dir:
@@ -307,7 +340,7 @@ class WriteOps:
     # --- rename ----------------------------------------------------------------------------------
 
     async def rename(
-        self: TierFS, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
     ) -> None:
         if flags & RENAME_EXCHANGE:
             raise InvalidArgument("RENAME_EXCHANGE is not supported")
@@ -376,9 +409,9 @@ class WriteOps:
             if target_busy:
                 self._orphans.add(target.ino)
             else:
-                self._remove_cache_files(target.ino, target_tiers)
+                self.remove_cache_files(target.ino, target_tiers)
 
-    async def _list_subtree(self: TierFS, top: Inode) -> None:
+    async def _list_subtree(self, top: Inode) -> None:
         """List every directory below ``top`` so that every key is known."""
         pending = [top]
         while pending:
@@ -391,9 +424,7 @@ class WriteOps:
                 if child_inode.is_dir:
                     pending.append(child_inode)
 
-    def _queue_file_move(
-        self: TierFS, w: JournalWriter, live: Inode, old_key: str, new_key: str
-    ) -> None:
+    def _queue_file_move(self, w: JournalWriter, live: Inode, old_key: str, new_key: str) -> None:
         """``live`` is the inode as this transaction sees it (the open file's
         in-memory inode if it is open): it is modified and written here."""
         if live.origin_key:
@@ -410,9 +441,7 @@ class WriteOps:
             w.append({"op": "delete", "key": old_key, "shadow_ino": live.ino})
         w.requeue_upload(live.ino)
 
-    def _queue_dir_move(
-        self: TierFS, w: JournalWriter, top: Inode, old_key: str, new_key: str
-    ) -> None:
+    def _queue_dir_move(self, w: JournalWriter, top: Inode, old_key: str, new_key: str) -> None:
         pending = [(top, old_key, new_key)]
         while pending:
             inode, old, new = pending.pop()
@@ -424,7 +453,7 @@ class WriteOps:
             for name, child in w.tx.children(inode.ino):
                 # Inside the write transaction: a separate read would not see
                 # what this transaction already changed.
-                child_inode = self._live_inode(child) or w.tx.get_inode(child)
+                child_inode = self.blocks.live_inode(child) or w.tx.get_inode(child)
                 assert child_inode is not None
                 old_child, new_child = child_key(old, name), child_key(new, name)
                 if child_inode.is_dir:
@@ -432,7 +461,7 @@ class WriteOps:
                 else:
                     self._queue_file_move(w, child_inode, old_child, new_child)
 
-    def _fully_local(self: TierFS, inode: Inode) -> bool:
+    def _fully_local(self, inode: Inode) -> bool:
         """Are all bytes the origin still provides present locally?"""
         bs = self.config.fetch.block_size
         needed = (min(inode.origin_size, inode.size) + bs - 1) // bs
@@ -442,7 +471,7 @@ class WriteOps:
 
     # --- data --------------------------------------------------------------------------------------
 
-    async def _make_dirty(self: TierFS, cf: CachedFile) -> None:
+    async def _make_dirty(self, cf: CachedFile) -> None:
         """CLEAN -> DIRTY, committed before the first byte changes."""
         if cf.inode.state != SyncState.CLEAN:
             return
@@ -450,21 +479,21 @@ class WriteOps:
         with self.journal.write() as w:
             w.tx.put_inode(cf.inode)
             w.ensure_upload(cf.ino)
-        if self._writers.get(cf.ino):
+        if self.handles.writers.get(cf.ino):
             self.journal.hold(cf.ino)
 
-    async def write(self: TierFS, fh: int, offset: int, data: bytes) -> int:
-        handle = self._handle(fh)
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self.handles.get(fh)
         if not handle.writable:
             raise PermissionDenied("file handle is not open for writing")
         cf = handle.cached
         await self._make_dirty(cf)
         written = await self.blocks.write(cf, offset, data)
-        self._content_changed_locally(cf.ino)
+        self.sync.content_changed_locally(cf.ino)
         cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
         return written
 
-    async def _truncate(self: TierFS, inode: Inode, size: int) -> None:
+    async def truncate(self, inode: Inode, size: int) -> None:
         if inode.is_dir:
             raise IsADirectory(f"inode {inode.ino} is a directory")
         if not inode.is_file:
@@ -472,56 +501,29 @@ class WriteOps:
         cf = self.blocks.acquire(inode)
         try:
             await self._make_dirty(cf)
-            self._content_changed_locally(cf.ino)
+            self.sync.content_changed_locally(cf.ino)
             await self.blocks.truncate(cf, size)
             cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
-            await self._commit(cf, sync=False)
-            if not self._writers.get(cf.ino):
+            await self.sync.commit(cf, sync=False)
+            if not self.handles.writers.get(cf.ino):
                 self.journal.schedule(cf.ino, self.config.write.upload_delay)
         finally:
             self.blocks.release(cf)
 
-    def _content_changed_locally(self: TierFS, ino: int) -> None:
-        """New bytes: an upload refused for damage (see ``sync``) may be tried again."""
-        if ino in self._upload_refused:
-            self._upload_refused.discard(ino)
-            seq = self.journal.upload_seq.get(ino)
-            if seq is not None:
-                self.journal.failures.pop(seq, None)
-
-    async def _commit(self: TierFS, cf: CachedFile, *, sync: bool) -> None:
-        """Make the file's writes durable on the local tier (``sync``: also
-        fdatasync), with the digests of its dirty blocks (``BlockCache.seal``),
-        and its upload owed in the journal.  ``sync`` commits the whole
-        metadata group, so every namespace change made before it (the
-        file's create, a parent directory made just before) is durable too."""
-        if sync:
-            await self.blocks.sync_data(cf)
-        await self.blocks.seal(cf)  # digests of the dirty blocks, committed with them
-        if cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None:
-            with self.journal.write() as w:
-                self.blocks.commit_records(cf, w.tx)
-                w.tx.put_inode(cf.inode)
-                if cf.inode.state != SyncState.CLEAN:
-                    w.ensure_upload(cf.ino)
-            self.blocks.committed(cf)
-        if sync:
-            self.meta.sync()  # also what earlier closes left in the group
-
-    async def fsync(self: TierFS, fh: int, datasync: bool) -> None:
-        handle = self._handle(fh)
-        await self._commit(handle.cached, sync=True)
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self.handles.get(fh)
+        await self.sync.commit(handle.cached, sync=True)
         if handle.cached.inode.state != SyncState.CLEAN:
             await self._after_durable_point(handle.cached.ino)
 
-    async def flush(self: TierFS, fh: int) -> None:
-        handle = self._handle(fh)
+    async def flush(self, fh: int) -> None:
+        handle = self.handles.get(fh)
         if handle.writable:
-            await self._commit(handle.cached, sync=False)
+            await self.sync.commit(handle.cached, sync=False)
             if self._write_through(handle.inode) and handle.cached.inode.state != SyncState.CLEAN:
                 await self._after_durable_point(handle.cached.ino)
 
-    async def _after_durable_point(self: TierFS, ino: int) -> None:
+    async def _after_durable_point(self, ino: int) -> None:
         """After fsync (or close in write-through mode): start the upload
         clock, or wait for S3 in write-through mode."""
         inode = self.namespace.get(ino)
@@ -532,17 +534,17 @@ class WriteOps:
                     f"{self.namespace.key_of(inode)}: written locally, not yet in the bucket "
                     "(the endpoint is unreachable); it goes up when the endpoint answers"
                 )
-            await self.wait_uploaded(ino)
+            await self.sync.wait_uploaded(ino)
         else:
             self.journal.schedule(ino, self.config.write.upload_delay)
 
-    def _write_through(self: TierFS, inode: Inode) -> bool:
+    def _write_through(self, inode: Inode) -> bool:
         return self.config.write.mode == "through"
 
     # --- attributes ------------------------------------------------------------------------------
 
     async def setattr(
-        self: TierFS,
+        self,
         ino: int,
         *,
         mode: int | None = None,
@@ -551,10 +553,10 @@ class WriteOps:
         size: int | None = None,
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
-    ) -> Any:
+    ) -> Attributes:
         inode = self.namespace.get(ino)
         if size is not None and size != inode.size:
-            await self._truncate(inode, size)
+            await self.truncate(inode, size)
             inode = self.namespace.get(ino)
         if mode is None and uid is None and gid is None and mtime_ns is None and atime_ns is None:
             return self.attributes(inode)
@@ -585,7 +587,7 @@ class WriteOps:
 
     # --- extended attributes ---------------------------------------------------------------------
 
-    async def setxattr(self: TierFS, ino: int, name: bytes, value: bytes) -> None:
+    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
         self.namespace.get(ino)
         if name == self.control_xattr:
             raise NotPermitted("this attribute is read-only")
@@ -596,14 +598,9 @@ class WriteOps:
         with self.meta.write() as tx:
             tx.set_xattr(ino, name, value)
 
-    async def removexattr(self: TierFS, ino: int, name: bytes) -> None:
+    async def removexattr(self, ino: int, name: bytes) -> None:
         self.namespace.get(ino)
         with self.meta.write() as tx:
             removed = tx.remove_xattr(ino, name)
         if not removed:
             raise NoData(name.decode(errors="replace"))
-
-    # --- open files ------------------------------------------------------------------------------
-
-    def _open_flags_writable(self: TierFS, flags: int) -> bool:
-        return (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)

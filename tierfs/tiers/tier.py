@@ -23,6 +23,7 @@ room it does not have.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import stat
@@ -33,11 +34,33 @@ from tierfs.errors import TierfsError
 
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's libc
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
 
 @dataclass(frozen=True, slots=True)
 class FsStats:
     total: int
     free: int
+
+
+def pread_padded(fd: int, nbytes: int, offset: int) -> bytes:
+    """``nbytes`` of a cache file at ``offset``; bytes past the file's end
+    (never written) read as zeros."""
+    data = os.pread(fd, nbytes, offset)
+    if len(data) < nbytes:
+        data += bytes(nbytes - len(data))
+    return data
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``os.pwrite`` may write less)."""
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        written += os.pwrite(fd, view[written:], offset + written)
 
 
 class Tier:
@@ -121,6 +144,19 @@ class Tier:
             if exc.errno == errno.EINVAL:
                 return None
             raise
+
+    @staticmethod
+    def punch_hole(fd: int, offset: int, length: int) -> bool:
+        """Free ``[offset, offset+length)`` of a cache file (it reads as
+        zeros after); False where the filesystem cannot punch holes (the
+        bytes then stay, unindexed, until the file is dropped)."""
+        mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+        if _libc.fallocate(fd, mode, offset, length) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+            return False
+        raise OSError(err, os.strerror(err))
 
     def remove_file(self, ino: int) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,457 @@
+"""The data-movement API: where a file's blocks are, and moving them.
+
+Everything that moves data on purpose (the lifecycle mover, preload,
+prefetch, promotion, the ``evict`` and ``pin`` commands) calls this module;
+none of them touches block maps or tier files.  Four operations, after
+JuiceFS's Check/Fill/EvictCache and mountpoint-s3's multilevel cache:
+
+* ``check(ino)``: where each block of the file is (``FileResidency``).
+* ``fill(ino, tier)``: fetch absent blocks of the file into a tier (or the
+  normal placement).  It shares in-flight fetches with demand reads (one
+  ``_Flight`` per block, see ``blockcache``): a reader waiting for a block
+  that a fill is fetching waits for that fetch, and the other way round.
+* ``relocate(ino, src, dst)``: move every block of the file that is on
+  ``src`` to ``dst``.
+* ``evict(ino, tier)``: drop clean local copies.  It raises ``Busy`` for a
+  file it must not touch (see below) and never returns 0 for that reason:
+  a caller can name what it skipped.  The LRU eviction of ``SpaceManager``
+  drops blocks through the same function (``SpaceManager.drop_clean``), so
+  there is one place that drops blocks.
+
+Relocate, step by step (``src``/``dst`` are tier indexes):
+
+1. Refuse (``Busy``) a file open for writing, with an upload running, or
+   with writes not committed yet (uncommitted blocks, a truncate, a write
+   in flight).  Skip blocks the file records as damaged (``failed``): they
+   stay where they are.
+2. Reserve the bytes on ``dst`` through ``SpaceManager.reserve_on``; no room
+   raises ``NoSpace`` and nothing changes.  While the relocate runs, no new
+   block of the file is placed on ``dst`` (``CachedFile.relocating_to``):
+   the copy writes at the offsets of the blocks it moves, and a block
+   fetched or written there meanwhile would be overwritten by the copy.
+3. COPY, in a thread, in chunks of whole blocks (``COPY_CHUNK``): read each
+   block from the ``src`` cache file, hash it, write it at the same offset
+   of the ``dst`` cache file (one sparse file per inode per tier, so a
+   whole-file relocate copies the present blocks to the same offsets).
+   After each chunk, ``await throttle(nbytes)`` lets the caller cap the
+   bandwidth.
+4. VERIFY: every block whose record carries a digest (clean, or dirty and
+   sealed) must hash to it.  A clean block that does not is damaged: it is
+   dropped (fetched again on its next read) and not moved.  A dirty block
+   that does not is the only copy: the file becomes ``failed``
+   (``on_damage``) and the relocate fails with ``BlockDamaged``; nothing
+   moves.  An unsealed dirty block (no digest) is copied as it is.  If a
+   dirty block moves, ``dst`` is fdatasynced before the switch.
+5. SWITCH, on the loop with no await between the check and the
+   transaction: if the file's content did not change during the copy (its
+   ``generation`` and ``version``, and every moved block's record is the
+   one copied), still no writer and no upload: every moved block's record
+   is rewritten with ``tier = dst`` (digest, dirty and sealed flags carried
+   over) and the per-tier accounting moves with it (``MetaTxn.add_block``),
+   in ONE LMDB write transaction, which is then committed (synced to disk
+   if a dirty block moved).  Otherwise the relocate fails with ``Busy``,
+   the copy on ``dst`` is discarded, nothing changes.  Moved blocks are
+   verified again on their first read from ``dst`` (DESIGN.md, read path 5).
+6. DELETE the old copy: if no block of the file is left on ``src`` and
+   nothing else uses the file, its ``src`` cache file is deleted; otherwise
+   the moved ranges are punched out of it (``Tier.punch_hole``).
+
+Crash safety (kill -9 at any point; states as LMDB has them after the
+last commit, and the cache files):
+
+* before 5 committed: every block's record names ``src``, whose bytes are
+  untouched: the file reads as before.  ``dst`` holds bytes no record
+  names.  If no block of the file was on ``dst`` before, the ``dst`` cache
+  file has no residency on that tier and the orphan cleanup of the next
+  mount (``TierFS._remove_orphan_cache_files``) deletes it.  If some were,
+  the file is kept (it holds indexed blocks) and the copied bytes sit at
+  offsets no record names: never served, overwritten by a later fetch or
+  write of those blocks, freed when the file is dropped.
+* 5 committed, before 6: every moved record names ``dst``, whose bytes were
+  written (and fsynced, for dirty ones) before the commit.  Each block has
+  ONE record (the block map is keyed by ino and block number), so no block
+  is ever indexed on two tiers.  ``src`` holds bytes no record names: if no
+  block is left on ``src`` (the whole-file case), the orphan cleanup deletes
+  the ``src`` file at the next mount; otherwise those bytes are unindexed
+  space until the file is dropped.  Nothing is punched before the switch
+  is committed, so no record ever names punched bytes.
+* after 6: done.
+
+The orphan cleanup deletes a cache file only when the file has no block
+recorded on that tier: a ``dst`` file that holds switched blocks is never
+deleted, whatever happened to the rest of the file.
+
+Concurrency: the checks of step 5 and the transaction run with no await in
+between, so they are atomic with respect to other trio tasks.  Readers may
+read the file during a relocate: until the switch they read ``src``, after
+it ``dst`` (the CachedFile's block map is updated with the records).  The
+relocate holds a reference to the file's CachedFile, so the file counts as
+busy (no LRU eviction, no orphan cleanup) while it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import trio
+
+from tierfs.errors import (
+    BlockDamaged,
+    Busy,
+    InvalidArgument,
+    IsADirectory,
+    NoSpace,
+    NotFound,
+)
+from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
+from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
+
+from .blockcache import BlockCache, CachedFile
+from .digests import block_digest
+from .journal import Journal
+from .space import SpaceManager
+
+log = logging.getLogger(__name__)
+
+#: A relocate copies (and throttles) this many bytes per thread call, in
+#: whole blocks (at least one).
+COPY_CHUNK = 8 * 1024 * 1024
+
+#: A fill asks the block cache for this many blocks at a time, so that a
+#: huge file does not start every fetch at once (memory stays bounded by
+#: ``fetch.concurrency`` either way; this bounds the bookkeeping).
+FILL_BATCH = 64
+
+#: ``await throttle(nbytes)`` after each copied chunk: a caller's bandwidth cap.
+Throttle = Callable[[int], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPlace:
+    blockno: int
+    tier: int
+    dirty: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FileResidency:
+    ino: int
+    size: int
+    blocks_total: int
+    bytes_per_tier: dict[int, int]
+    dirty_bytes: int
+    blocks: list[BlockPlace]
+
+
+def _copy_blocks(src_fd: int, dst_fd: int, jobs: list[tuple[int, int]]) -> list[int]:
+    """Thread: copy each ``(offset, nbytes)`` from ``src_fd`` to the same
+    offset of ``dst_fd``; returns the xxh3 of each copied block (bytes past
+    the end of the source file are zeros, as a read of them returns)."""
+    digests: list[int] = []
+    for offset, nbytes in jobs:
+        data = pread_padded(src_fd, nbytes, offset)
+        digests.append(block_digest(data))
+        pwrite_all(dst_fd, data, offset)
+    return digests
+
+
+class DataMovement:
+    def __init__(
+        self,
+        meta: MetaDB,
+        tiers: list[Tier],
+        blocks: BlockCache,
+        space: SpaceManager,
+        journal: Journal,
+        *,
+        open_for_writing: Callable[[int], bool],
+        copy_chunk: int = COPY_CHUNK,
+    ) -> None:
+        self.meta = meta
+        self.tiers = tiers
+        self.blocks = blocks
+        self.space = space
+        self.journal = journal
+        self._open_for_writing = open_for_writing
+        self.block_size = blocks.block_size
+        self.copy_chunk = max(copy_chunk, self.block_size)
+        self.io_limiter = trio.CapacityLimiter(2)
+        #: Bytes moved between tiers by ``relocate`` (for status).
+        self.relocated_bytes = 0
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _file(self, ino: int) -> Inode:
+        inode = self.blocks.live_inode(ino) or self.meta.get_inode(ino)
+        if inode is None:
+            raise NotFound(f"inode {ino}")
+        if inode.is_dir:
+            raise IsADirectory(f"inode {ino} is a directory")
+        if not inode.is_file:
+            raise InvalidArgument(f"inode {ino} is not a regular file")
+        return inode
+
+    def _check_tier(self, tier: int) -> None:
+        if not 0 <= tier < len(self.tiers):
+            raise InvalidArgument(f"no tier {tier}")
+
+    def _block_map(self, ino: int) -> dict[int, BlockRecord]:
+        """The file's block map: the open CachedFile's, or LMDB's."""
+        cf = self.blocks.files.get(ino)
+        return dict(cf.blocks) if cf is not None else self.meta.get_blocks(ino)
+
+    def _nblocks(self, size: int) -> int:
+        return (size + self.block_size - 1) // self.block_size
+
+    # --- check ---------------------------------------------------------------------------
+
+    def check(self, ino: int) -> FileResidency:
+        """Where each present block of the file is (blocks still only in the
+        bucket, and holes, are not listed)."""
+        inode = self._file(ino)
+        places: list[BlockPlace] = []
+        per_tier: dict[int, int] = {}
+        dirty = 0
+        for blockno, rec in sorted(self._block_map(ino).items()):
+            places.append(BlockPlace(blockno, rec.tier, rec.dirty))
+            per_tier[rec.tier] = per_tier.get(rec.tier, 0) + rec.nbytes
+            if rec.dirty:
+                dirty += rec.nbytes
+        return FileResidency(
+            ino=ino,
+            size=inode.size,
+            blocks_total=self._nblocks(inode.size),
+            bytes_per_tier=per_tier,
+            dirty_bytes=dirty,
+            blocks=places,
+        )
+
+    # --- fill ----------------------------------------------------------------------------
+
+    async def fill(self, ino: int, tier: int | None = None, *, blocks: range | None = None) -> int:
+        """Fetch the absent blocks of the file (all, or those in ``blocks``)
+        into ``tier`` (None: the normal placement; a tier without room also
+        falls back to it, and with no room anywhere a block is not kept).
+        Returns the bytes that became resident (fetched by this fill, or by
+        a demand read it shared a fetch with).  Of a file with changes not
+        uploaded yet, fetched blocks are recorded with the file's next
+        commit, as for a demand read (see ``BlockCache._store_fetched``)."""
+        inode = self._file(ino)
+        if tier is not None:
+            self._check_tier(tier)
+        cf = self.blocks.acquire(inode)
+        try:
+            nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
+            candidates = blocks if blocks is not None else range(nblocks)
+            wanted = [b for b in candidates if 0 <= b < nblocks and b not in cf.blocks]
+            for start in range(0, len(wanted), FILL_BATCH):
+                await self.blocks.fill(cf, wanted[start : start + FILL_BATCH], tier)
+            return sum(cf.blocks[b].nbytes for b in wanted if b in cf.blocks)
+        finally:
+            self.blocks.release(cf)
+
+    # --- evict ---------------------------------------------------------------------------
+
+    def busy_reason(self, ino: int) -> str | None:
+        """Why the file's local copies must not be dropped now, or None."""
+        if self.blocks.is_busy(ino):
+            return "it is open or has a fetch or an upload in flight"
+        if self.journal.pending_upload(ino):
+            return "it has changes not uploaded yet"
+        inode = self.meta.get_inode(ino)
+        if inode is not None and inode.state != SyncState.CLEAN:
+            return "it has changes not uploaded yet"
+        return None
+
+    def evict(self, ino: int, tier: int | None = None) -> int:
+        """Drop the clean local copies of the file (from ``tier``, or every
+        tier); returns the bytes dropped.  Dirty blocks are never dropped.
+        A busy file (open, a fetch or an upload in flight, changes not
+        uploaded) raises ``Busy`` and nothing is dropped."""
+        self._file(ino)
+        if tier is not None:
+            self._check_tier(tier)
+        reason = self.busy_reason(ino)
+        if reason is not None:
+            raise Busy(f"inode {ino} is busy: {reason}")
+        return self.space.drop_clean(ino, tier)
+
+    # --- relocate ------------------------------------------------------------------------
+
+    def _refuse_if_busy(self, cf: CachedFile) -> None:
+        ino = cf.ino
+        if self._open_for_writing(ino):
+            raise Busy(f"inode {ino} is open for writing")
+        if self.journal.uploading(ino):
+            raise Busy(f"inode {ino} is being uploaded")
+        if cf.writing or cf.uncommitted or cf.truncated_from is not None:
+            raise Busy(f"inode {ino} has writes not committed yet")
+
+    async def relocate(
+        self, ino: int, src: int, dst: int, *, throttle: Throttle | None = None
+    ) -> int:
+        """Move every block of the file that is on tier ``src`` to ``dst``
+        (see the module docstring); returns the bytes moved.  Raises
+        ``Busy`` (nothing changed) for a file open for writing, being
+        uploaded, or changed during the copy; ``NoSpace`` if ``dst`` has no
+        room; ``BlockDamaged`` if a dirty block failed its checksum."""
+        self._check_tier(src)
+        self._check_tier(dst)
+        if src == dst:
+            raise InvalidArgument("relocate: source and destination are the same tier")
+        inode = self._file(ino)
+        cf = self.blocks.acquire(inode)
+        try:
+            return await self._relocate(cf, src, dst, throttle)
+        finally:
+            self.blocks.release(cf)
+
+    async def _relocate(self, cf: CachedFile, src: int, dst: int, throttle: Throttle | None) -> int:
+        self._refuse_if_busy(cf)
+        if cf.relocating_to is not None:
+            raise Busy(f"inode {cf.ino} is being relocated already")
+        damaged = set(self.meta.failed_blocks(cf.ino))
+        plan = [
+            (blockno, rec)
+            for blockno, rec in sorted(cf.blocks.items())
+            if rec.tier == src and blockno not in damaged
+        ]
+        if not plan:
+            return 0
+        total = sum(rec.nbytes for _b, rec in plan)
+        if not self.space.reserve_on(dst, total):
+            raise NoSpace(
+                f"tier {self.tiers[dst].name} has no room for {total} bytes of inode {cf.ino}"
+            )
+        generation, version = cf.generation, cf.version
+        dst_had_file = any(rec.tier == dst for rec in cf.blocks.values()) or dst in cf.fds
+        cf.relocating_to = dst
+        switched = False
+        src_fd = dst_fd = None
+        try:
+            src_fd = self.tiers[src].open_file(cf.ino, create=False)
+            dst_fd = self.tiers[dst].open_file(cf.ino, create=True)
+            assert dst_fd is not None
+            moved = await self._copy_and_verify(cf, plan, src_fd, dst_fd, throttle)
+            if any(rec.dirty for _b, rec in moved):
+                await trio.to_thread.run_sync(os.fdatasync, dst_fd, limiter=self.io_limiter)
+            # --- no await from here to the end of the switch (atomic on the loop) ---
+            self._refuse_if_busy(cf)
+            if (
+                cf.generation != generation
+                or cf.version != version
+                or any(cf.blocks.get(b) is not rec for b, rec in moved)
+            ):
+                raise Busy(f"inode {cf.ino} changed while it was relocated")
+            self._switch(cf, moved, dst)
+            switched = True
+        finally:
+            self.space.release(dst, total)
+            cf.relocating_to = None
+            for fd in (src_fd, dst_fd):
+                if fd is not None:
+                    os.close(fd)
+            if not switched and not dst_had_file:
+                self._discard_copy(cf, dst)
+        nbytes = sum(rec.nbytes for _b, rec in moved)
+        self.relocated_bytes += nbytes
+        await self._delete_old_copy(cf, src, [b for b, _rec in moved])
+        return nbytes
+
+    async def _copy_and_verify(
+        self,
+        cf: CachedFile,
+        plan: list[tuple[int, BlockRecord]],
+        src_fd: int | None,
+        dst_fd: int,
+        throttle: Throttle | None,
+    ) -> list[tuple[int, BlockRecord]]:
+        """Copy the planned blocks chunk by chunk; the blocks that passed
+        their check (or had no digest to check).  A clean block that failed
+        is dropped; a dirty one fails the relocate (``BlockDamaged``)."""
+        bs = self.block_size
+        per_chunk = max(1, self.copy_chunk // bs)
+        moved: list[tuple[int, BlockRecord]] = []
+        for start in range(0, len(plan), per_chunk):
+            chunk = plan[start : start + per_chunk]
+            jobs = [(blockno * bs, rec.nbytes) for blockno, rec in chunk]
+            if src_fd is None:  # no cache file at all: every block reads as zeros
+                digests = [block_digest(bytes(n)) for _o, n in jobs]
+            else:
+                digests = await trio.to_thread.run_sync(
+                    _copy_blocks, src_fd, dst_fd, jobs, limiter=self.io_limiter
+                )
+            for (blockno, rec), digest in zip(chunk, digests, strict=True):
+                if not rec.checkable or digest == rec.digest:
+                    moved.append((blockno, rec))
+                    continue
+                if cf.blocks.get(blockno) is not rec:
+                    continue  # rewritten meanwhile: the switch check refuses the move
+                self._block_failed(cf, blockno, rec, src_tier=rec.tier)
+            if throttle is not None:
+                await throttle(sum(n for _o, n in jobs))
+        return moved
+
+    def _block_failed(self, cf: CachedFile, blockno: int, rec: BlockRecord, src_tier: int) -> None:
+        self.blocks.stats.verify_failures += 1
+        if not rec.dirty:
+            log.error(
+                "checksum mismatch in cached block %d of inode %d on tier %s while moving it: "
+                "dropped, it is fetched again",
+                blockno,
+                cf.ino,
+                self.tiers[src_tier].name,
+            )
+            self.blocks.drop_damaged_clean(cf, blockno)
+            return
+        self.blocks.on_damage(cf.ino, blockno, src_tier, "a move between tiers")
+        raise BlockDamaged(
+            f"inode {cf.ino}: block {blockno} (written here, not uploaded yet) failed its "
+            "checksum on the tier; the file is not moved",
+            blockno=blockno,
+            dirty=True,
+        )
+
+    def _switch(self, cf: CachedFile, moved: list[tuple[int, BlockRecord]], dst: int) -> None:
+        """Point the moved blocks at ``dst``: one LMDB transaction, committed."""
+        new = [(blockno, dataclasses.replace(rec, tier=dst)) for blockno, rec in moved]
+        with self.meta.write() as tx:
+            for blockno, rec in new:
+                tx.add_block(cf.ino, blockno, rec)
+        for blockno, rec in new:
+            cf.blocks[blockno] = rec
+        self.blocks.forget_verified(cf.ino, [b for b, _r in new])
+        if any(rec.dirty for _b, rec in new):
+            self.meta.sync()
+        else:
+            self.meta.commit()
+
+    def _discard_copy(self, cf: CachedFile, dst: int) -> None:
+        """The relocate failed: delete the ``dst`` cache file it created,
+        unless something placed a block there meanwhile."""
+        if any(rec.tier == dst for rec in cf.blocks.values()) or dst in cf.fds:
+            return
+        self.tiers[dst].remove_file(cf.ino)
+
+    async def _delete_old_copy(self, cf: CachedFile, src: int, moved: Iterable[int]) -> None:
+        """After the switch: free the moved blocks' bytes on ``src``."""
+        left_on_src = any(rec.tier == src for rec in cf.blocks.values())
+        if not left_on_src and cf.refs == 1 and not cf.flights:
+            self.blocks.drop_cache_file(cf, src)  # nobody else has it open
+            return
+        fd = self.tiers[src].open_file(cf.ino, create=False)
+        if fd is None:
+            return
+        bs = self.block_size
+        ranges = [(b * bs, bs) for b in moved]
+        try:
+            await trio.to_thread.run_sync(
+                lambda: [Tier.punch_hole(fd, off, n) for off, n in ranges],
+                limiter=self.io_limiter,
+            )
+        finally:
+            os.close(fd)

@@ -1,0 +1,66 @@
+"""Plain results of TierFS calls (what the FUSE layer converts to pyfuse3
+types), and ``attributes_of``, which derives an entry's attributes from its
+inode.  No state, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierfs.config import Config
+from tierfs.meta import Inode
+
+
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    ino: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    blksize: int
+    mtime_ns: int
+    ctime_ns: int
+    atime_ns: int
+    timeout: float  # seconds the kernel may cache this entry and its attributes
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    cookie: int
+    name: bytes
+    attrs: Attributes
+
+
+@dataclass(frozen=True, slots=True)
+class OpenResult:
+    fh: int
+    keep_cache: bool
+    #: Bypass the kernel page cache for this handle (see ``Handles.open``).
+    direct_io: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FsStats:
+    block_size: int
+    total_bytes: int
+    free_bytes: int
+    files: int
+    name_max: int = 255
+
+
+def attributes_of(inode: Inode, config: Config) -> Attributes:
+    """The attributes the kernel sees for ``inode``, cached for ``list_ttl``."""
+    return Attributes(
+        ino=inode.ino,
+        mode=inode.mode,
+        nlink=2 if inode.is_dir else 1,
+        uid=inode.uid,
+        gid=inode.gid,
+        size=inode.size,
+        blksize=config.fetch.block_size,
+        mtime_ns=inode.mtime_ns,
+        ctime_ns=inode.ctime_ns,
+        atime_ns=inode.mtime_ns,
+        timeout=config.namespace.list_ttl,
+    )
