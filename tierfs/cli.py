@@ -244,6 +244,8 @@ def _per_path(
     for root, (sock, relpaths) in _by_mount(paths).items():
         for item in request(sock, op, {"paths": relpaths, **(extra or {})}, timeout=timeout):
             item["path"] = os.path.join(root, item["path"]) if item["path"] else root
+            for skipped in item.get("skipped", []):
+                skipped["path"] = os.path.join(root, skipped["path"])
             results.append(item)
     return results
 

@@ -50,10 +50,11 @@ from tierfs.config import Config, load_config
 from tierfs.control.protocol import socket_path_for
 from tierfs.control.server import ControlServer
 from tierfs.core import TierFS
-from tierfs.errors import TierfsError
+from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
 from tierfs.tiers.tier import Tier
+from tierfs.workers.mover import Mover
 from tierfs.workers.uploader import run_uploader
 from tierfsd.fuse_ops import TierfsOperations
 
@@ -246,6 +247,7 @@ class Daemon:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.fs.run_workers)
             await supervisor.start(nursery, "uploader", run_uploader, self.fs)
+            await supervisor.start(nursery, "mover", Mover(self.fs).run)
             await supervisor.start(nursery, "control", self._serve_control)
             supervisor.start_soon(nursery, "signals", self._signals, nursery.cancel_scope)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
@@ -280,9 +282,12 @@ class Daemon:
         for tier space, uploads) and close the store so that its threads
         stop too.  Nothing is lost: the journal is in LMDB and the next
         mount resumes it (an upload cut short is aborted and sent again)."""
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
+                if signum == signal.SIGHUP:
+                    self._reload_policy()
+                    continue
                 log.info("received %s: unmounting", name)
                 pyfuse3.terminate()
                 with trio.move_on_after(SHUTDOWN_GRACE):
@@ -300,6 +305,14 @@ class Daemon:
                     scope.cancel()
                     self.fs.store_threads.abandon()
                 return
+
+    def _reload_policy(self) -> None:
+        """SIGHUP: reread the lifecycle rules, as ``tierfs policy reload``
+        does; a broken file is logged with file:line and the rules stay."""
+        try:
+            self.fs.lifecycle.reload()
+        except ConfigError as exc:
+            log.error("SIGHUP: policy not reloaded, the rules in force stay:\n%s", exc)
 
     def close(self, *, unmount: bool) -> None:
         try:

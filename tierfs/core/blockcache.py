@@ -219,6 +219,8 @@ class ReadStats:
     gets: int = 0
     verify_failures: int = 0
     uncached_blocks: int = 0
+    #: block hits served from each tier (index = tier); memory hits not counted
+    tier_hit_blocks: list[int] = dataclasses.field(default_factory=list)
 
 
 class BlockCache:
@@ -237,6 +239,7 @@ class BlockCache:
         on_space_pressure: Callable[[], Awaitable[None]] = _nothing,
         on_idle: Callable[[int], None] | None = None,
         on_damage: Callable[[int, int, int, str], None] | None = None,
+        on_slow_tier_read: Callable[[int, int], None] | None = None,
     ) -> None:
         """The callbacks reach back up to the file system (TierFS passes them):
 
@@ -246,7 +249,10 @@ class BlockCache:
         * ``on_idle``: called with an inode number once nothing uses its
           CachedFile any more (no handle, no upload, no fetch in flight);
         * ``on_damage``: (ino, blockno, tier, during) when a dirty block
-          failed its checksum (see "Dirty-block digests").
+          failed its checksum (see "Dirty-block digests");
+        * ``on_slow_tier_read``: (ino, tier) when a read was served from a
+          tier other than the first (the lifecycle may promote the file).
+          O(1), on the read path.
         """
         self.meta = meta
         self.store = store
@@ -276,7 +282,10 @@ class BlockCache:
             lambda ino, b, t, during: None
         )
         self._verified: set[tuple[int, int]] = set()
-        self.stats = ReadStats()
+        self.on_slow_tier_read: Callable[[int, int], None] = on_slow_tier_read or (
+            lambda ino, tier: None
+        )
+        self.stats = ReadStats(tier_hit_blocks=[0] * len(tiers))
         self._nursery: trio.Nursery | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -472,6 +481,7 @@ class BlockCache:
                         pieces.append(self._pread(cf, run_tier, run_start, pos))
                     run_tier, run_start = rec.tier, pos
                 self.stats.hit_blocks += 1
+                self.stats.tier_hit_blocks[rec.tier] += 1
             else:
                 if rec is not None:
                     return None  # present, but not checked yet: the caller ensures again
@@ -492,6 +502,8 @@ class BlockCache:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _pread(self, cf: CachedFile, tier: int, start: int, end: int) -> bytes:
+        if tier:
+            self.on_slow_tier_read(cf.ino, tier)
         return pread_padded(self._fd(cf, tier), end - start, start)
 
     async def _ensure(self, cf: CachedFile, blocknos: Iterable[int]) -> None:
@@ -683,8 +695,15 @@ class BlockCache:
             return
         generation = cf.generation
         self.stats.miss_blocks += len(run)
+        # ``cache = false``: the blocks are served from memory, never stored.
+        keep = tier is not None or self.space.cacheable(cf.ino)
         for _attempt in range(len(self.tiers) + 1):
-            tiers = [self.space.reserve(n, prefer=tier, avoid=cf.relocating_to) for n in lengths]
+            tiers = [
+                self.space.reserve(n, ino=cf.ino, prefer=tier, avoid=cf.relocating_to)
+                if keep
+                else None
+                for n in lengths
+            ]
             fds = [
                 (self._fd(cf, t), self._direct_fd(cf, t)) if t is not None else None for t in tiers
             ]
@@ -753,6 +772,7 @@ class BlockCache:
         self.space.release(tier, nbytes)
         cf.blocks[blockno] = rec
         self._verified.add((cf.ino, blockno))
+        self.space.block_added(cf.ino, tier)
 
     def _get_and_store(
         self,
@@ -848,7 +868,7 @@ class BlockCache:
             await self._ensure(cf, rmw)
         for blockno in range(first, last + 1):
             if blockno not in cf.blocks:
-                tier = await self._reserve_for_write(bs, avoid=cf.relocating_to)
+                tier = await self._reserve_for_write(bs, cf.ino, avoid=cf.relocating_to)
                 cf.reserved[blockno] = (tier, bs)
                 cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
         hashers = self._begin_writes(cf, offset, end)
@@ -983,7 +1003,7 @@ class BlockCache:
             if hasher is not None:
                 hasher.update(memoryview(buf)[: len(chunk)], self.block_size)
 
-    async def _reserve_for_write(self, nbytes: int, avoid: int | None = None) -> int:
+    async def _reserve_for_write(self, nbytes: int, ino: int, avoid: int | None = None) -> int:
         """A tier for a new dirty block; waits for uploads to free space.
 
         Dirty data is never evicted, so when every tier is full of it the
@@ -993,8 +1013,9 @@ class BlockCache:
         """
         deadline = trio.current_time() + self.write_space_timeout
         while True:
-            tier = self.space.reserve(nbytes, avoid=avoid)
+            tier = self.space.reserve(nbytes, ino=ino, avoid=avoid)
             if tier is not None:
+                self.space.block_added(ino, tier)
                 return tier
             if trio.current_time() >= deadline:
                 raise NoSpace("no tier has room for new data, and nothing can be freed")

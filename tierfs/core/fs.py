@@ -23,6 +23,13 @@ before it, and calls back up only through the callbacks it was given):
     sync       local commits, journal execution, flush, upload (``sync``)
     writes     POSIX mutations (``writes``)
     movement   fill / relocate / evict / check of a file's blocks (``movement``)
+    lifecycle  rules, pins, placement, promotion requests, the plan (``lifecycle``)
+
+The lifecycle clock (``clock``) is shared by ``space`` (access times) and
+``lifecycle`` (rule ages).  ``space``, ``blocks`` and ``writes`` ask the
+lifecycle (placement, ``cache = false``, promotion on access, ``write =
+"through"``) through TierFS methods passed to their constructors, since it is
+built after them.
 
 The callbacks that reach up (``space``'s busy check, ``blocks``'s idle and
 origin callbacks, ``namespace``'s spawn and drop callbacks, ``damage``'s
@@ -50,9 +57,11 @@ from tierfs.store.breaker import breaker_of
 from tierfs.tiers.tier import Tier
 
 from .blockcache import BlockCache
+from .clock import Clock
 from .damage import DamageLog
 from .handles import Handles
 from .journal import Entry, Journal
+from .lifecycle import Lifecycle
 from .movement import DataMovement
 from .namespace import Identity, Namespace
 from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
@@ -122,7 +131,10 @@ class TierFS:
         self.journal = Journal(meta)
         self._orphans = self.journal.orphans
         self.damage = DamageLog(meta, tiers, config.fetch.block_size, path_of=self.path_of)
-        self.space = SpaceManager(tiers, meta, is_busy=self._not_evictable)
+        self.clock = Clock()
+        self.space = SpaceManager(
+            tiers, meta, is_busy=self._not_evictable, clock=self.clock, placement=self._placement
+        )
         self.blocks = BlockCache(
             meta,
             store,
@@ -136,6 +148,7 @@ class TierFS:
             on_space_pressure=self._space_pressure,
             on_idle=self._file_idle,
             on_damage=self.damage.block_damaged,
+            on_slow_tier_read=self._slow_tier_read,
         )
         self.namespace = Namespace(
             meta,
@@ -177,6 +190,7 @@ class TierFS:
             self.handles,
             self.sync,
             control_xattr=self.control_xattr,
+            write_through=self._write_through,
         )
         self.movement = DataMovement(
             meta,
@@ -186,8 +200,30 @@ class TierFS:
             self.journal,
             open_for_writing=self.handles.open_for_writing,
         )
+        self.lifecycle = Lifecycle(
+            config,
+            meta,
+            tiers,
+            self.journal,
+            self.namespace,
+            self.space,
+            self.movement,
+            self.clock,
+            open_for_write=self.handles.open_for_writing,
+        )
         if self.endpoint is not None:
             self.endpoint.add_listener(self._endpoint_changed)
+
+    # Lifecycle answers for parts built before it (see the module docstring).
+
+    def _placement(self, ino: int) -> int | None:
+        return self.lifecycle.store_tier(ino)
+
+    def _slow_tier_read(self, ino: int, tier: int) -> None:
+        self.lifecycle.slow_tier_read(ino, tier)
+
+    def _write_through(self, ino: int) -> bool:
+        return self.lifecycle.write_through(ino)
 
     def _read_origin(self, inode: Inode) -> tuple[str, str]:
         moving_from = self.journal.read_origin(inode.ino)
@@ -448,6 +484,7 @@ class TierFS:
         if inode.is_dir:
             return {"path": relpath, "type": "directory"}
         residency = self.meta.residency(inode.ino)
+        pin = self.lifecycle.pinned_tier(inode.ino)
         open_file = self.blocks.files.get(inode.ino)
         damaged = self.meta.failed_blocks(inode.ino)
         if damaged:
@@ -468,6 +505,8 @@ class TierFS:
             "tiers": {t.name: residency.get(t.index, 0) for t in self.tiers},
             "state": state,
             "damaged_blocks": damaged,
+            "pinned": pin is not None,
+            "pin_tier": self.tiers[pin].name if pin is not None else None,
             "fetching_blocks": len(open_file.flights) if open_file else 0,
         }
 
@@ -505,6 +544,7 @@ class TierFS:
                     "used_ratio": usage.bytes / cap if cap else 0.0,
                     "high_watermark": tier.high_watermark,
                     "low_watermark": tier.low_watermark,
+                    "hit_blocks": self.blocks.stats.tier_hit_blocks[tier.index],
                 }
             )
         stats = self.blocks.stats
@@ -521,6 +561,7 @@ class TierFS:
             "failed_files": len(self.meta.failed_files()),
             "worker_restarts": self.supervisor.restarts,
             "workers": self.supervisor.status(),
+            "mover": self.lifecycle.status.as_dict(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
             "counters": {

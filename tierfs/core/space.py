@@ -1,25 +1,38 @@
-"""Placement of fetched blocks on tiers, and LRU eviction when all are full.
+"""Placement of new blocks on tiers, the eviction bookkeeping, and the
+emergency eviction when every tier is full.
 
-Rules (issue-2 scope; the lifecycle mover takes over demotion later):
+Rules:
 
-* A fetched block goes to the first tier, fastest first, whose accounted
-  usage plus in-flight reservations plus the block stays within its capacity
-  and within what the filesystem has free.
+* A new block (fetched or written) of file ``ino`` goes to the first tier
+  with room at or after the file's placement tier (``placement(ino)``, the
+  lifecycle's answer: a rule's ``place``, else the first tier), then to the
+  tiers before it.  "Room": accounted usage plus in-flight reservations plus
+  the block stays within the tier's capacity and within what the filesystem
+  has free.  ``placement`` returning None (``cache = false``) makes a fetch
+  keep the block in memory only (``cacheable``).
+* One ``S3FifoTracker`` per tier (``policy.eviction``) ranks the files on
+  that tier by value.  Every read hit calls ``touch``: an access time in
+  memory and one O(1) ``on_access`` per tier, never an LMDB write and never a
+  scan.  Blocks landing on a tier insert the file into that tier's tracker
+  (``block_added``), drops and moves remove it (``left``).  The trackers
+  are rebuilt at mount from the residency, least recently accessed first,
+  and ``reconcile`` (the mover's planning pass, in the background) brings
+  them in line with the residency.
 * ``drop_clean`` is the one place that drops local copies of blocks: the
-  LRU eviction below and ``DataMovement.evict`` both call it.
-* When no tier has room, the least recently used files (file-level atime) are
-  dropped: clean data only, it is all in the bucket.  The tier that holds the
-  globally least-recently-used file is emptied down to its low watermark, in
-  one batch, so eviction does not run once per block.
+  emergency eviction below and ``DataMovement.evict`` both call it.
+* Emergency eviction: when no tier has room for a block, clean files are
+  dropped from the slowest tier that has any (victims from its tracker,
+  least valuable first) down to its low watermark, in one batch.  Normally
+  the mover keeps tiers below their high watermark and this never runs.
 * A file that is busy (open, or with a fetch in flight) is never a victim:
   its cache files stay where the open handles expect them.
 * If nothing can be freed, ``reserve`` returns None and the caller serves the
   block from memory without caching it.  A read never fails because tiers are
   full.
 
-Access times are kept in memory on every hit (no LMDB write per read) and
+Access times (on the lifecycle clock, ``core.clock``) are kept in memory and
 flushed to LMDB in batches by ``flush_atimes`` (called periodically and at
-unmount), so they survive a remount and order eviction across mounts.
+unmount), so they survive a remount and order the trackers across mounts.
 
 All methods are synchronous: between two awaits of the caller they are atomic
 with respect to other trio tasks, which is what keeps ``reserved`` exact.
@@ -28,12 +41,13 @@ with respect to other trio tasks, which is what keeps ``reserved`` exact.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from tierfs.meta import MetaDB
-from tierfs.policy.eviction import Candidate, bytes_to_reach, select_lru_victims
+from tierfs.policy.eviction import S3FifoTracker, bytes_to_reach
 from tierfs.tiers.tier import Tier
+
+from .clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +58,22 @@ class SpaceManager:
         tiers: Sequence[Tier],
         meta: MetaDB,
         is_busy: Callable[[int], bool],
+        *,
+        clock: Clock | None = None,
+        placement: Callable[[int], int | None] | None = None,
     ) -> None:
         self.tiers = list(tiers)
         self.meta = meta
         self._is_busy = is_busy
+        self.clock = clock if clock is not None else Clock()
+        self._placement = placement
         self._reserved = [0] * len(self.tiers)
-        self._atimes: dict[int, float] = meta.get_atimes()
+        self.atimes: dict[int, float] = meta.get_atimes()
         self._unflushed: dict[int, float] = {}
         self.evicted_files = 0
         self.evicted_bytes = 0
+        self.trackers = [S3FifoTracker(max(1, t.capacity)) for t in self.tiers]
+        self._rebuild_trackers()
 
     # --- usage ---------------------------------------------------------------------
 
@@ -64,22 +85,39 @@ class SpaceManager:
 
     # --- reservations ---------------------------------------------------------------
 
+    def placement(self, ino: int) -> int | None:
+        """The tier new blocks of ``ino`` go to first; None: not cached."""
+        return 0 if self._placement is None else self._placement(ino)
+
+    def cacheable(self, ino: int) -> bool:
+        """May fetched blocks of ``ino`` be kept on a tier (not ``cache = false``)?"""
+        return self.placement(ino) is not None
+
     def reserve(
-        self, nbytes: int, *, prefer: int | None = None, avoid: int | None = None
+        self,
+        nbytes: int,
+        *,
+        ino: int | None = None,
+        prefer: int | None = None,
+        avoid: int | None = None,
     ) -> int | None:
         """Pick a tier for ``nbytes`` and reserve the space; None if impossible.
 
+        ``ino``: the file the block belongs to; its placement tier is tried
+        first, then the tiers after it, then the ones before it.
         ``prefer``: that tier if it has room (a fill into a chosen tier),
         else the usual order.  ``avoid``: never that tier (a relocate is
         copying the file there)."""
         if prefer is not None and prefer != avoid and self.reserve_on(prefer, nbytes):
             return prefer
+        first = (self.placement(ino) or 0) if ino is not None else 0
+        order = [*range(first, len(self.tiers)), *range(first)]
         for _round in range(len(self.tiers) + 1):
-            for tier in range(len(self.tiers)):
+            for tier in order:
                 if tier != avoid and self.has_room(tier, nbytes):
                     self._reserved[tier] += nbytes
                     return tier
-            if not self._evict_lru():
+            if not self._evict_for_room():
                 return None
         return None
 
@@ -105,30 +143,35 @@ class SpaceManager:
 
     # --- eviction ----------------------------------------------------------------------
 
-    def _evict_lru(self) -> bool:
-        """Drop LRU files from one tier down to its low watermark.  True if any."""
-        by_tier: dict[int, list[Candidate]] = {}
-        for ino, tier, nbytes in self.meta.iter_residency():
-            if self._is_busy(ino):
-                continue
-            atime = self._atimes.get(ino, 0.0)
-            by_tier.setdefault(tier, []).append(Candidate(ino, atime, nbytes))
-        if not by_tier:
-            return False
-        # The tier whose least-recently-used file is the oldest of all.
-        tier = min(by_tier, key=lambda t: min(c.atime for c in by_tier[t]))
-        t = self.tiers[tier]
-        target = bytes_to_reach(self.used(tier), t.capacity, t.low_watermark)
-        victims = select_lru_victims(by_tier[tier], max(target, 1))
-        for victim in victims:
-            self.drop_clean(victim.ino, tier)
-        log.info(
-            "tier %s full: evicted %d least-recently-used files (%d bytes)",
-            t.name,
-            len(victims),
-            sum(v.nbytes for v in victims),
-        )
-        return bool(victims)
+    def _evict_for_room(self) -> bool:
+        """Every tier is full: drop clean files from the slowest tier that
+        has any, least valuable first, down to its low watermark.  True if
+        anything was dropped."""
+        for tier in reversed(range(len(self.tiers))):
+            t = self.tiers[tier]
+            target = max(bytes_to_reach(self.used(tier), t.capacity, t.low_watermark), 1)
+            tracker = self.trackers[tier]
+            kept: list[tuple[int, int]] = []
+            freed = files = 0
+            for ino in tracker.victims(target, skip=self._is_busy):
+                nbytes = self.drop_clean(ino, tier)
+                if nbytes:
+                    freed += nbytes
+                    files += 1
+                left = self.meta.residency(ino).get(tier, 0)
+                if left:  # dirty blocks stay: so does the file, in the tracker
+                    kept.append((ino, left))
+            for ino, left in kept:
+                tracker.on_insert(ino, left)
+            if freed:
+                log.info(
+                    "every tier full: dropped %d files (%d bytes) from tier %s",
+                    files,
+                    freed,
+                    t.name,
+                )
+                return True
+        return False
 
     def drop_clean(self, ino: int, tier: int | None = None) -> int:
         """Drop the clean blocks of ``ino`` (on ``tier``, or on every tier):
@@ -154,21 +197,80 @@ class SpaceManager:
         for t in {rec.tier for rec in victims.values()}:
             if t not in left:
                 self.tiers[t].remove_file(ino)
+        for t in {rec.tier for rec in victims.values()}:
+            if t not in left:
+                self.trackers[t].on_remove(ino)
         nbytes = sum(rec.nbytes for rec in victims.values())
         self.evicted_files += 1
         self.evicted_bytes += nbytes
         return nbytes
 
+    # --- eviction bookkeeping ------------------------------------------------------------
+
+    def _rebuild_trackers(self) -> None:
+        """At mount: every resident file, least recently accessed first."""
+        atimes = self.atimes
+        rows = sorted(self.meta.iter_residency(), key=lambda r: (atimes.get(r[0], 0.0), r[0]))
+        for ino, tier, nbytes in rows:
+            if tier < len(self.trackers):
+                self.trackers[tier].on_insert(ino, nbytes)
+
+    def block_added(self, ino: int, tier: int) -> None:
+        """A block of ``ino`` landed on ``tier`` (O(1); sizes are settled by
+        ``reconcile``)."""
+        tracker = self.trackers[tier]
+        if ino not in tracker:
+            tracker.on_insert(ino, self.meta.residency(ino).get(tier, 0))
+
+    def left(self, ino: int, tier: int) -> None:
+        """``ino`` has no bytes on ``tier`` any more (moved or dropped)."""
+        self.trackers[tier].on_remove(ino)
+
+    def reconcile(self, residency: dict[int, list[int]]) -> None:
+        """Bring the trackers in line with ``residency`` (ino -> bytes per
+        tier): sizes, files that arrived unseen, files that left."""
+        for index, tracker in enumerate(self.trackers):
+            tracker.set_capacity(max(1, self.tiers[index].capacity))
+            for ino in tracker.inodes():
+                per_tier = residency.get(ino)
+                if per_tier is None or not per_tier[index]:
+                    tracker.on_remove(ino)
+            for ino, per_tier in residency.items():
+                nbytes = per_tier[index]
+                if not nbytes:
+                    continue
+                if ino in tracker:
+                    tracker.set_size(ino, nbytes)
+                else:
+                    tracker.on_insert(ino, nbytes)
+
+    def ranking(self) -> list[int]:
+        """Inodes, least valuable first: the first tier's ranking, then the
+        others' (for the planner)."""
+        seen: set[int] = set()
+        order: list[int] = []
+        for tracker in self.trackers:
+            for ino in tracker.ranking():
+                if ino not in seen:
+                    seen.add(ino)
+                    order.append(ino)
+        return order
+
     # --- access times ------------------------------------------------------------------
 
     def touch(self, ino: int, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        self._atimes[ino] = now
+        """A read or an open of ``ino``: O(1), in memory."""
+        now = self.clock.now() if now is None else now
+        self.atimes[ino] = now
         self._unflushed[ino] = now
+        for tracker in self.trackers:
+            tracker.on_access(ino)
 
     def forget(self, ino: int) -> None:
-        self._atimes.pop(ino, None)
+        self.atimes.pop(ino, None)
         self._unflushed.pop(ino, None)
+        for tracker in self.trackers:
+            tracker.on_remove(ino)
 
     def flush_atimes(self) -> None:
         if self._unflushed:

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import stat
 import time
+from collections.abc import Callable
 
 from tierfs.config import Config
 from tierfs.errors import (
@@ -138,8 +139,14 @@ class FileWrites:
         sync: Sync,
         *,
         control_xattr: bytes,
+        write_through: Callable[[int], bool] | None = None,
     ) -> None:
         self.config = config
+        #: Does a close or fsync of this inode wait for the bucket (``write``
+        #: of its rule, else ``[write] mode``)?
+        self._write_through_of: Callable[[int], bool] = write_through or (
+            lambda ino: config.write.mode == "through"
+        )
         self.meta = meta
         self.tiers = tiers
         self.journal = journal
@@ -539,7 +546,7 @@ class FileWrites:
             self.journal.schedule(ino, self.config.write.upload_delay)
 
     def _write_through(self, inode: Inode) -> bool:
-        return self.config.write.mode == "through"
+        return self._write_through_of(inode.ino)
 
     # --- attributes ------------------------------------------------------------------------------
 

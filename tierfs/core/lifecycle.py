@@ -1,0 +1,575 @@
+"""The lifecycle: the rules in force, pins, placement, and the plan of moves.
+
+This part decides; ``workers.mover`` carries the decisions out through the
+data-movement API (``core.movement``), and so do the ``evict`` and ``pin``
+commands here.  Nothing in this module touches block maps or tier files.
+
+What it holds
+-------------
+* ``rules``: the compiled ``[[rules]]`` (``policy.rules.RuleSet``).
+  ``reload()`` rereads the config file and its policy files; a file with any
+  problem is rejected as a whole (``ConfigError``, every problem at its
+  file:line) and the rules in force stay.  Only the rules are reread: other
+  changes of the config need a remount, and a reload says so in the log.
+* Per-inode answers (``rule_of``, ``pinned_tier``): computed once per inode
+  and cached; the cache is dropped whole when the namespace changes shape
+  (``Journal.namespace_gen``: rename, unlink, rmdir), on a reload and on a
+  pin or unpin.  A read never globs: after the first access of a file its
+  rule costs one dict lookup.
+* Pins (``tierfs pin``): in LMDB (``MetaDB.pins``), so they survive
+  remounts; a pinned directory pins everything below it, files created
+  later included.  A rule with ``pin = true`` protects what it matches the
+  same way, on the first tier (or the rule's ``place``).
+* One ``EvictionTracker`` per tier (S3-FIFO, ``policy.eviction``): which
+  files on that tier are worth the least.  ``accessed`` is its O(1) hook on
+  every read; the trackers are rebuilt at mount from the residency, oldest
+  access first, and brought in line with the residency at every planning
+  pass (files that arrived through a fetch or a write are inserted then, or
+  at once through ``arrived``).
+* The mover's state and counters (``MoverStatus``), which ``status`` shows.
+
+Placement (``placement``): the rule's ``place`` tier, else the first tier.
+New data (fetches and writes) goes to the first tier with room at or after
+it.  ``cache = false``: fetched blocks are served from memory and never
+stored (writes still land locally: the planner drops the copies once they
+are clean).  Promotion (``promote = "on_access"``, the default): a read
+served from a tier slower than the file's placement tier queues the file
+for promotion; the mover copies it up in the background, only while the
+target tier stays below its high watermark, and never on the reader's path.
+
+Planning (``plan``): facts are gathered from LMDB (residency, dirty bytes
+of the files not yet uploaded, mtimes) and from memory (access times on the
+lifecycle clock, open writers, pins), then ``policy.planner.plan_moves``
+turns them into moves.  Gathering is a pass over the residency on the event
+loop, so it runs in the mover's background pass (every ``[mover] interval``)
+and for ``tierfs policy plan``, never on a read.
+
+Concurrency: every method is synchronous except the commands that move
+data; between two awaits they are atomic with respect to other trio tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from tierfs.config import Config, load_config
+from tierfs.errors import Busy, InvalidArgument, NoSpace, NotFound
+from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.policy.planner import FileFacts, Move, plan_moves, summarize
+from tierfs.policy.rules import RuleMatch, RuleSet, shadowed_rules
+from tierfs.policy.watermarks import TierUsage
+from tierfs.tiers.tier import Tier
+
+from .clock import Clock
+from .journal import Journal
+from .movement import DataMovement
+from .namespace import Namespace
+from .space import SpaceManager
+
+log = logging.getLogger(__name__)
+
+#: Files waiting for promotion at most; more requests are dropped (the next
+#: read of the file asks again).
+PROMOTION_QUEUE = 256
+
+
+@dataclass(slots=True)
+class CurrentMove:
+    path: str
+    src: str
+    dst: str | None
+    nbytes: int
+    reason: str
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class MoverStatus:
+    state: str = "starting"
+    bandwidth: int = 0
+    interval: float = 0.0
+    files_moved: int = 0
+    bytes_moved: int = 0
+    files_dropped: int = 0
+    bytes_dropped: int = 0
+    files_fetched: int = 0
+    bytes_fetched: int = 0
+    promotions: int = 0
+    skipped: int = 0
+    passes: int = 0
+    last_pass: float | None = None
+    last_error: str = ""
+    current: CurrentMove | None = None
+    #: bytes per second of the last move that took long enough to measure
+    rate: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        current = None
+        if self.current is not None:
+            c = self.current
+            current = {
+                "path": c.path,
+                "src": c.src,
+                "dst": c.dst,
+                "bytes": c.nbytes,
+                "done": c.done,
+                "reason": c.reason,
+            }
+        return {
+            "state": self.state,
+            "bandwidth": self.bandwidth,
+            "interval": self.interval,
+            "files_moved": self.files_moved,
+            "bytes_moved": self.bytes_moved,
+            "files_dropped": self.files_dropped,
+            "bytes_dropped": self.bytes_dropped,
+            "files_fetched": self.files_fetched,
+            "bytes_fetched": self.bytes_fetched,
+            "promotions": self.promotions,
+            "skipped": self.skipped,
+            "passes": self.passes,
+            "last_pass": self.last_pass,
+            "last_error": self.last_error,
+            "current": current,
+            "rate": self.rate,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    ino: int
+    src: int
+    dst: int
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        config: Config,
+        meta: MetaDB,
+        tiers: list[Tier],
+        journal: Journal,
+        namespace: Namespace,
+        space: SpaceManager,
+        movement: DataMovement,
+        clock: Clock,
+        *,
+        open_for_write: Callable[[int], bool],
+    ) -> None:
+        self.config = config
+        self.meta = meta
+        self.tiers = tiers
+        self.journal = journal
+        self.namespace = namespace
+        self.space = space
+        self.movement = movement
+        self.clock = clock
+        self._open_for_write = open_for_write
+        self._rule_configs = config.rules
+        self.rules = RuleSet(config.rules, default_write=config.write.mode)
+        self._tier_index = {t.name: t.index for t in tiers}
+        self._pins: dict[int, int] = meta.pins()
+        # Per-inode cache: ino -> (rule match, placement tier, pinned tier).
+        self._per_inode: dict[int, tuple[RuleMatch | None, int, int | None]] = {}
+        self._cache_gen = journal.namespace_gen
+        self.status = MoverStatus(bandwidth=config.mover.bandwidth, interval=config.mover.interval)
+        self._wake = trio.Event()
+        self.promotion_send, self.promotion_receive = trio.open_memory_channel[Promotion](
+            PROMOTION_QUEUE
+        )
+        self._promoting: set[int] = set()
+
+    # --- per-inode answers --------------------------------------------------------------
+
+    def _relpath(self, inode: Inode) -> str:
+        return self.namespace.key_of(inode)
+
+    def _cached(self, ino: int) -> tuple[RuleMatch | None, int, int | None]:
+        if self._cache_gen != self.journal.namespace_gen:
+            self._per_inode.clear()
+            self._cache_gen = self.journal.namespace_gen
+        found = self._per_inode.get(ino)
+        if found is not None:
+            return found
+        try:
+            inode = self.namespace.get(ino)
+            match = self.rules.match_path(self._relpath(inode)) if self.rules.rules else None
+            pinned = self._explicit_pin(inode)
+        except (NotFound, KeyError):
+            return (None, 0, None)
+        rule = match.rule if match is not None else None
+        place = self._tier_index.get(rule.place, 0) if rule and rule.place else 0
+        if pinned is None and rule is not None and rule.pin:
+            pinned = place
+        found = (match, place, pinned)
+        self._per_inode[ino] = found
+        return found
+
+    def _explicit_pin(self, inode: Inode) -> int | None:
+        """The pin of the inode or of its nearest pinned ancestor."""
+        if not self._pins:
+            return None
+        while True:
+            tier = self._pins.get(inode.ino)
+            if tier is not None:
+                return tier
+            if inode.ino == ROOT_INO:
+                return None
+            inode = self.namespace.get(inode.parent)
+
+    def rule_of(self, ino: int) -> RuleMatch | None:
+        return self._cached(ino)[0]
+
+    def placement(self, ino: int) -> int:
+        """The tier new data of ``ino`` goes to first."""
+        return self._cached(ino)[1]
+
+    def store_tier(self, ino: int) -> int | None:
+        """Where new blocks of ``ino`` go first; None: fetched blocks are
+        not kept (``cache = false``)."""
+        match, place, _pinned = self._cached(ino)
+        if match is not None and not match.rule.cache:
+            return None
+        return place
+
+    def caches(self, ino: int) -> bool:
+        """False for a ``cache = false`` file: fetched blocks are not kept."""
+        match = self._cached(ino)[0]
+        return match is None or match.rule.cache
+
+    def write_through(self, ino: int) -> bool:
+        match = self._cached(ino)[0]
+        if match is None:
+            return self.config.write.mode == "through"
+        return match.rule.write == "through"
+
+    def pinned_tier(self, ino: int) -> int | None:
+        """The tier the file must stay on (``tierfs pin`` or a ``pin`` rule)."""
+        return self._cached(ino)[2]
+
+    def _invalidate(self) -> None:
+        self._per_inode.clear()
+        self.rules.clear_cache()
+
+    # --- events from the data path ------------------------------------------------------
+
+    def slow_tier_read(self, ino: int, tier: int) -> None:
+        """A read of ``ino`` was served from ``tier`` (not the first): O(1).
+        If that is below the file's placement tier and its rule promotes on
+        access, queue the file for promotion (``workers.mover``)."""
+        if ino in self._promoting:
+            return
+        match, place, pinned = self._cached(ino)
+        if tier <= place or pinned is not None:
+            return
+        if match is not None and match.rule.promote == "never":
+            return
+        try:
+            self.promotion_send.send_nowait(Promotion(ino, tier, place))
+        except trio.WouldBlock:
+            return
+        self._promoting.add(ino)
+
+    def promotion_done(self, ino: int) -> None:
+        self._promoting.discard(ino)
+
+    def wake_mover(self) -> None:
+        self._wake.set()
+
+    async def wait_for_work(self, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    # --- planning -------------------------------------------------------------------------
+
+    def tier_usage(self) -> list[TierUsage]:
+        return [
+            TierUsage(
+                index=t.index,
+                name=t.name,
+                capacity=t.capacity,
+                used=self.space.used(t.index),
+                high=t.high_watermark,
+                low=t.low_watermark,
+            )
+            for t in self.tiers
+        ]
+
+    def facts(self) -> list[FileFacts]:
+        count = len(self.tiers)
+        residency: dict[int, list[int]] = {}
+        for ino, tier, nbytes in self.meta.iter_residency():
+            if tier < count:
+                residency.setdefault(ino, [0] * count)[tier] = nbytes
+        self.space.reconcile(residency)
+        atimes = self.space.atimes
+        out: list[FileFacts] = []
+        for ino, resident in residency.items():
+            try:
+                inode = self.namespace.get(ino)
+                relpath = self._relpath(inode)
+            except (NotFound, KeyError):
+                continue  # unlinked while open: it goes when closed
+            dirty = [0] * count
+            if inode.state != SyncState.CLEAN:
+                for rec in self.meta.get_blocks(ino).values():
+                    if rec.dirty and rec.tier < count:
+                        dirty[rec.tier] += rec.nbytes
+            out.append(
+                FileFacts(
+                    ino=ino,
+                    relpath=relpath,
+                    size=inode.size,
+                    resident=tuple(resident),
+                    dirty=tuple(min(d, r) for d, r in zip(dirty, resident, strict=True)),
+                    mtime=inode.mtime_ns / 1e9,
+                    atime=atimes.get(ino, 0.0),
+                    open_for_write=self._open_for_write(ino),
+                    pinned_tier=self._pin_for_facts(ino),
+                )
+            )
+        return out
+
+    def _pin_for_facts(self, ino: int) -> int | None:
+        match, _place, pinned = self._cached(ino)
+        if pinned is None:
+            return None
+        if match is not None and match.rule.pin and not self._explicit_pinned(ino):
+            return None  # a pin rule protects; it does not fill
+        return pinned
+
+    def _explicit_pinned(self, ino: int) -> bool:
+        try:
+            return self._explicit_pin(self.namespace.get(ino)) is not None
+        except (NotFound, KeyError):
+            return False
+
+    def plan(self) -> list[Move]:
+        return plan_moves(
+            self.tier_usage(), self.facts(), self.rules, self.space.ranking(), self.clock.now()
+        )
+
+    def plan_report(self) -> dict[str, Any]:
+        tiers = self.tier_usage()
+        moves = self.plan()
+        names = [t.name for t in tiers]
+        return {
+            "time": time.time(),
+            "tiers": [
+                {
+                    "name": t.name,
+                    "capacity": t.capacity,
+                    "used": t.used,
+                    "high_watermark": t.high,
+                    "low_watermark": t.low,
+                    "above_high": t.above_high,
+                }
+                for t in tiers
+            ],
+            "moves": [
+                {
+                    "path": m.relpath,
+                    "src": names[m.src_tier] if m.src_tier is not None else None,
+                    "dst": names[m.dst_tier] if m.dst_tier is not None else None,
+                    "bytes": m.nbytes,
+                    "reason": m.reason,
+                }
+                for m in moves
+            ],
+            "summary": [
+                {
+                    "src": s.src,
+                    "dst": s.dst,
+                    "reason": s.reason,
+                    "files": s.files,
+                    "bytes": s.nbytes,
+                }
+                for s in summarize(moves, tiers)
+            ],
+        }
+
+    # --- commands (control socket) --------------------------------------------------------------
+
+    def _tier_named(self, name: str | None) -> int | None:
+        if name is None:
+            return None
+        index = self._tier_index.get(name)
+        if index is None:
+            known = ", ".join(t.name for t in self.tiers)
+            raise InvalidArgument(f"no tier named {name!r}; the tiers are {known}")
+        return index
+
+    async def _files_below(
+        self, top: Inode, relpath: str, *, list_dirs: bool
+    ) -> AsyncIterator[tuple[Inode, str]]:
+        """Every regular file at or below ``top``, with its path.  Depth
+        first; in memory: the directories still to visit and one page of
+        entries.  ``list_dirs``: list directories from the bucket first (a
+        pin must see every file; an evict only needs what is cached)."""
+        pending = [(top, relpath)]
+        while pending:
+            inode, path = pending.pop()
+            if inode.is_file:
+                yield inode, path
+                continue
+            if not inode.is_dir:
+                continue
+            if list_dirs:
+                await self.namespace.ensure_listed(inode)
+            cookie = 0
+            while True:
+                page = self.meta.read_dir(inode.ino, cookie, _PAGE)
+                if not page:
+                    break
+                cookie = page[-1][0]
+                for _cookie, name, child in page:
+                    child_inode = self.meta.get_inode(child)
+                    if child_inode is not None:
+                        child_path = f"{path}/{name.decode()}" if path else name.decode()
+                        pending.append((child_inode, child_path))
+                await trio.sleep(0)
+
+    async def evict_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
+        tier = self._tier_named(tier_name)
+        top = await self.namespace.resolve(relpath)
+        evicted = files = 0
+        skipped: list[dict[str, str]] = []
+        async for inode, path in self._files_below(top, relpath, list_dirs=False):
+            residency = self.meta.residency(inode.ino)
+            if not residency or (tier is not None and tier not in residency):
+                continue
+            if self.pinned_tier(inode.ino) is not None:
+                skipped.append({"path": path, "reason": "pinned (`tierfs unpin` it first)"})
+                continue
+            if inode.state != SyncState.CLEAN or self.journal.pending_upload(inode.ino):
+                skipped.append({"path": path, "reason": "holds changes not uploaded yet"})
+                continue
+            try:
+                nbytes = self.movement.evict(inode.ino, tier)
+            except Busy as exc:
+                skipped.append({"path": path, "reason": str(exc)})
+                continue
+            if nbytes:
+                evicted += nbytes
+                files += 1
+        return {"path": relpath, "evicted_bytes": evicted, "files": files, "skipped": skipped}
+
+    async def pin_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
+        tier = self._tier_named(tier_name)
+        tier = 0 if tier is None else tier
+        top = await self.namespace.resolve(relpath)
+        inos: list[int] = []
+        total = 0
+        async for inode, _path in self._files_below(top, relpath, list_dirs=True):
+            inos.append(inode.ino)
+            total += inode.size
+        capacity = self.tiers[tier].capacity
+        if total > capacity:
+            raise NoSpace(
+                f"{relpath or '/'}: {total} bytes do not fit on tier {self.tiers[tier].name} "
+                f"({capacity} bytes); nothing was pinned"
+            )
+        self.meta.set_pin(top.ino, tier)
+        self._pins[top.ino] = tier
+        self._invalidate()
+        fetched = 0
+        for ino in inos:
+            fetched += await self._bring_to(ino, tier)
+        self.wake_mover()
+        return {
+            "path": relpath,
+            "tier": self.tiers[tier].name,
+            "files": len(inos),
+            "bytes": total,
+            "fetched_bytes": fetched,
+        }
+
+    async def _bring_to(self, ino: int, tier: int) -> int:
+        """Move the file's local blocks to ``tier`` and fetch the rest; the
+        fetched bytes.  A busy file is left for the mover's next pass."""
+        try:
+            for src in sorted(self.meta.residency(ino)):
+                if src != tier:
+                    await self.movement.relocate(ino, src, tier)
+            fetched = await self.movement.fill(ino, tier)
+        except (Busy, NoSpace) as exc:
+            log.info("pin: %s stays where it is for now: %s", self.namespace.path_of(ino), exc)
+            return 0
+        return fetched
+
+    async def unpin_path(self, relpath: str) -> dict[str, Any]:
+        top = await self.namespace.resolve(relpath)
+        was = self.meta.clear_pin(top.ino)
+        self._pins.pop(top.ino, None)
+        self._invalidate()
+        self.wake_mover()
+        return {"path": relpath, "was_pinned": was}
+
+    def show(self) -> dict[str, Any]:
+        rules = []
+        for config_rule in self._rule_configs:
+            settings = {
+                key: getattr(config_rule, key)
+                for key in _RULE_SETTINGS
+                if getattr(config_rule, key) is not None
+            }
+            rules.append(
+                {"match": config_rule.match, "source": config_rule.source, "settings": settings}
+            )
+        return {
+            "config": str(self.config.source),
+            "policy_files": [str(p) for p in self.config.policy_files],
+            "rules": rules,
+            "warnings": self._warnings(self._rule_configs),
+        }
+
+    @staticmethod
+    def _warnings(rules: Any) -> list[str]:
+        return [
+            f"{later.source}: rule {later.match!r} can never match: the rule at "
+            f"{earlier.source} ({earlier.match!r}) matches everything it does and comes first"
+            for later, earlier in shadowed_rules(rules)
+        ]
+
+    def reload(self) -> dict[str, Any]:
+        """Reread the rules (``tierfs policy reload``, SIGHUP).  A file with
+        any problem raises ``ConfigError`` and the rules in force stay."""
+        fresh = load_config(self.config.source, check_paths=False)
+        names = [t.name for t in fresh.tiers]
+        if names != [t.name for t in self.tiers]:
+            log.warning(
+                "policy reload: the [[tiers]] changed in %s; that needs a remount",
+                self.config.source,
+            )
+        self._rule_configs = fresh.rules
+        self.rules = RuleSet(fresh.rules, default_write=self.config.write.mode)
+        self._invalidate()
+        warnings = self._warnings(fresh.rules)
+        for warning in warnings:
+            log.warning("policy: %s", warning)
+        log.info("policy reloaded: %d rules in force", len(fresh.rules))
+        self.wake_mover()
+        return {"rules": len(fresh.rules), "warnings": warnings}
+
+
+#: Directory entries read per LMDB call while walking a tree.
+_PAGE = 512
+
+_RULE_SETTINGS = (
+    "place",
+    "keep_newest",
+    "demote_after",
+    "evict_after",
+    "pin",
+    "promote",
+    "cache",
+    "write",
+)
