@@ -30,6 +30,8 @@ Rules:
   block from memory without caching it.  A read never fails because tiers are
   full.
 
+``TIERFS_TEST_EVICTION=lru`` (benchmarks only) swaps S3-FIFO for plain LRU.
+
 Access times (on the lifecycle clock, ``core.clock``) are kept in memory and
 flushed to LMDB in batches by ``flush_atimes`` (called periodically and at
 unmount), so they survive a remount and order the trackers across mounts.
@@ -41,15 +43,20 @@ with respect to other trio tasks, which is what keeps ``reserved`` exact.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 
 from tierfs.meta import MetaDB
-from tierfs.policy.eviction import S3FifoTracker, bytes_to_reach
+from tierfs.policy.eviction import EvictionTracker, LruTracker, S3FifoTracker, bytes_to_reach
 from tierfs.tiers.tier import Tier
 
 from .clock import Clock
 
 log = logging.getLogger(__name__)
+
+#: Benchmarks only: ``TIERFS_TEST_EVICTION=lru`` ranks files by plain LRU
+#: instead of S3-FIFO, to compare the two in one run (tests/bench).
+EVICTION_ENV = "TIERFS_TEST_EVICTION"
 
 
 class SpaceManager:
@@ -72,7 +79,10 @@ class SpaceManager:
         self._unflushed: dict[int, float] = {}
         self.evicted_files = 0
         self.evicted_bytes = 0
-        self.trackers = [S3FifoTracker(max(1, t.capacity)) for t in self.tiers]
+        tracker_class = LruTracker if os.environ.get(EVICTION_ENV) == "lru" else S3FifoTracker
+        self.trackers: list[EvictionTracker] = [
+            tracker_class(max(1, t.capacity)) for t in self.tiers
+        ]
         self._rebuild_trackers()
 
     # --- usage ---------------------------------------------------------------------
