@@ -180,7 +180,7 @@ class ControlServer:
         return self.fs.lifecycle.show()
 
     async def _policy_plan(self, args: dict[str, Any]) -> Any:
-        return self.fs.lifecycle.plan_report()
+        return await self.fs.lifecycle.plan_report()
 
     async def _policy_reload(self, args: dict[str, Any]) -> Any:
         return self.fs.lifecycle.reload()

@@ -65,7 +65,7 @@ class Handles:
         fh = self._next_fh
         self._next_fh += 1
         self.handles[fh] = Handle(cached.inode, cached, self.blocks.new_read_state(), writable)
-        self.space.touch(ino)
+        self.space.opened(ino)
         # A write-only handle cannot be read or mmapped, so the kernel need
         # not keep its data: with direct I/O the bytes go from the writer's
         # buffer to us without a second copy in page cache (for a checkpoint,

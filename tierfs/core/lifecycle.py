@@ -20,12 +20,9 @@ What it holds
   remounts; a pinned directory pins everything below it, files created
   later included.  A rule with ``pin = true`` protects what it matches the
   same way, on the first tier (or the rule's ``place``).
-* One ``EvictionTracker`` per tier (S3-FIFO, ``policy.eviction``): which
-  files on that tier are worth the least.  ``accessed`` is its O(1) hook on
-  every read; the trackers are rebuilt at mount from the residency, oldest
-  access first, and brought in line with the residency at every planning
-  pass (files that arrived through a fetch or a write are inserted then, or
-  at once through ``arrived``).
+* The ranking of files by value is ``SpaceManager``'s (one S3-FIFO tracker
+  per tier, see ``core.space``); planning reads it with ``ranking()``,
+  which changes nothing, and brings it in line with the residency first.
 * The mover's state and counters (``MoverStatus``), which ``status`` shows.
 
 Placement (``placement``): the rule's ``place`` tier, else the first tier.
@@ -40,9 +37,10 @@ target tier stays below its high watermark, and never on the reader's path.
 Planning (``plan``): facts are gathered from LMDB (residency, dirty bytes
 of the files not yet uploaded, mtimes) and from memory (access times on the
 lifecycle clock, open writers, pins), then ``policy.planner.plan_moves``
-turns them into moves.  Gathering is a pass over the residency on the event
-loop, so it runs in the mover's background pass (every ``[mover] interval``)
-and for ``tierfs policy plan``, never on a read.
+turns them into moves, in a thread.  Gathering is a pass over the residency
+on the event loop that yields every ``_FACTS_BATCH`` files; it runs in the
+mover's background pass (every ``[mover] interval``, and only when
+``needs_pass``) and for ``tierfs policy plan``, never on a read.
 
 Concurrency: every method is synchronous except the commands that move
 data; between two awaits they are atomic with respect to other trio tasks.
@@ -303,7 +301,21 @@ class Lifecycle:
             for t in self.tiers
         ]
 
-    def facts(self) -> list[FileFacts]:
+    def needs_pass(self) -> bool:
+        """Could a planning pass find work?  A tier above its high watermark,
+        an explicit pin, or a rule that moves data by itself (ages, place,
+        ``cache = false``).  Without any, the mover skips the pass: planning
+        reads the whole residency."""
+        if any(t.above_high for t in self.tier_usage()) or self._pins:
+            return True
+        return any(
+            r.demote_after is not None or r.evict_after is not None or r.place or not r.cache
+            for r in self.rules.rules
+        )
+
+    async def facts(self) -> list[FileFacts]:
+        """What the planner needs of every file with local data.  On the
+        loop (LMDB), yielding to other tasks every ``_FACTS_BATCH`` files."""
         count = len(self.tiers)
         residency: dict[int, list[int]] = {}
         for ino, tier, nbytes in self.meta.iter_residency():
@@ -312,7 +324,9 @@ class Lifecycle:
         self.space.reconcile(residency)
         atimes = self.space.atimes
         out: list[FileFacts] = []
-        for ino, resident in residency.items():
+        for done, (ino, resident) in enumerate(residency.items(), 1):
+            if done % _FACTS_BATCH == 0:
+                await trio.sleep(0)
             try:
                 inode = self.namespace.get(ino)
                 relpath = self._relpath(inode)
@@ -352,14 +366,22 @@ class Lifecycle:
         except (NotFound, KeyError):
             return False
 
-    def plan(self) -> list[Move]:
-        return plan_moves(
-            self.tier_usage(), self.facts(), self.rules, self.space.ranking(), self.clock.now()
+    async def plan(self) -> list[Move]:
+        """The moves to make now.  The planner (pure, O(n log n)) runs in a
+        thread with its own copy of the rules, so that a plan over many
+        files never holds up FUSE requests."""
+        tiers = self.tier_usage()
+        facts = await self.facts()
+        rules = RuleSet(self._rule_configs, default_write=self.config.write.mode)
+        order = self.space.ranking()
+        return await trio.to_thread.run_sync(
+            plan_moves, tiers, facts, rules, order, self.clock.now()
         )
 
-    def plan_report(self) -> dict[str, Any]:
+    async def plan_report(self) -> dict[str, Any]:
+        """``tierfs policy plan``: the moves and their summary."""
+        moves = await self.plan()
         tiers = self.tier_usage()
-        moves = self.plan()
         names = [t.name for t in tiers]
         return {
             "time": time.time(),
@@ -562,6 +584,8 @@ class Lifecycle:
 
 #: Directory entries read per LMDB call while walking a tree.
 _PAGE = 512
+#: Files whose facts are gathered between two yields to other tasks.
+_FACTS_BATCH = 1000
 
 _RULE_SETTINGS = (
     "place",

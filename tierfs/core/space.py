@@ -11,9 +11,10 @@ Rules:
   has free.  ``placement`` returning None (``cache = false``) makes a fetch
   keep the block in memory only (``cacheable``).
 * One ``S3FifoTracker`` per tier (``policy.eviction``) ranks the files on
-  that tier by value.  Every read hit calls ``touch``: an access time in
-  memory and one O(1) ``on_access`` per tier, never an LMDB write and never a
-  scan.  Blocks landing on a tier insert the file into that tier's tracker
+  that tier by value.  Every open calls ``opened`` (one O(1) ``on_access``
+  per tier: a file's value is how often it is opened, see ``opened``) and
+  every read ``touch`` (an access time in memory); never an LMDB write and
+  never a scan.  Blocks landing on a tier insert the file into that tier's tracker
   (``block_added``), drops and moves remove it (``left``).  The trackers
   are rebuilt at mount from the residency, least recently accessed first,
   and ``reconcile`` (the mover's planning pass, in the background) brings
@@ -79,10 +80,11 @@ class SpaceManager:
         self._unflushed: dict[int, float] = {}
         self.evicted_files = 0
         self.evicted_bytes = 0
-        tracker_class = LruTracker if os.environ.get(EVICTION_ENV) == "lru" else S3FifoTracker
-        self.trackers: list[EvictionTracker] = [
-            tracker_class(max(1, t.capacity)) for t in self.tiers
-        ]
+        self.trackers: list[EvictionTracker]
+        if os.environ.get(EVICTION_ENV) == "lru":
+            self.trackers = [LruTracker(max(1, t.capacity)) for t in self.tiers]
+        else:  # accesses are opens (``opened``): every one counts, no burst window
+            self.trackers = [S3FifoTracker(max(1, t.capacity), burst_window=0) for t in self.tiers]
         self._rebuild_trackers()
 
     # --- usage ---------------------------------------------------------------------
@@ -269,10 +271,19 @@ class SpaceManager:
     # --- access times ------------------------------------------------------------------
 
     def touch(self, ino: int, now: float | None = None) -> None:
-        """A read or an open of ``ino``: O(1), in memory."""
+        """A read of ``ino``: its access time, O(1), in memory."""
         now = self.clock.now() if now is None else now
         self.atimes[ino] = now
         self._unflushed[ino] = now
+
+    def opened(self, ino: int) -> None:
+        """An open of ``ino``: one access for the trackers (O(1) each).
+
+        Value is counted per open, not per read request: a file read in one
+        pass as many 128 KiB requests is one access, and a DataLoader opens
+        each sample once per epoch, so a file's count is the number of times
+        it was used."""
+        self.touch(ino)
         for tracker in self.trackers:
             tracker.on_access(ino)
 

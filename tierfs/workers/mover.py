@@ -68,8 +68,10 @@ class Mover:
                 await self.lifecycle.wait_for_work(self.interval)
 
     async def run_pass(self) -> None:
+        if not self.lifecycle.needs_pass():
+            return
         self.status.state = "planning"
-        moves = self.lifecycle.plan()
+        moves = await self.lifecycle.plan()
         self.status.passes += 1
         self.status.last_pass = time.time()
         if moves:

@@ -1,0 +1,90 @@
+"""The lifecycle part (``tierfs.core.lifecycle``) and one mover pass, over a
+real bucket (moto), no mount: placement follows renames, pins cover files
+created later, and a pass over a full tier demotes the files opened once
+before the file opened again, down to the low watermark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.core.conftest import MiB, put
+from tierfs.config import RuleConfig
+from tierfs.meta import ROOT_INO
+from tierfs.workers.mover import Mover
+
+NVME, HDD = 0, 1
+
+
+def data(size: int, seed: int) -> bytes:
+    return bytes((i * seed) % 251 for i in range(size))
+
+
+async def test_placement_follows_a_rename(make_fs: Any) -> None:
+    rule = RuleConfig(match="scratch/**", source="policy.toml:1", place="hdd")
+    mount = await make_fs(rules=[rule])
+    fs = mount.fs
+    for name in (b"scratch", b"other"):
+        await fs.mkdir(ROOT_INO, name, 0o755, 0, 0)
+    ino = await mount.write_file("scratch/a.bin", data(2 * MiB, 3))
+    assert fs.meta.residency(ino) == {HDD: 2 * MiB}
+    assert fs.lifecycle.rule_of(ino) is not None
+
+    scratch = await fs.namespace.resolve("scratch")
+    other = await fs.namespace.resolve("other")
+    await fs.rename(scratch.ino, b"a.bin", other.ino, b"a.bin", 0)
+    assert fs.lifecycle.rule_of(ino) is None  # the cached answer went with the rename
+    await mount.write_file("other/a.bin", data(2 * MiB, 5))
+    assert fs.meta.residency(ino) == {NVME: 2 * MiB}
+    assert await mount.read_file("other/a.bin") == data(2 * MiB, 5)
+
+
+async def test_a_pinned_directory_pins_what_is_created_in_it_later(
+    make_fs: Any, s3_store: Any
+) -> None:
+    put(s3_store, "ds/x.bin", data(3 * MiB, 7))
+    mount = await make_fs()
+    fs = mount.fs
+    pinned = await fs.lifecycle.pin_path("ds", None)
+    assert pinned == {
+        "path": "ds",
+        "tier": "nvme",
+        "files": 1,
+        "bytes": 3 * MiB,
+        "fetched_bytes": 3 * MiB,
+    }
+    x = await fs.namespace.resolve("ds/x.bin")
+    assert fs.lifecycle.pinned_tier(x.ino) == NVME
+    assert fs.meta.residency(x.ino) == {NVME: 3 * MiB}
+    new = await mount.write_file("ds/new.bin", b"later")
+    assert fs.lifecycle.pinned_tier(new) == NVME
+    assert (await fs.lifecycle.unpin_path("ds"))["was_pinned"] is True
+    assert fs.lifecycle.pinned_tier(new) is None and fs.lifecycle.pinned_tier(x.ino) is None
+
+
+async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(
+    make_fs: Any, s3_store: Any
+) -> None:
+    bodies = {f"f{i}.bin": data(MiB, i + 2) for i in range(8)}
+    for name, body in bodies.items():
+        put(s3_store, name, body)
+    mount = await make_fs(capacities=(8 * MiB, 32 * MiB), low_watermark=0.5)
+    fs = mount.fs
+    for name in bodies:
+        assert await mount.read_file(name) == bodies[name]
+    assert await mount.read_file("f0.bin") == bodies["f0.bin"]  # opened twice: valuable
+    assert fs.space.used(NVME) == 8 * MiB  # above the high mark (90%)
+
+    plan = await fs.lifecycle.plan_report()
+    demoted = [m["path"] for m in plan["moves"] if m["reason"] == "watermark"]
+    assert [m["dst"] for m in plan["moves"]] == ["hdd"] * len(demoted)
+    assert demoted == ["f1.bin", "f2.bin", "f3.bin", "f4.bin"], plan  # 8 MiB -> the low mark, 4 MiB
+    assert "f0.bin" not in demoted
+
+    await Mover(fs).run_pass()
+    assert fs.space.used(NVME) <= 4 * MiB
+    f0 = await fs.namespace.resolve("f0.bin")
+    assert fs.meta.residency(f0.ino) == {NVME: MiB}
+    status = fs.lifecycle.status
+    assert status.files_moved == 4 and status.bytes_moved == 4 * MiB, status
+    for name, body in bodies.items():
+        assert await mount.read_file(name) == body
