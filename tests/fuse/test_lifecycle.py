@@ -341,3 +341,30 @@ def test_policy_reload_rejects_a_broken_file_and_keeps_the_old_rules(mount: Moun
     ), m.log_tail()
     done = run_tierfs("policy", "reload", str(m.path))
     assert done.returncode == 0 and "1 rules" in done.stdout, (done.stdout, done.stderr)
+
+
+def test_pin_rule_protects_under_pressure(mount: MountFactory) -> None:
+    rules = FAST_MOVER + '[[rules]]\nmatch = "val/**"\npin = true\n'
+    bodies = {"val/v.bin": os.urandom(3 * MiB)}
+    bodies.update({f"fill{i}.bin": os.urandom(MiB) for i in range(5)})
+    m = mount(bodies, nvme="8MiB", hdd="64MiB", watermarks={"nvme": (0.8, 0.5)}, extra_config=rules)
+    assert read_sha(m.path / "val" / "v.bin") == sha(bodies["val/v.bin"])  # the oldest access
+    for i in range(5):
+        assert read_sha(m.path / f"fill{i}.bin") == sha(bodies[f"fill{i}.bin"])
+    assert wait_until(lambda: tier_status(m, "nvme")["used"] <= 4 * MiB, 30), m.status()
+    item = m.where_one("val/v.bin")
+    assert item["pinned"] is True and item["tiers"]["nvme"] == 3 * MiB, item
+
+
+def test_write_through_rule_makes_close_wait_for_the_bucket(mount: MountFactory) -> None:
+    rules = IDLE_MOVER + '[[rules]]\nmatch = "important/**"\nwrite = "through"\n'
+    m = mount(upload_delay="600s", extra_config=rules)
+    (m.path / "important").mkdir()
+    body = os.urandom(MiB + 17)
+    (m.path / "important" / "ckpt.pt").write_bytes(body)  # returns after the upload
+    got = m.s3.get_object(Bucket=m.bucket, Key=m.key("important/ckpt.pt"))["Body"].read()
+    assert sha(got) == sha(body)
+    (m.path / "other.bin").write_bytes(b"not yet")  # no rule: upload_delay applies
+    assert m.where_one("other.bin")["state"] == "dirty"
+    listed = m.s3.list_objects_v2(Bucket=m.bucket, Prefix=m.key("other.bin"))
+    assert listed.get("KeyCount", 0) == 0

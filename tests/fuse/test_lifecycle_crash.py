@@ -67,10 +67,13 @@ def test_kill9_mid_move_loses_nothing_and_leaves_no_orphan(mount: MountFactory) 
         assert sha((m.path / name).read_bytes()) == sha(body)
 
     def moving() -> bool:
+        # Bytes copied, block map not switched yet: the throttle holds the
+        # move between its copy and its switch.
         current = m.status()["mover"]["current"]
-        return current is not None and 0 < current["done"] < current["bytes"]
+        return current is not None and current["done"] > 0
 
     assert wait_until(moving, 30, interval=0.05), m.status()["mover"]
+    assert m.where_one("dirty.bin")["state"] == "dirty"  # its only copy is local
     pid = m.pids[-1]
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10)
@@ -85,7 +88,6 @@ def test_kill9_mid_move_loses_nothing_and_leaves_no_orphan(mount: MountFactory) 
     for item in m.where(*files):
         # One record per block: the tiers never add up to more than the file.
         assert sum(item["tiers"].values()) == item["cached_bytes"] <= item["size"], item
-    assert m.where_one("dirty.bin")["state"] == "dirty"
 
     def no_orphans() -> bool:
         on_disk = cache_files(m)
@@ -149,5 +151,6 @@ def test_the_scan_keeps_the_hot_set_on_nvme_where_lru_does_not(
 ) -> None:
     s3fifo = _scan_hot_share(mount, monkeypatch, "s3fifo")
     lru = _scan_hot_share(mount, monkeypatch, "lru")
+    print(f"hot-set reads on NVMe during the scan: S3-FIFO {s3fifo:.2f}, LRU {lru:.2f}")
     assert s3fifo >= 0.9, (s3fifo, lru)
     assert lru <= 0.6, (s3fifo, lru)
