@@ -382,6 +382,8 @@ def cmd_policy_show(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(shown)
         return 0
+    for warning in shown.get("warnings", []):
+        print(f"tierfs: warning: {warning}", file=sys.stderr)
     if not shown["rules"]:
         print("no [[rules]]: every file gets the defaults (place on the first tier with room,")
         print("watermark demotion, promote on access, cache)")

@@ -88,3 +88,26 @@ async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(
     assert status.files_moved == 4 and status.bytes_moved == 4 * MiB, status
     for name, body in bodies.items():
         assert await mount.read_file(name) == body
+
+
+async def test_show_warns_about_pins_larger_than_their_tier(make_fs: Any, s3_store: Any) -> None:
+    put(s3_store, "val/big.bin", data(3 * MiB, 11))
+    put(s3_store, "val/more.bin", data(6 * MiB, 13))
+    rules = [
+        RuleConfig(match="val/**", source="policy.toml:1", pin=True),
+        RuleConfig(match="val/x/*", source="policy.toml:4", cache=False),
+    ]
+    mount = await make_fs(rules=rules)
+    fs = mount.fs
+    await fs.namespace.resolve("val/big.bin")  # the node knows both files now
+    shown = await fs.lifecycle.show()
+    assert [(r["match"], r["source"]) for r in shown["rules"]] == [
+        ("val/**", "policy.toml:1"),
+        ("val/x/*", "policy.toml:4"),
+    ]
+    assert shown["rules"][0]["settings"] == {"pin": True}
+    warnings = shown["warnings"]
+    assert any("policy.toml:4" in w and "can never match" in w for w in warnings), warnings
+    assert any(
+        "9437184 bytes" in w and "tier nvme" in w and "policy.toml:1" in w for w in warnings
+    ), warnings

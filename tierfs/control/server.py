@@ -177,7 +177,7 @@ class ControlServer:
         return await self._each_path("unpin", args, self.fs.lifecycle.unpin_path)
 
     async def _policy_show(self, args: dict[str, Any]) -> Any:
-        return self.fs.lifecycle.show()
+        return await self.fs.lifecycle.show()
 
     async def _policy_plan(self, args: dict[str, Any]) -> Any:
         return await self.fs.lifecycle.plan_report()

@@ -535,7 +535,10 @@ class Lifecycle:
         self.wake_mover()
         return {"path": relpath, "was_pinned": was}
 
-    def show(self) -> dict[str, Any]:
+    async def show(self) -> dict[str, Any]:
+        """``tierfs policy show``: the rules in force with their file:line,
+        and warnings (rules that can never match, pins larger than their
+        tier)."""
         rules = []
         for config_rule in self._rule_configs:
             settings = {
@@ -550,8 +553,33 @@ class Lifecycle:
             "config": str(self.config.source),
             "policy_files": [str(p) for p in self.config.policy_files],
             "rules": rules,
-            "warnings": self._warnings(self._rule_configs),
+            "warnings": self._warnings(self._rule_configs) + await self._pin_warnings(),
         }
+
+    async def _pin_warnings(self) -> list[str]:
+        """Pins (``tierfs pin``, ``pin = true`` rules) that hold more bytes,
+        among the files this node knows, than their tier can.  A walk of the
+        known namespace (no listing), yielding between directory pages."""
+        pinned = [0] * len(self.tiers)
+        by_source: dict[str, int] = {}
+        root = self.namespace.get(ROOT_INO)
+        async for inode, _path in self._files_below(root, "", list_dirs=False):
+            match, _place, tier = self._cached(inode.ino)
+            if tier is None:
+                continue
+            pinned[tier] += inode.size
+            source = match.rule.source if match is not None and match.rule.pin else "tierfs pin"
+            by_source[source] = by_source.get(source, 0) + inode.size
+        warnings = []
+        for index, total in enumerate(pinned):
+            capacity = self.tiers[index].capacity
+            if total > capacity:
+                sources = ", ".join(f"{src}: {n} bytes" for src, n in sorted(by_source.items()))
+                warnings.append(
+                    f"pinned files hold {total} bytes, more than tier {self.tiers[index].name} "
+                    f"can ({capacity} bytes); they cannot all stay on it ({sources})"
+                )
+        return warnings
 
     @staticmethod
     def _warnings(rules: Any) -> list[str]:
