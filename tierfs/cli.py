@@ -285,9 +285,10 @@ def _print_where(results: list[dict[str, Any]]) -> None:
             )
             continue
         tiers = " ".join(f"{format_size(item['tiers'].get(n, 0)):>10}" for n in tier_names)
+        state = item["state"] + (f",pinned:{item['pin_tier']}" if item.get("pinned") else "")
         print(
             f"{format_size(item['size']):>10} {format_size(item['cached_bytes']):>10} {tiers} "
-            f"{item['state']:<9} {item['path']}"
+            f"{state:<9} {item['path']}"
         )
 
 
