@@ -133,7 +133,12 @@ class TierFS:
         self.damage = DamageLog(meta, tiers, config.fetch.block_size, path_of=self.path_of)
         self.clock = Clock()
         self.space = SpaceManager(
-            tiers, meta, is_busy=self._not_evictable, clock=self.clock, placement=self._placement
+            tiers,
+            meta,
+            is_busy=self._not_evictable,
+            clock=self.clock,
+            placement=self._placement,
+            on_above_high=self._above_high,
         )
         self.blocks = BlockCache(
             meta,
@@ -218,6 +223,9 @@ class TierFS:
 
     def _placement(self, ino: int) -> int | None:
         return self.lifecycle.store_tier(ino)
+
+    def _above_high(self) -> None:
+        self.lifecycle.wake_mover()
 
     def _slow_tier_read(self, ino: int, tier: int) -> None:
         self.lifecycle.slow_tier_read(ino, tier)

@@ -69,12 +69,16 @@ class SpaceManager:
         *,
         clock: Clock | None = None,
         placement: Callable[[int], int | None] | None = None,
+        on_above_high: Callable[[], None] | None = None,
     ) -> None:
         self.tiers = list(tiers)
         self.meta = meta
         self._is_busy = is_busy
         self.clock = clock if clock is not None else Clock()
         self._placement = placement
+        #: Called when a reservation takes a tier above its high watermark
+        #: (the lifecycle wakes the mover instead of waiting for its interval).
+        self._on_above_high = on_above_high
         self._reserved = [0] * len(self.tiers)
         self.atimes: dict[int, float] = meta.get_atimes()
         self._unflushed: dict[int, float] = {}
@@ -128,10 +132,18 @@ class SpaceManager:
             for tier in order:
                 if tier != avoid and self.has_room(tier, nbytes):
                     self._reserved[tier] += nbytes
+                    self._check_high(tier)
                     return tier
             if not self._evict_for_room():
                 return None
         return None
+
+    def _check_high(self, tier: int) -> None:
+        if self._on_above_high is None:
+            return
+        t = self.tiers[tier]
+        if self.used(tier) > t.capacity * t.high_watermark:
+            self._on_above_high()
 
     def reserve_on(self, tier: int, nbytes: int) -> bool:
         """Reserve ``nbytes`` on ``tier`` if it has room now (no eviction)."""

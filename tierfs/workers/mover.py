@@ -1,8 +1,9 @@
 """The mover: carries out the lifecycle's plan in the background.
 
 States (``status.mover.state``): ``starting`` -> ``planning`` -> ``moving``
--> ``idle`` -> (``interval`` passes, or something wakes it: space
-pressure, a pin, a reload) -> ``planning`` ...
+-> ``idle`` -> (``interval`` passes, or something wakes it: a tier going
+above its high watermark, a pin, a reload; never sooner than
+``MIN_PASS_GAP`` after the last pass) -> ``planning`` ...
 
 One pass: ``Lifecycle.plan()`` (the planner over the facts of the moment),
 then the moves in plan order, one at a time, each through the data-movement
@@ -16,7 +17,11 @@ next pass plans it again if it still applies.  Nothing is retried in a loop.
 
 Bandwidth: every copy goes through one ``Throttle`` (``[mover]
 bandwidth``), promotions included, so the mover never takes more than its
-cap from training I/O.  Copies and hashing run in threads, so the event
+cap from training I/O.  On top of that it yields to the mount, as the
+uploader does: while FUSE requests come fast (``ForegroundMeter``, the
+uploader's measure), its copies run at most ``BUSY_RATE``, whatever the cap
+(measured here with tiers and reader on one disk: an uncapped mover halved
+sequential training reads, one at 50 MiB/s cost them nothing).  Copies and hashing run in threads, so the event
 loop keeps serving reads while a move runs.
 
 Promotions: a second task takes files from ``Lifecycle.promotions`` (queued
@@ -42,11 +47,16 @@ from tierfs.policy.planner import Move
 from tierfs.policy.watermarks import mark
 
 from .throttle import Throttle
+from .uploader import ForegroundMeter
 
 log = logging.getLogger(__name__)
 
 #: A move shorter than this does not update the measured rate.
 RATE_MIN_SECONDS = 0.05
+#: Seconds between the end of a pass and the start of the next, at least.
+MIN_PASS_GAP = 0.5
+#: Bytes per second the mover copies at most while the mount is busy.
+BUSY_RATE = 50 << 20
 
 
 class Mover:
@@ -57,6 +67,8 @@ class Mover:
         self.status = self.lifecycle.status
         self.interval = fs.config.mover.interval
         self.throttle = Throttle(fs.config.mover.bandwidth)
+        self.busy_throttle = Throttle(BUSY_RATE)
+        self.meter = ForegroundMeter(fs)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -65,7 +77,9 @@ class Mover:
             while True:
                 await self.run_pass()
                 self.status.state = "idle"
-                await self.lifecycle.wait_for_work(self.interval)
+                gap = min(MIN_PASS_GAP, self.interval)
+                await trio.sleep(gap)
+                await self.lifecycle.wait_for_work(self.interval - gap)
 
     async def run_pass(self) -> None:
         if not self.lifecycle.needs_pass():
@@ -92,7 +106,13 @@ class Mover:
         current = self.status.current
         if current is not None:
             current.done += nbytes
+        await self._throttled(nbytes)
+
+    async def _throttled(self, nbytes: int) -> None:
+        """The configured cap, and ``BUSY_RATE`` while the mount is busy."""
         await self.throttle(nbytes)
+        if self.meter.update():
+            await self.busy_throttle(nbytes)
 
     async def _execute(self, move: Move) -> None:
         names = [t.name for t in self.fs.tiers]
@@ -159,7 +179,7 @@ class Mover:
             return  # it would push the tier into demotion
         try:
             moved = await self.movement.relocate(
-                promotion.ino, promotion.src, promotion.dst, throttle=self.throttle
+                promotion.ino, promotion.src, promotion.dst, throttle=self._throttled
             )
         except (Busy, NoSpace) as exc:
             log.debug("promotion of inode %d skipped: %s", promotion.ino, exc)
