@@ -29,7 +29,7 @@ What one run measures, side by side, ``--repeat`` rounds (3; medians):
    * ``mover``: after ``drop_caches``, ``tierfs policy reload`` wakes the mover
      (uncapped: ``bandwidth = "0"``); the clock runs from that request until
      ``status`` shows the first tier at or below its low mark (polled every
-     20 ms over the control socket, with the CLI's own client: a ``tierfs``
+     50 ms over the control socket, with the CLI's own client: a ``tierfs``
      process per poll would cost a CPU-second a second on this machine).
      MB/s = the mover's ``bytes_moved`` / that time.  ``mover+sync`` as for
      cp.  Two moved files are then compared with the backing byte for byte.
@@ -56,9 +56,9 @@ What one run measures, side by side, ``--repeat`` rounds (3; medians):
    read, ``posix_fadvise(DONTNEED)`` drops the kernel's cached pages of that
    file, so the daemon serves it (checked: every hot read must reach the
    daemon).  Counted from ``status`` before and after each hot read during
-   the pass: blocks served from the first tier (``hit_blocks`` of the tier),
-   from the second, from the daemon's memory of just-fetched blocks, or
-   fetched again.  S3-FIFO (the daemon's) and plain LRU
+   the pass: block lookups (one per FUSE read request and block it touches)
+   served from the first tier (``hit_blocks`` of the tier), from the second,
+   from the daemon's memory of just-fetched blocks, or fetched again.  S3-FIFO (the daemon's) and plain LRU
    (``TIERFS_TEST_EVICTION=lru`` in the daemon's environment) run on the
    same files in the same run.  ``--scan-rate`` paces the cold pass (MB/s,
    0 = as fast as it goes; a training job reads at the GPU's pace).
@@ -97,6 +97,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    VENV_BIN,
     BenchBase,
     BenchError,
     fmt_size,
@@ -112,7 +113,7 @@ from tierfs.policy.watermarks import mark
 MiB = 1 << 20
 READ_CHUNK = 1 << 20
 POOL_SIZE = 64 * MiB  # every file's bytes are this random pool, rotated
-POLL = 0.02  # seconds between status polls while the mover runs
+POLL = 0.05  # seconds between status polls while the mover runs
 MOVER_TIMEOUT = 600.0
 EVICTION_ENV = "TIERFS_TEST_EVICTION"  # tierfs.core.space.EVICTION_ENV (bench-only switch)
 
@@ -231,7 +232,7 @@ class LifecycleBench(BenchBase):
         for tool in ("fusermount3", "cp", "cmp", "sync"):
             self._tool(tool)
         if self.args.py_spy:
-            self._tool("py-spy")
+            self._tool("py-spy", VENV_BIN / "py-spy")
         for root in (self.nvme_root, self.hdd_root):
             root.mkdir(parents=True, exist_ok=True)
 
@@ -586,7 +587,7 @@ class LifecycleBench(BenchBase):
         share = counts["nvme"] / total
         tiers = ", ".join(f"{t['name']} {t['used'] / 2**20:.0f} MiB" for t in status["tiers"])
         log(
-            f"  scan, {algorithm}: hot-set blocks from nvme {counts['nvme']}, hdd {counts['hdd']}, "
+            f"  scan, {algorithm}: hot-set block lookups from nvme {counts['nvme']}, hdd {counts['hdd']}, "
             f"memory {counts['memory']}, fetched {counts['fetched']} of {total} "
             f"({100 * share:.1f}% nvme); cold pass {scanned / secs / 1e6:,.0f} MB/s; mover moved "
             f"{status['mover']['bytes_moved'] / 2**20:.0f} MiB, dropped "
