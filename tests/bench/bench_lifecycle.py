@@ -207,6 +207,13 @@ def read_file(path: Path, drop_first: bool = False) -> int:
     return total
 
 
+def mover_progress(status: dict[str, Any]) -> int:
+    """Bytes the mover has copied: whole moves, plus the part of the current one."""
+    mover = status["mover"]
+    current = mover["current"]
+    return int(mover["bytes_moved"]) + (int(current["done"]) if current else 0)
+
+
 def same_content(a: Path, b: Path) -> bool:
     return subprocess.run(["cmp", "-s", str(a), str(b)]).returncode == 0
 
@@ -508,11 +515,11 @@ class LifecycleBench(BenchBase):
                 if time.monotonic() > deadline:
                     raise BenchError(f"the mover did not start: {status['mover']}")
                 time.sleep(0.005)
-            moved0, t0 = status["mover"]["bytes_moved"], time.perf_counter()
+            moved0, t0 = mover_progress(status), time.perf_counter()
             busy, done_at = self.watched_read(m, low_mark)
             status = m.status()
             window = time.perf_counter() - t0
-            moved1 = status["mover"]["bytes_moved"]
+            moved1 = mover_progress(status)
             if done_at is None:
                 self.wait_low_mark(m, low_mark)
             for name in (self.train_files[0], self.other_files[0]):
