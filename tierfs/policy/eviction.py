@@ -216,8 +216,9 @@ class S3FifoTracker:
         # ``burst_window`` ticks; ``_ticks_left`` counts down to it.
         self._epoch = 0
         self._ticks_left = self._burst_window
-        # A state page holds 4096 state bytes, then (burst mode only) 4096 epoch bytes.
-        self._page_bytes = 2 * _PAGE_SLOTS if self._burst_window else _PAGE_SLOTS
+        # A state page holds 4096 state bytes; in burst mode each is followed by
+        # its epoch byte (the same cache line): slot i at index i * stride.
+        self._stride = 2 if self._burst_window else 1
         if not self._burst_window:
             self.on_access = self._on_access_every_time  # type: ignore[method-assign]
         self._small_fraction = small_fraction
@@ -247,7 +248,7 @@ class S3FifoTracker:
     def _state(self, ino: int) -> int:
         """The state byte of ``ino``: 0 when it is not tracked."""
         page = self._states.get(ino >> _PAGE_BITS)
-        return 0 if page is None else page[ino & _SLOT_MASK]
+        return 0 if page is None else page[(ino & _SLOT_MASK) * self._stride]
 
     @property
     def tracked_bytes(self) -> int:
@@ -283,8 +284,9 @@ class S3FifoTracker:
     def on_insert(self, ino: int, nbytes: int) -> None:
         page_no = ino >> _PAGE_BITS
         slot = ino & _SLOT_MASK
+        index = slot * self._stride
         page = self._states.get(page_no)
-        if page is not None and page[slot]:
+        if page is not None and page[index]:
             self.set_size(ino, nbytes)
             return
         if self._ghost.contains(ino, self._ghost_limit()):
@@ -293,13 +295,13 @@ class S3FifoTracker:
         else:
             queue = _SMALL
         if page is None:
-            page = self._states[page_no] = bytearray(self._page_bytes)
+            page = self._states[page_no] = bytearray(_PAGE_SLOTS * self._stride)
             self._sizes[page_no] = array("q", _EMPTY_SIZES)
             self._live_in_page[page_no] = 0
         self._tick()  # first: the reads of this burst must see the epoch stored here
-        page[slot] = _TRACKED | queue << _QUEUE_SHIFT
+        page[index] = _TRACKED | queue << _QUEUE_SHIFT
         if self._burst_window:
-            page[_PAGE_SLOTS + slot] = self._epoch
+            page[index + 1] = self._epoch
         self._sizes[page_no][slot] = nbytes
         self._live_in_page[page_no] += 1
         self._count += 1
@@ -324,22 +326,21 @@ class S3FifoTracker:
         page = self._states.get(ino >> _PAGE_BITS)
         if page is None:
             return False
-        slot = ino & _SLOT_MASK
-        state = page[slot]
+        index = (ino & _SLOT_MASK) << 1  # the state byte, then the epoch byte
+        state = page[index]
         if not state:
             return False
         if state & _FREQ_MASK == _MAX_FREQ:
             return True  # saturated: nothing to count, nothing to store
-        epoch_slot = _PAGE_SLOTS + slot
-        if page[epoch_slot] == self._epoch:
+        if page[index + 1] == self._epoch:
             return True  # the same burst: counted already
         ticks_left = self._ticks_left - 1  # self._tick(), inlined
         if ticks_left <= 0:
             ticks_left = self._burst_window
             self._epoch = (self._epoch + 1) & 0xFF
         self._ticks_left = ticks_left
-        page[slot] = state + 1
-        page[epoch_slot] = self._epoch
+        page[index] = state + 1
+        page[index + 1] = self._epoch
         return True
 
     def _on_access_every_time(self, ino: int, nbytes: int = 0) -> bool:
@@ -359,10 +360,11 @@ class S3FifoTracker:
         page_no = ino >> _PAGE_BITS
         slot = ino & _SLOT_MASK
         page = self._states.get(page_no)
-        if page is None or not page[slot]:
+        state = 0 if page is None else page[slot * self._stride]
+        if not state:
             return
         sizes = self._sizes[page_no]
-        self._bytes[page[slot] >> _QUEUE_SHIFT & 3] += nbytes - sizes[slot]
+        self._bytes[state >> _QUEUE_SHIFT & 3] += nbytes - sizes[slot]
         sizes[slot] = nbytes
 
     def _forget(self, ino: int) -> int:
@@ -374,12 +376,12 @@ class S3FifoTracker:
         slot = ino & _SLOT_MASK
         page = self._states[page_no]
         nbytes = self._sizes[page_no][slot]
-        self._bytes[page[slot] >> _QUEUE_SHIFT & 3] -= nbytes
+        self._bytes[page[slot * self._stride] >> _QUEUE_SHIFT & 3] -= nbytes
         self._count -= 1
         left = self._live_in_page[page_no] - 1
         if left:
             self._live_in_page[page_no] = left
-            page[slot] = 0
+            page[slot * self._stride] = 0
         else:
             del self._states[page_no], self._sizes[page_no], self._live_in_page[page_no]
         return nbytes
@@ -393,15 +395,16 @@ class S3FifoTracker:
         page_no = ino >> _PAGE_BITS
         slot = ino & _SLOT_MASK
         page = self._states.get(page_no)
-        state = 0 if page is None else page[slot]
+        index = slot * self._stride
+        state = 0 if page is None else page[index]
         if page is None or not state or state >> _QUEUE_SHIFT & 3 == _FIRST:
             return
         nbytes = self._sizes[page_no][slot]
         self._bytes[state >> _QUEUE_SHIFT & 3] -= nbytes
         self._bytes[_FIRST] += nbytes
-        page[slot] = _TRACKED | _FIRST << _QUEUE_SHIFT  # freq 0
+        page[index] = _TRACKED | _FIRST << _QUEUE_SHIFT  # freq 0
         if self._burst_window:
-            page[_PAGE_SLOTS + slot] = 0
+            page[index + 1] = 0
         self._queues[_FIRST].append(ino)
 
     # --- eviction --------------------------------------------------------------------
@@ -411,7 +414,7 @@ class S3FifoTracker:
         out: list[int] = []
         for page_no, page in self._states.items():
             base = page_no << _PAGE_BITS
-            tracked = page[:_PAGE_SLOTS].translate(_NONZERO_TO_ONE)
+            tracked = page[:: self._stride].translate(_NONZERO_TO_ONE)
             slot = tracked.find(1)
             while slot >= 0:
                 out.append(base + slot)
@@ -421,11 +424,12 @@ class S3FifoTracker:
     def _live(self, queue_id: int) -> list[tuple[int, int]]:
         """(ino, freq) of the live slots of one queue, head first, each inode once."""
         states = self._states
+        stride = self._stride
         seen: set[int] = set()
         out: list[tuple[int, int]] = []
         for ino in self._queues[queue_id]:
             page = states.get(ino >> _PAGE_BITS)
-            state = 0 if page is None else page[ino & _SLOT_MASK]
+            state = 0 if page is None else page[(ino & _SLOT_MASK) * stride]
             if not state or state >> _QUEUE_SHIFT & 3 != queue_id or ino in seen:
                 continue
             seen.add(ino)
@@ -456,6 +460,7 @@ class S3FifoTracker:
         """Inodes to give up, least valuable first, until ``bytes_to_free`` are yielded."""
         freed = 0
         states = self._states
+        stride = self._stride
         queues = self._queues
         small, main, first = queues
         skipped: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -478,7 +483,8 @@ class S3FifoTracker:
                 ino = queue.popleft()
                 page = states.get(ino >> _PAGE_BITS)
                 slot = ino & _SLOT_MASK
-                state = 0 if page is None else page[slot]
+                index = slot * stride
+                state = 0 if page is None else page[index]
                 if page is None or not state or state >> _QUEUE_SHIFT & 3 != queue_id:
                     continue  # a stale slot
                 budget -= 1
@@ -488,15 +494,15 @@ class S3FifoTracker:
                 freq = state & _FREQ_MASK
                 if queue_id == _SMALL and freq > 0:
                     nbytes = self._sizes[ino >> _PAGE_BITS][slot]
-                    page[slot] = _TRACKED | _MAIN << _QUEUE_SHIFT  # freq 0
+                    page[index] = _TRACKED | _MAIN << _QUEUE_SHIFT  # freq 0
                     if self._burst_window:
-                        page[_PAGE_SLOTS + slot] = 0
+                        page[index + 1] = 0
                     self._bytes[_SMALL] -= nbytes
                     self._bytes[_MAIN] += nbytes
                     main.append(ino)
                     continue
                 if queue_id == _MAIN and freq > 0:
-                    page[slot] = state - 1
+                    page[index] = state - 1
                     main.append(ino)
                     continue
                 freed += self._forget(ino)
