@@ -36,6 +36,9 @@ Pure Python, no mount, no root:
   with the size of the set (``uniform list`` shows it).  ``ws`` keeps its
   list: its 10k objects stay in cache.  The cost of the bare loop over the
   same container is subtracted from each figure.
+* the trackers: ``s3fifo`` (the class's default, a burst window of 64
+  accesses), ``s3fifo0`` (``burst_window=0``: how ``SpaceManager`` creates
+  them in the daemon) and ``lru``;
 * the memory: growth of the process RSS per tracked entry, in a fresh child
   process per size (ghost filled by a steady state), as bytes per entry and
   MB per million entries (target: <= 200 MB).
@@ -78,7 +81,11 @@ def rss_bytes() -> int:
 
 def make(kind: str, entries: int) -> S3FifoTracker | LruTracker:
     capacity = entries * FILE_SIZE
-    return S3FifoTracker(capacity) if kind == "s3fifo" else LruTracker(capacity)
+    if kind == "s3fifo":
+        return S3FifoTracker(capacity)  # the class's default: a burst window of 64
+    if kind == "s3fifo0":
+        return S3FifoTracker(capacity, burst_window=0)  # as SpaceManager creates them
+    return LruTracker(capacity)
 
 
 def fill(tracker: S3FifoTracker | LruTracker, entries: int) -> None:
@@ -122,6 +129,7 @@ def ns_per_call(calls: int, body: Callable[[int], None]) -> float:
     return (time.perf_counter_ns() - started) / calls
 
 
+KINDS = ("s3fifo", "s3fifo0", "lru")
 WORKING_SET = 10_000
 BLOCKS_PER_FILE = 16
 STREAMS = ("ws_hit_ns", "ws_mixed_ns", "blocks_hit_ns", "uniform_hit_ns", "uniform_list_hit_ns")
@@ -268,7 +276,7 @@ def main() -> int:
             f"{'blocks ns':>10} {'uniform ns':>11} {'unif list':>10} {'B/entry':>8} {'MB/1M':>7}"
         )
     rows: list[dict[str, object]] = []
-    for kind in ("s3fifo", "lru"):
+    for kind in KINDS:
         costs = measure_costs(kind, sizes, args.accesses, args.rounds)
         gc.collect()
         for entries, cost in zip(sizes, costs, strict=True):
@@ -286,7 +294,7 @@ def main() -> int:
                 )
     report["rows"] = rows
     ratios: dict[str, float] = {}
-    for kind in ("s3fifo", "lru"):
+    for kind in KINDS:
         mine = {r["entries"]: r for r in rows if r["tracker"] == kind}
         small, large = min(mine), max(mine)
         for metric in STREAMS:
