@@ -14,8 +14,9 @@ Why S3-FIFO and not 2Q or ARC:
   while there; a scan therefore only churns the small queue, and the main
   queue, where the hot set lives, is not touched.  A file seen again soon
   after it left (its number is in the ghost queue) goes straight to main.
-* A hit is one dict lookup, plus a dict store only while the file's count
-  grows (at most three per stay): no list is relinked, unlike LRU, 2Q's Am
+* A hit is one lookup in a small dict of pages and one byte read, plus a
+  byte written in place only while the file's count grows (at most three
+  per stay): no list is relinked, unlike LRU, 2Q's Am
   queue or ARC's T2.  (In CPython, ``OrderedDict.move_to_end`` is C code and
   about as fast at 10k entries; the benchmark shows both side by side.)  No
   lock is needed: the tracker is called from the event loop only.
@@ -65,8 +66,45 @@ calls ``on_insert`` again if it keeps it after all.  Each call pops at most
 about five times the number of tracked entries, so it ends even when every
 entry is skipped; it never scans the residency on an access.
 
-Implementation and memory: one dict ``ino -> packed int`` (bytes, epoch,
-queue, freq) and one ``collections.deque`` of inodes per queue (8 bytes a slot).
+Implementation and memory: pages indexed by inode number
+---------------------------------------------------------
+Inode numbers are dense (the daemon allocates them in sequence, with a gap
+of 2**20 after a crash), so the per-inode state lives in pages of 4096
+consecutive inode numbers rather than in a dict keyed by inode:
+
+* ``_states[ino >> 12]`` is a ``bytearray``: the state byte of inode ``ino``
+  is at ``ino & 4095`` (``_TRACKED | queue << 2 | freq``; 0 when the inode
+  is not tracked).  With a burst window, each state byte is followed by its
+  epoch byte (page of 8192 bytes, slot ``i`` at ``2 * i``), so that a hit
+  reads and writes one cache line.
+* ``_sizes[ino >> 12]`` is an ``array("q")`` of the sizes, same numbering:
+  the hit path never touches it.
+* ``_live_in_page[ino >> 12]`` counts the tracked inodes of the page; a page
+  is freed (all three entries) when it drops to 0, and made again, zeroed,
+  by the next insert into its range.
+
+Why: a hit used to cost a lookup in a dict of up to 1M entries (the hash
+slot, the stored key's int object for the equality check, the value's int
+object, and a new int for the stored result: cache and TLB misses that
+grow with the size, 4-7x from 10k to 1M).  Now it is a lookup in a dict of
+one entry per 4096 inodes (about 250 at 1M: it stays in cache), one byte
+read and, while the count grows, one or two bytes written in place: no
+object is allocated but the page number's int.  At 1M tracked files the
+state bytes are 1 MB (2 MB with epochs).
+
+Memory, per tracked entry with dense inodes: 1 byte of state (2 with the
+epoch) and 8 of size per inode number of the pages' ranges, plus the deque
+slot (8 bytes) and the inode's int object (about 32 bytes) that the deque
+keeps, plus 5 to 10 bytes of ghost: about 60 bytes.  The cost is per inode
+number *in the range* of an allocated page, not per entry: a tracked set
+spread thinly over a much larger inode range (fewer than about one inode
+number in 10 tracked) costs more than the dict did (about 120 to 170
+bytes per entry), and a lone inode in its page costs 36 KB (40 KB with
+epochs).  The daemon's sets are dense enough: its inode numbers come in
+sequence, and files cached together were mostly created or looked up
+together.
+
+The queues are ``collections.deque`` of inodes (8 bytes a slot).
 Removing an entry (``on_remove``, ``demote_first``) leaves its old slot in a
 deque; a popped slot whose inode is no longer in that queue is dropped, so
 stale slots cost nothing but their 8 bytes until they are popped.  (An inode
@@ -80,10 +118,9 @@ ghost entry (it is forgotten early: with 1 to 2 slots per entry the ghost
 still recalls about 63% to 79% of what it should) or, rarely (1 in 256 of
 the occupied slots), make a new file look like a ghost hit (it then starts
 in main): harmless mistakes that the paper's fingerprint ghost makes too.
-More slots would recall more at 5 bytes a slot; 1 to 2 keep the whole
-tracker within 200 bytes per entry.  When the
-tracked count outgrows the table, a table twice as large starts empty.  Measured per entry in the unit tests and
-``tests/bench/bench_eviction.py``.
+More slots would recall more at 5 bytes a slot.  When the tracked count
+outgrows the table, a table twice as large starts empty.  Measured per
+entry in the unit tests and ``tests/bench/bench_eviction.py``.
 
 ``LruTracker`` is plain LRU (``OrderedDict``, move to end on every hit) with
 the same interface, kept for comparison in the benchmark and tests.
