@@ -100,9 +100,8 @@ number *in the range* of an allocated page, not per entry: a tracked set
 spread thinly over a much larger inode range (fewer than about one inode
 number in 10 tracked) costs more than the dict did (about 120 to 170
 bytes per entry), and a lone inode in its page costs 36 KB (40 KB with
-epochs).  The daemon's sets are dense enough: its inode numbers come in
-sequence, and files cached together were mostly created or looked up
-together.
+epochs).  The daemon's inode numbers come in sequence, so a tier's set is
+dense unless it is a small, scattered part of a much larger namespace.
 
 The queues are ``collections.deque`` of inodes (8 bytes a slot).
 Removing an entry (``on_remove``, ``demote_first``) leaves its old slot in a
