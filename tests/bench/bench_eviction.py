@@ -18,10 +18,27 @@ Pure Python, no mount, no root:
     consecutive block accesses (a 64 MiB shard in 4 MiB blocks, as a
     training epoch reads): the cost per block access;
   - ``uniform``: single hits on random files among all tracked ones, the
-    worst case.  It grows with the size for any hash table, ours and LRU's
-    alike, because 1M entries no longer fit the CPU caches (each hit then
-    costs a few cache and TLB misses); it is printed so the figure is not
-    hidden.
+    worst case, and the daemon's case (``SpaceManager.opened`` calls
+    ``on_access`` once per open of any cached file).  A hash table keyed by
+    inode grows with the size (LRU's ``OrderedDict`` here): 1M entries no
+    longer fit the CPU caches, and each hit costs a few cache and TLB
+    misses.  S3-FIFO keeps its per-inode state in pages of bytes indexed by
+    inode number, whose small dict of pages stays in cache.
+  - ``uniform list``: the same stream as it was measured before, kept for
+    comparison: a Python list of pre-made int objects.
+
+  How the inode numbers reach the tracker: ``uniform`` and ``blocks`` read
+  them from an ``array("q")``, so that each access gets a fresh int object,
+  just allocated (hot in cache), as the daemon's ``on_access(ino)`` does
+  with the inode number of a FUSE request.  Iterating a list of 500k
+  pre-made ints spread over 16 MB instead dereferences a cold object on
+  every access: a cache miss that the daemon does not have and that grows
+  with the size of the set (``uniform list`` shows it).  ``ws`` keeps its
+  list: its 10k objects stay in cache.  The cost of the bare loop over the
+  same container is subtracted from each figure.
+* the trackers: ``s3fifo`` (the class's default, a burst window of 64
+  accesses), ``s3fifo0`` (``burst_window=0``: how ``SpaceManager`` creates
+  them in the daemon) and ``lru``;
 * the memory: growth of the process RSS per tracked entry, in a fresh child
   process per size (ghost filled by a steady state), as bytes per entry and
   MB per million entries (target: <= 200 MB).
@@ -46,6 +63,7 @@ import random
 import subprocess
 import sys
 import time
+from array import array
 from collections.abc import Callable
 
 from tierfs.policy.eviction import LruTracker, S3FifoTracker
@@ -63,7 +81,11 @@ def rss_bytes() -> int:
 
 def make(kind: str, entries: int) -> S3FifoTracker | LruTracker:
     capacity = entries * FILE_SIZE
-    return S3FifoTracker(capacity) if kind == "s3fifo" else LruTracker(capacity)
+    if kind == "s3fifo":
+        return S3FifoTracker(capacity)  # the class's default: a burst window of 64
+    if kind == "s3fifo0":
+        return S3FifoTracker(capacity, burst_window=0)  # as SpaceManager creates them
+    return LruTracker(capacity)
 
 
 def fill(tracker: S3FifoTracker | LruTracker, entries: int) -> None:
@@ -107,9 +129,10 @@ def ns_per_call(calls: int, body: Callable[[int], None]) -> float:
     return (time.perf_counter_ns() - started) / calls
 
 
+KINDS = ("s3fifo", "s3fifo0", "lru")
 WORKING_SET = 10_000
 BLOCKS_PER_FILE = 16
-STREAMS = ("ws_hit_ns", "ws_mixed_ns", "blocks_hit_ns", "uniform_hit_ns")
+STREAMS = ("ws_hit_ns", "ws_mixed_ns", "blocks_hit_ns", "uniform_hit_ns", "uniform_list_hit_ns")
 
 
 class CostBench:
@@ -120,7 +143,8 @@ class CostBench:
         fill(self.tracker, entries)
         rng = random.Random(entries)
         live = list(range(INO_BASE + entries, INO_BASE + 2 * entries))
-        self.uniform = [rng.choice(live) for _ in range(accesses)]
+        self.uniform_list = [rng.choice(live) for _ in range(accesses)]
+        self.uniform = array("q", self.uniform_list)  # a fresh int per access (see above)
         working_set = live[:: max(1, entries // WORKING_SET)][:WORKING_SET]
         self.targets = [rng.choice(working_set) for _ in range(accesses)]
         self.misses = [rng.random() < 0.1 for _ in range(accesses)]
@@ -137,6 +161,19 @@ class CostBench:
         access = self.tracker.on_access
         for ino in self.uniform[:n]:
             access(ino)
+
+    def _uniform_loop(self, n: int) -> None:
+        for _ino in self.uniform[:n]:
+            pass
+
+    def _uniform_list(self, n: int) -> None:
+        access = self.tracker.on_access
+        for ino in self.uniform_list[:n]:
+            access(ino)
+
+    def _uniform_list_loop(self, n: int) -> None:
+        for _ino in self.uniform_list[:n]:
+            pass
 
     def _blocks(self, n: int) -> None:
         access = self.tracker.on_access
@@ -178,7 +215,10 @@ class CostBench:
             "ws_hit_ns": ns_per_call(n, self._hits) - loop,
             "ws_mixed_ns": ns_per_call(n, self._mixed) - loop,
             "blocks_hit_ns": ns_per_call(n, self._blocks) - ns_per_call(n, self._blocks_loop),
-            "uniform_hit_ns": ns_per_call(n, self._uniform) - loop,
+            "uniform_hit_ns": ns_per_call(n, self._uniform) - ns_per_call(n, self._uniform_loop),
+            "uniform_list_hit_ns": (
+                ns_per_call(n, self._uniform_list) - ns_per_call(n, self._uniform_list_loop)
+            ),
         }
         for name, value in figures.items():
             self.best[name] = min(self.best[name], value)
@@ -233,10 +273,10 @@ def main() -> int:
         print()
         print(
             f"{'tracker':8} {'entries':>9} {'ws hit ns':>10} {'ws mixed ns':>12} "
-            f"{'blocks ns':>10} {'uniform ns':>11} {'B/entry':>8} {'MB/1M':>7}"
+            f"{'blocks ns':>10} {'uniform ns':>11} {'unif list':>10} {'B/entry':>8} {'MB/1M':>7}"
         )
     rows: list[dict[str, object]] = []
-    for kind in ("s3fifo", "lru"):
+    for kind in KINDS:
         costs = measure_costs(kind, sizes, args.accesses, args.rounds)
         gc.collect()
         for entries, cost in zip(sizes, costs, strict=True):
@@ -248,12 +288,13 @@ def main() -> int:
                 print(
                     f"{kind:8} {entries:9d} {row['ws_hit_ns']:10.0f} {row['ws_mixed_ns']:12.0f} "
                     f"{row['blocks_hit_ns']:10.0f} {row['uniform_hit_ns']:11.0f} "
+                    f"{row['uniform_list_hit_ns']:10.0f} "
                     f"{row['bytes_per_entry']:8.0f} "
                     f"{row['mb_per_million']:7.0f}"
                 )
     report["rows"] = rows
     ratios: dict[str, float] = {}
-    for kind in ("s3fifo", "lru"):
+    for kind in KINDS:
         mine = {r["entries"]: r for r in rows if r["tracker"] == kind}
         small, large = min(mine), max(mine)
         for metric in STREAMS:

@@ -132,6 +132,13 @@ def test_on_remove_forgets_without_a_ghost() -> None:
     assert list(tracker.victims(10)) == []
 
 
+# Inode numbers for the stateful test: dense ones (one page), and a few at the
+# edges of pages and far apart (inode 0, 4095/4096, 2**40...), so that pages are
+# made and freed as entries come and go.
+_FAR_INODES = (0, 4095, 4096, 8191, 2**40, 2**40 + 1, 2**40 + 4095)
+_INODES = st.one_of(st.integers(1, 30), st.sampled_from(_FAR_INODES))
+
+
 class TrackerMachine(RuleBasedStateMachine):
     """Random events against a model: bytes add up, victims are tracked and not skipped."""
 
@@ -140,32 +147,32 @@ class TrackerMachine(RuleBasedStateMachine):
         self.tracker = S3FifoTracker(capacity=1000)
         self.model: dict[int, int] = {}
 
-    @rule(ino=st.integers(1, 30), nbytes=st.integers(0, 100))
+    @rule(ino=_INODES, nbytes=st.integers(0, 100))
     def insert(self, ino: int, nbytes: int) -> None:
         self.tracker.on_insert(ino, nbytes)
         self.model[ino] = nbytes
 
-    @rule(ino=st.integers(1, 30))
+    @rule(ino=_INODES)
     def access(self, ino: int) -> None:
         assert self.tracker.on_access(ino) == (ino in self.model)
 
-    @rule(ino=st.integers(1, 30), nbytes=st.integers(0, 100))
+    @rule(ino=_INODES, nbytes=st.integers(0, 100))
     def resize(self, ino: int, nbytes: int) -> None:
         self.tracker.set_size(ino, nbytes)
         if ino in self.model:
             self.model[ino] = nbytes
 
-    @rule(ino=st.integers(1, 30))
+    @rule(ino=_INODES)
     def remove(self, ino: int) -> None:
         self.tracker.on_remove(ino)
         self.model.pop(ino, None)
 
-    @rule(ino=st.integers(1, 30))
+    @rule(ino=_INODES)
     def demote(self, ino: int) -> None:
         self.tracker.demote_first(ino)
 
     @precondition(lambda self: bool(self.model))
-    @rule(need=st.integers(-5, 800), busy=st.sets(st.integers(1, 30)), stop=st.integers(0, 5))
+    @rule(need=st.integers(-5, 800), busy=st.sets(_INODES), stop=st.integers(0, 5))
     def evict(self, need: int, busy: set[int], stop: int) -> None:
         before = dict(self.model)
         got: list[int] = []
@@ -191,6 +198,9 @@ class TrackerMachine(RuleBasedStateMachine):
         assert self.tracker.tracked_bytes == sum(self.model.values())
         assert len(self.tracker) == len(self.model)
         assert all(ino in self.tracker for ino in self.model)
+        assert sorted(self.tracker.inodes()) == sorted(self.model)
+        # A page is kept exactly while one of its inodes is tracked.
+        assert self.tracker.pages == len({ino >> 12 for ino in self.model})
 
 
 TestTrackerMachine = TrackerMachine.TestCase
@@ -274,3 +284,104 @@ def test_batch_eviction_by_ranking_keeps_the_hot_set_where_lru_does_not() -> Non
     assert s3fifo.hot_reads == lru.hot_reads > 100
     assert s3fifo.hot_hit_ratio >= 0.90, s3fifo
     assert lru.hot_hit_ratio <= 0.5, lru
+
+
+@pytest.mark.parametrize("burst_window", [0, 64])
+def test_inode_zero_is_an_inode_like_any_other(burst_window: int) -> None:
+    tracker = S3FifoTracker(capacity=100, burst_window=burst_window)
+    assert 0 not in tracker and not tracker.on_access(0)
+    tracker.on_insert(0, 7)
+    tracker.on_insert(1, 5)  # its neighbour in the page: a separate entry
+    assert 0 in tracker and tracker.queue_of(0) == "small"
+    for ino in range(200, 300):  # a later burst
+        tracker.on_insert(ino, 0)
+        tracker.on_remove(ino)
+    assert tracker.on_access(0)
+    assert sorted(tracker.inodes()) == [0, 1] and len(tracker) == 2
+    assert tracker.tracked_bytes == 12
+    assert tracker.ranking() == [1, 0]  # 0 was read again: it is worth more
+    assert sorted(tracker.victims(12)) == [0, 1]
+    assert tracker.in_ghost(1) and not tracker.in_ghost(0)  # 0 left from main
+    assert 0 not in tracker and tracker.pages == 0 and tracker.tracked_bytes == 0
+
+
+@pytest.mark.parametrize("burst_window", [0, 64])
+def test_inodes_far_apart_are_separate_entries(burst_window: int) -> None:
+    """1, 2**40, and the edges of a page: each its own state, size and freq."""
+    inodes = [1, 4095, 4096, 2**40, 2**40 + 4095, 2**62]
+    tracker = S3FifoTracker(capacity=10**6, burst_window=burst_window)
+    for nbytes, ino in enumerate(inodes, start=1):
+        tracker.on_insert(ino, nbytes)
+    assert tracker.pages == 4  # 1 and 4095 share page 0; 2**40 and 2**40 + 4095 share one
+    assert sorted(tracker.inodes()) == inodes
+    assert tracker.tracked_bytes == sum(range(1, len(inodes) + 1))
+    for neighbour in (0, 2, 4094, 4097, 2**40 - 1, 2**40 + 1, 2**40 + 4096, 2**62 + 1):
+        assert neighbour not in tracker and not tracker.on_access(neighbour)
+    for _burst in range(100):  # many bursts: each counts (freq saturates at 3)
+        assert tracker.on_access(2**40)
+        for ino in range(200, 300):  # ticks the burst clock past its window
+            tracker.on_insert(ino, 0)
+            tracker.on_remove(ino)
+    tracker.set_size(2**40 + 4095, 50)
+    assert tracker.tracked_bytes == sum(range(1, len(inodes) + 1)) - 5 + 50
+    # Only 2**40 was read again: the most valuable; the others in insertion order.
+    assert tracker.ranking() == [1, 4095, 4096, 2**40 + 4095, 2**62, 2**40]
+    assert list(tracker.victims(3)) == [1, 4095]
+    assert tracker.pages == 3  # page 0 is freed
+    assert list(tracker.victims(3)) == [4096]
+    assert tracker.pages == 2
+    assert sorted(tracker.victims(10**6)) == [2**40, 2**40 + 4095, 2**62]
+    assert tracker.pages == 0 and len(tracker) == 0 and tracker.tracked_bytes == 0
+
+
+@pytest.mark.parametrize("burst_window", [0, 64])
+def test_remove_then_insert_again_starts_afresh(burst_window: int) -> None:
+    tracker = S3FifoTracker(capacity=1000, burst_window=burst_window)
+    tracker.on_insert(5000, 10)
+    for _ in range(3):
+        tracker.on_access(5000)
+        for ino in range(1, 100):  # new bursts between the reads
+            tracker.on_insert(ino, 0)
+            tracker.on_remove(ino)
+    assert tracker.ranking() == [5000] and tracker.on_access(5000)
+    tracker.on_remove(5000)
+    assert 5000 not in tracker and tracker.pages == 0 and not tracker.in_ghost(5000)
+    tracker.on_insert(5000, 20)  # its old deque slot is stale; its freq starts at 0
+    tracker.on_insert(5001, 30)
+    assert tracker.queue_of(5000) == "small" and tracker.tracked_bytes == 50
+    assert list(tracker.victims(1)) == [5000]  # read once: the first to go, to the ghost
+    assert tracker.in_ghost(5000) and tracker.pages == 1
+    tracker.on_insert(5000, 20)
+    assert tracker.queue_of(5000) == "main"
+
+
+def test_a_page_is_freed_when_its_last_inode_leaves() -> None:
+    tracker = S3FifoTracker(capacity=10**6, burst_window=0)
+    for ino in range(4096, 3 * 4096 + 1):  # pages 1 and 2, and one inode of page 3
+        tracker.on_insert(ino, 1)
+    assert tracker.pages == 3
+    for ino in range(4096, 2 * 4096 - 1):
+        tracker.on_remove(ino)
+    assert tracker.pages == 3  # 8191 is still in page 1
+    tracker.demote_first(8191)
+    assert list(tracker.victims(1)) == [8191]
+    assert tracker.pages == 2
+    tracker.on_remove(3 * 4096)
+    assert tracker.pages == 1 and len(tracker) == 4096
+    assert sorted(tracker.inodes()) == list(range(2 * 4096, 3 * 4096))
+    tracker.on_insert(4096, 9)  # a freed page comes back empty but for the new entry
+    assert tracker.pages == 2 and tracker.queue_of(4097) is None
+    assert tracker.tracked_bytes == 4096 + 9
+
+
+def test_the_burst_clock_is_per_inode_across_pages() -> None:
+    """Two inodes in different pages read in the same burst: each counted once."""
+    tracker = S3FifoTracker(capacity=1000)
+    tracker.on_insert(7, 10)
+    tracker.on_insert(2**40 + 7, 10)
+    for _block in range(16):
+        assert tracker.on_access(7) and tracker.on_access(2**40 + 7)
+    for ino in range(8, 200):
+        tracker.on_insert(ino, 1)
+    # Read in the burst of their insert: not counted, both leave small first.
+    assert list(tracker.victims(20)) == [7, 2**40 + 7]

@@ -14,8 +14,9 @@ Why S3-FIFO and not 2Q or ARC:
   while there; a scan therefore only churns the small queue, and the main
   queue, where the hot set lives, is not touched.  A file seen again soon
   after it left (its number is in the ghost queue) goes straight to main.
-* A hit is one dict lookup, plus a dict store only while the file's count
-  grows (at most three per stay): no list is relinked, unlike LRU, 2Q's Am
+* A hit is one lookup in a small dict of pages and one byte read, plus a
+  byte written in place only while the file's count grows (at most three
+  per stay): no list is relinked, unlike LRU, 2Q's Am
   queue or ARC's T2.  (In CPython, ``OrderedDict.move_to_end`` is C code and
   about as fast at 10k entries; the benchmark shows both side by side.)  No
   lock is needed: the tracker is called from the event loop only.
@@ -65,8 +66,44 @@ calls ``on_insert`` again if it keeps it after all.  Each call pops at most
 about five times the number of tracked entries, so it ends even when every
 entry is skipped; it never scans the residency on an access.
 
-Implementation and memory: one dict ``ino -> packed int`` (bytes, epoch,
-queue, freq) and one ``collections.deque`` of inodes per queue (8 bytes a slot).
+Implementation and memory: pages indexed by inode number
+---------------------------------------------------------
+Inode numbers are dense (the daemon allocates them in sequence, with a gap
+of 2**20 after a crash), so the per-inode state lives in pages of 4096
+consecutive inode numbers rather than in a dict keyed by inode:
+
+* ``_states[ino >> 12]`` is a ``bytearray``: the state byte of inode ``ino``
+  is at ``ino & 4095`` (``_TRACKED | queue << 2 | freq``; 0 when the inode
+  is not tracked).  With a burst window, each state byte is followed by its
+  epoch byte (page of 8192 bytes, slot ``i`` at ``2 * i``), so that a hit
+  reads and writes one cache line.
+* ``_sizes[ino >> 12]`` is an ``array("q")`` of the sizes, same numbering:
+  the hit path never touches it.
+* ``_live_in_page[ino >> 12]`` counts the tracked inodes of the page; a page
+  is freed (all three entries) when it drops to 0, and made again, zeroed,
+  by the next insert into its range.
+
+Why: a hit used to cost a lookup in a dict of up to 1M entries (the hash
+slot, the stored key's int object for the equality check, the value's int
+object, and a new int for the stored result: cache and TLB misses that
+grow with the size, 4-7x from 10k to 1M).  Now it is a lookup in a dict of
+one entry per 4096 inodes (about 250 at 1M: it stays in cache), one byte
+read and, while the count grows, one or two bytes written in place: no
+object is allocated but the page number's int.  At 1M tracked files the
+state bytes are 1 MB (2 MB with epochs).
+
+Memory, per tracked entry with dense inodes: 1 byte of state (2 with the
+epoch) and 8 of size per inode number of the pages' ranges, plus the deque
+slot (8 bytes) and the inode's int object (about 32 bytes) that the deque
+keeps, plus 5 to 10 bytes of ghost: about 60 bytes.  The cost is per inode
+number *in the range* of an allocated page, not per entry: a tracked set
+spread thinly over a much larger inode range (fewer than about one inode
+number in 10 tracked) costs more than the dict did (about 120 to 170
+bytes per entry), and a lone inode in its page costs 36 KB (40 KB with
+epochs).  The daemon's inode numbers come in sequence, so a tier's set is
+dense unless it is a small, scattered part of a much larger namespace.
+
+The queues are ``collections.deque`` of inodes (8 bytes a slot).
 Removing an entry (``on_remove``, ``demote_first``) leaves its old slot in a
 deque; a popped slot whose inode is no longer in that queue is dropped, so
 stale slots cost nothing but their 8 bytes until they are popped.  (An inode
@@ -80,10 +117,9 @@ ghost entry (it is forgotten early: with 1 to 2 slots per entry the ghost
 still recalls about 63% to 79% of what it should) or, rarely (1 in 256 of
 the occupied slots), make a new file look like a ghost hit (it then starts
 in main): harmless mistakes that the paper's fingerprint ghost makes too.
-More slots would recall more at 5 bytes a slot; 1 to 2 keep the whole
-tracker within 200 bytes per entry.  When the
-tracked count outgrows the table, a table twice as large starts empty.  Measured per entry in the unit tests and
-``tests/bench/bench_eviction.py``.
+More slots would recall more at 5 bytes a slot.  When the tracked count
+outgrows the table, a table twice as large starts empty.  Measured per
+entry in the unit tests and ``tests/bench/bench_eviction.py``.
 
 ``LruTracker`` is plain LRU (``OrderedDict``, move to end on every hit) with
 the same interface, kept for comparison in the benchmark and tests.
@@ -112,15 +148,19 @@ __all__ = [
 ]
 
 _SMALL, _MAIN, _FIRST = 0, 1, 2
-_FREQ_BITS = 2
-_QUEUE_BITS = 2
-_EPOCH_SHIFT = _FREQ_BITS + _QUEUE_BITS
-_EPOCH_MASK = 0xFF << _EPOCH_SHIFT
-_SHIFT = _EPOCH_SHIFT + 8  # nbytes above freq, queue and epoch
-_LOW_MASK = (1 << _SHIFT) - 1
-_FREQ_MASK = (1 << _FREQ_BITS) - 1
-_QUEUE_MASK = 3 << _FREQ_BITS
+_QUEUE_NAMES = ("small", "main", "first")
+# The state byte of an inode: freq in bits 0-1, queue in bits 2-3, and
+# ``_TRACKED`` so that a tracked entry is never 0 (0 = not tracked here).
+_FREQ_MASK = 3
+_QUEUE_SHIFT = 2
+_TRACKED = 0x10
 _MAX_FREQ = 3
+# Pages: one per 4096 consecutive inode numbers.
+_PAGE_BITS = 12
+_PAGE_SLOTS = 1 << _PAGE_BITS
+_SLOT_MASK = _PAGE_SLOTS - 1
+_EMPTY_SIZES = bytes(8 * _PAGE_SLOTS)  # one zeroed array("q") page, copied on allocation
+_NONZERO_TO_ONE = bytes([0] + [1] * 255)  # bytes.translate table: tracked slots -> 1
 _GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / phi, for Fibonacci hashing
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
@@ -200,7 +240,7 @@ class EvictionTracker(Protocol):
 
 
 class S3FifoTracker:
-    """S3-FIFO over files; see the module docstring."""
+    """S3-FIFO over files; see the module docstring (the layout is under "Implementation")."""
 
     def __init__(
         self, capacity: int, *, small_fraction: float = 0.10, burst_window: int = 64
@@ -212,12 +252,18 @@ class S3FifoTracker:
         # ``burst_window`` ticks; ``_ticks_left`` counts down to it.
         self._epoch = 0
         self._ticks_left = self._burst_window
+        # A state page holds 4096 state bytes; in burst mode each is followed by
+        # its epoch byte (the same cache line): slot i at index i * stride.
+        self._stride = 2 if self._burst_window else 1
         if not self._burst_window:
             self.on_access = self._on_access_every_time  # type: ignore[method-assign]
         self._small_fraction = small_fraction
         self._small_target = 0
         self.set_capacity(capacity)
-        self._meta: dict[int, int] = {}  # ino -> nbytes << 4 | queue << 2 | freq
+        self._states: dict[int, bytearray] = {}  # ino >> 12 -> state (and epoch) bytes
+        self._sizes: dict[int, array[int]] = {}  # ino >> 12 -> nbytes per slot
+        self._live_in_page: dict[int, int] = {}  # ino >> 12 -> tracked entries in the page
+        self._count = 0
         self._queues: tuple[deque[int], deque[int], deque[int]] = (deque(), deque(), deque())
         self._bytes = [0, 0, 0]
         self._ghost = _Ghost()
@@ -230,10 +276,15 @@ class S3FifoTracker:
         self._small_target = int(self.capacity * self._small_fraction)
 
     def __len__(self) -> int:
-        return len(self._meta)
+        return self._count
 
     def __contains__(self, ino: object) -> bool:
-        return ino in self._meta
+        return isinstance(ino, int) and self._state(ino) != 0
+
+    def _state(self, ino: int) -> int:
+        """The state byte of ``ino``: 0 when it is not tracked."""
+        page = self._states.get(ino >> _PAGE_BITS)
+        return 0 if page is None else page[(ino & _SLOT_MASK) * self._stride]
 
     @property
     def tracked_bytes(self) -> int:
@@ -248,23 +299,30 @@ class S3FifoTracker:
     def main_bytes(self) -> int:
         return self._bytes[_MAIN]
 
+    @property
+    def pages(self) -> int:
+        """Allocated pages (of 4096 inode numbers): for tests and memory figures."""
+        return len(self._states)
+
     def in_ghost(self, ino: int) -> bool:
         return self._ghost.contains(ino, self._ghost_limit())
 
     def _ghost_limit(self) -> int:
-        return max(len(self._meta), 1)
+        return max(self._count, 1)
 
     def queue_of(self, ino: int) -> str | None:
         """ "small", "main", "first" or None: for tests and ``status``."""
-        packed = self._meta.get(ino)
-        if packed is None:
-            return None
-        return ("small", "main", "first")[(packed >> _FREQ_BITS) & 3]
+        state = self._state(ino)
+        return _QUEUE_NAMES[state >> _QUEUE_SHIFT & 3] if state else None
 
     # --- events ----------------------------------------------------------------------
 
     def on_insert(self, ino: int, nbytes: int) -> None:
-        if ino in self._meta:
+        page_no = ino >> _PAGE_BITS
+        slot = ino & _SLOT_MASK
+        index = slot * self._stride
+        page = self._states.get(page_no)
+        if page is not None and page[index]:
             self.set_size(ino, nbytes)
             return
         if self._ghost.contains(ino, self._ghost_limit()):
@@ -272,8 +330,17 @@ class S3FifoTracker:
             queue = _MAIN
         else:
             queue = _SMALL
+        if page is None:
+            page = self._states[page_no] = bytearray(_PAGE_SLOTS * self._stride)
+            self._sizes[page_no] = array("q", _EMPTY_SIZES)
+            self._live_in_page[page_no] = 0
         self._tick()  # first: the reads of this burst must see the epoch stored here
-        self._meta[ino] = (nbytes << _SHIFT) | (self._epoch << _EPOCH_SHIFT) | (queue << _FREQ_BITS)
+        page[index] = _TRACKED | queue << _QUEUE_SHIFT
+        if self._burst_window:
+            page[index + 1] = self._epoch
+        self._sizes[page_no][slot] = nbytes
+        self._live_in_page[page_no] += 1
+        self._count += 1
         self._queues[queue].append(ino)
         self._bytes[queue] += nbytes
 
@@ -287,81 +354,122 @@ class S3FifoTracker:
     def on_access(self, ino: int, nbytes: int = 0) -> bool:
         """A read of ``ino``; True if it is tracked here (a hit).
 
-        The hot path: one dict lookup; a dict store only when the count
-        grows (a new burst, freq below 3): a file read often is saturated
-        and costs no store.  The arithmetic stays on the low bits (small
-        ints) but for one addition to the packed int (each big-int result is
-        an allocation, and a store frees the old value: cache misses).
+        The hot path: a lookup in the small dict of pages, one byte read; one
+        byte written (two with the epoch) only when the count grows (a new
+        burst, freq below 3): a file read often is saturated and costs no
+        store.  No int object is allocated but the page number's.
         """
-        packed = self._meta.get(ino)
-        if packed is None:
+        page = self._states.get(ino >> _PAGE_BITS)
+        if page is None:
             return False
-        low = packed & _LOW_MASK
-        if low & _FREQ_MASK == _MAX_FREQ:
+        index = (ino & _SLOT_MASK) << 1  # the state byte, then the epoch byte
+        state = page[index]
+        if not state:
+            return False
+        if state & _FREQ_MASK == _MAX_FREQ:
             return True  # saturated: nothing to count, nothing to store
-        stored_epoch = low >> _EPOCH_SHIFT
-        if stored_epoch == self._epoch:
+        if page[index + 1] == self._epoch:
             return True  # the same burst: counted already
         ticks_left = self._ticks_left - 1  # self._tick(), inlined
         if ticks_left <= 0:
             ticks_left = self._burst_window
             self._epoch = (self._epoch + 1) & 0xFF
         self._ticks_left = ticks_left
-        self._meta[ino] = (
-            packed + ((self._epoch - stored_epoch) << _EPOCH_SHIFT) + (low & _FREQ_MASK < _MAX_FREQ)
-        )
+        page[index] = state + 1
+        page[index + 1] = self._epoch
         return True
 
     def _on_access_every_time(self, ino: int, nbytes: int = 0) -> bool:
         """``on_access`` with ``burst_window=0``: every access counts."""
-        packed = self._meta.get(ino)
-        if packed is None:
+        page = self._states.get(ino >> _PAGE_BITS)
+        if page is None:
             return False
-        if packed & _FREQ_MASK < _MAX_FREQ:
-            self._meta[ino] = packed + 1
+        slot = ino & _SLOT_MASK
+        state = page[slot]
+        if not state:
+            return False
+        if state & _FREQ_MASK != _MAX_FREQ:
+            page[slot] = state + 1
         return True
 
     def set_size(self, ino: int, nbytes: int) -> None:
-        packed = self._meta.get(ino)
-        if packed is None:
+        page_no = ino >> _PAGE_BITS
+        slot = ino & _SLOT_MASK
+        page = self._states.get(page_no)
+        state = 0 if page is None else page[slot * self._stride]
+        if not state:
             return
-        queue = (packed >> _FREQ_BITS) & 3
-        self._bytes[queue] += nbytes - (packed >> _SHIFT)
-        self._meta[ino] = (nbytes << _SHIFT) | (packed & ((1 << _SHIFT) - 1))
+        sizes = self._sizes[page_no]
+        self._bytes[state >> _QUEUE_SHIFT & 3] += nbytes - sizes[slot]
+        sizes[slot] = nbytes
+
+    def _forget(self, ino: int) -> int:
+        """Stop tracking ``ino`` (tracked): its bytes leave its queue; frees an emptied page.
+
+        Its deque slot goes stale.  Returns its size.
+        """
+        page_no = ino >> _PAGE_BITS
+        slot = ino & _SLOT_MASK
+        page = self._states[page_no]
+        nbytes = self._sizes[page_no][slot]
+        self._bytes[page[slot * self._stride] >> _QUEUE_SHIFT & 3] -= nbytes
+        self._count -= 1
+        left = self._live_in_page[page_no] - 1
+        if left:
+            self._live_in_page[page_no] = left
+            page[slot * self._stride] = 0
+        else:
+            del self._states[page_no], self._sizes[page_no], self._live_in_page[page_no]
+        return nbytes
 
     def on_remove(self, ino: int) -> None:
-        packed = self._meta.pop(ino, None)
-        if packed is not None:  # its deque slot goes stale
-            self._bytes[(packed >> _FREQ_BITS) & 3] -= packed >> _SHIFT
+        if self._state(ino):
+            self._forget(ino)
         self._ghost.discard(ino)
 
     def demote_first(self, ino: int) -> None:
-        packed = self._meta.get(ino)
-        if packed is None or (packed >> _FREQ_BITS) & 3 == _FIRST:
+        page_no = ino >> _PAGE_BITS
+        slot = ino & _SLOT_MASK
+        page = self._states.get(page_no)
+        index = slot * self._stride
+        state = 0 if page is None else page[index]
+        if page is None or not state or state >> _QUEUE_SHIFT & 3 == _FIRST:
             return
-        nbytes = packed >> _SHIFT
-        self._bytes[(packed >> _FREQ_BITS) & 3] -= nbytes
+        nbytes = self._sizes[page_no][slot]
+        self._bytes[state >> _QUEUE_SHIFT & 3] -= nbytes
         self._bytes[_FIRST] += nbytes
-        self._meta[ino] = (nbytes << _SHIFT) | (_FIRST << _FREQ_BITS)
+        page[index] = _TRACKED | _FIRST << _QUEUE_SHIFT  # freq 0
+        if self._burst_window:
+            page[index + 1] = 0
         self._queues[_FIRST].append(ino)
 
     # --- eviction --------------------------------------------------------------------
 
     def inodes(self) -> list[int]:
         """Every tracked inode, in no particular order."""
-        return list(self._meta)
+        out: list[int] = []
+        for page_no, page in self._states.items():
+            base = page_no << _PAGE_BITS
+            tracked = page[:: self._stride].translate(_NONZERO_TO_ONE)
+            slot = tracked.find(1)
+            while slot >= 0:
+                out.append(base + slot)
+                slot = tracked.find(1, slot + 1)
+        return out
 
     def _live(self, queue_id: int) -> list[tuple[int, int]]:
         """(ino, freq) of the live slots of one queue, head first, each inode once."""
-        meta = self._meta
+        states = self._states
+        stride = self._stride
         seen: set[int] = set()
         out: list[tuple[int, int]] = []
         for ino in self._queues[queue_id]:
-            packed = meta.get(ino)
-            if packed is None or (packed >> _FREQ_BITS) & 3 != queue_id or ino in seen:
+            page = states.get(ino >> _PAGE_BITS)
+            state = 0 if page is None else page[(ino & _SLOT_MASK) * stride]
+            if not state or state >> _QUEUE_SHIFT & 3 != queue_id or ino in seen:
                 continue
             seen.add(ino)
-            out.append((ino, packed & _FREQ_MASK))
+            out.append((ino, state & _FREQ_MASK))
         return out
 
     def ranking(self) -> list[int]:
@@ -387,7 +495,8 @@ class S3FifoTracker:
     def victims(self, bytes_to_free: int, skip: Callable[[int], bool] = _never) -> Iterator[int]:
         """Inodes to give up, least valuable first, until ``bytes_to_free`` are yielded."""
         freed = 0
-        meta = self._meta
+        states = self._states
+        stride = self._stride
         queues = self._queues
         small, main, first = queues
         skipped: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -408,30 +517,33 @@ class S3FifoTracker:
                 else:
                     return
                 ino = queue.popleft()
-                packed = meta.get(ino)
-                if packed is None or (packed >> _FREQ_BITS) & 3 != queue_id:
+                page = states.get(ino >> _PAGE_BITS)
+                slot = ino & _SLOT_MASK
+                index = slot * stride
+                state = 0 if page is None else page[index]
+                if page is None or not state or state >> _QUEUE_SHIFT & 3 != queue_id:
                     continue  # a stale slot
                 budget -= 1
                 if skip(ino):
                     skipped[queue_id].append(ino)
                     continue
-                freq = packed & _FREQ_MASK
-                nbytes = packed >> _SHIFT
+                freq = state & _FREQ_MASK
                 if queue_id == _SMALL and freq > 0:
-                    meta[ino] = (nbytes << _SHIFT) | (_MAIN << _FREQ_BITS)
+                    nbytes = self._sizes[ino >> _PAGE_BITS][slot]
+                    page[index] = _TRACKED | _MAIN << _QUEUE_SHIFT  # freq 0
+                    if self._burst_window:
+                        page[index + 1] = 0
                     self._bytes[_SMALL] -= nbytes
                     self._bytes[_MAIN] += nbytes
                     main.append(ino)
                     continue
                 if queue_id == _MAIN and freq > 0:
-                    meta[ino] = packed - 1
+                    page[index] = state - 1
                     main.append(ino)
                     continue
-                del meta[ino]
-                self._bytes[queue_id] -= nbytes
+                freed += self._forget(ino)
                 if queue_id == _SMALL:
                     self._ghost.add(ino, self._ghost_limit())
-                freed += nbytes
                 budget += 1  # a yield is progress, not a wasted pop
                 yield ino
         finally:
