@@ -385,3 +385,17 @@ def test_the_burst_clock_is_per_inode_across_pages() -> None:
         tracker.on_insert(ino, 1)
     # Read in the burst of their insert: not counted, both leave small first.
     assert list(tracker.victims(20)) == [7, 2**40 + 7]
+
+
+def test_a_file_evicted_by_the_planner_comes_back_to_main() -> None:
+    tracker = S3FifoTracker(capacity=100, burst_window=0)
+    tracker.on_insert(7, 10)
+    assert tracker.queue_of(7) == "small"
+    tracker.on_evict(7)  # demoted to the next tier
+    assert 7 not in tracker and tracker.in_ghost(7)
+    tracker.on_insert(7, 10)  # promoted back
+    assert tracker.queue_of(7) == "main"
+    tracker.on_remove(7)  # deleted: no ghost
+    assert not tracker.in_ghost(7)
+    tracker.on_insert(7, 10)
+    assert tracker.queue_of(7) == "small"

@@ -247,8 +247,10 @@ class SpaceManager:
             tracker.on_insert(ino, self.meta.residency(ino).get(tier, 0))
 
     def left(self, ino: int, tier: int) -> None:
-        """``ino`` has no bytes on ``tier`` any more (moved or dropped)."""
-        self.trackers[tier].on_remove(ino)
+        """``ino`` has no bytes on ``tier`` any more (moved or dropped): the
+        tracker remembers it in its ghost, so that a file promoted back
+        soon after is known as one that was used before."""
+        self.trackers[tier].on_evict(ino)
 
     def reconcile(self, residency: dict[int, list[int]]) -> None:
         """Bring the trackers in line with ``residency`` (ino -> bytes per

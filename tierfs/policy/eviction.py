@@ -225,6 +225,7 @@ class EvictionTracker(Protocol):
     def on_insert(self, ino: int, nbytes: int) -> None: ...
     def on_access(self, ino: int, nbytes: int = 0) -> bool: ...
     def on_remove(self, ino: int) -> None: ...
+    def on_evict(self, ino: int) -> None: ...
     def set_size(self, ino: int, nbytes: int) -> None: ...
     def demote_first(self, ino: int) -> None: ...
     def victims(
@@ -427,6 +428,15 @@ class S3FifoTracker:
             self._forget(ino)
         self._ghost.discard(ino)
 
+    def on_evict(self, ino: int) -> None:
+        """``ino`` left the tier because the planner demoted or dropped it:
+        forgotten like ``on_remove``, but remembered in the ghost, so that
+        if it comes back soon (a promotion, a fetch) it goes straight to
+        main, as a file that ``victims`` gave up would."""
+        if self._state(ino):
+            self._forget(ino)
+            self._ghost.add(ino, self._ghost_limit())
+
     def demote_first(self, ino: int) -> None:
         page_no = ino >> _PAGE_BITS
         slot = ino & _SLOT_MASK
@@ -594,6 +604,9 @@ class LruTracker:
 
     def on_remove(self, ino: int) -> None:
         self.tracked_bytes -= self._lru.pop(ino, 0)
+
+    def on_evict(self, ino: int) -> None:
+        self.on_remove(ino)
 
     def demote_first(self, ino: int) -> None:
         if ino in self._lru:
