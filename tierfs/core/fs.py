@@ -138,7 +138,7 @@ class TierFS:
             is_busy=self._not_evictable,
             clock=self.clock,
             placement=self._placement,
-            on_above_high=self._above_high,
+            on_tier_full=self._tier_full,
         )
         self.blocks = BlockCache(
             meta,
@@ -224,7 +224,7 @@ class TierFS:
     def _placement(self, ino: int) -> int | None:
         return self.lifecycle.store_tier(ino)
 
-    def _above_high(self) -> None:
+    def _tier_full(self) -> None:
         self.lifecycle.wake_mover()
 
     def _slow_tier_read(self, ino: int, tier: int) -> None:

@@ -69,16 +69,19 @@ class SpaceManager:
         *,
         clock: Clock | None = None,
         placement: Callable[[int], int | None] | None = None,
-        on_above_high: Callable[[], None] | None = None,
+        on_tier_full: Callable[[], None] | None = None,
     ) -> None:
         self.tiers = list(tiers)
         self.meta = meta
         self._is_busy = is_busy
         self.clock = clock if clock is not None else Clock()
         self._placement = placement
-        #: Called when a reservation takes a tier above its high watermark
-        #: (the lifecycle wakes the mover instead of waiting for its interval).
-        self._on_above_high = on_above_high
+        #: Called when a block cannot go to its placement tier because that
+        #: tier is full, so it spills to another (the lifecycle wakes the
+        #: mover instead of waiting for its interval).  A tier merely above
+        #: its high watermark waits for the mover's interval: that is the
+        #: window in which ``tierfs policy plan`` shows what will move.
+        self._on_full = on_tier_full
         self._reserved = [0] * len(self.tiers)
         self.atimes: dict[int, float] = meta.get_atimes()
         self._unflushed: dict[int, float] = {}
@@ -132,18 +135,12 @@ class SpaceManager:
             for tier in order:
                 if tier != avoid and self.has_room(tier, nbytes):
                     self._reserved[tier] += nbytes
-                    self._check_high(tier)
+                    if tier != first and self._on_full is not None:
+                        self._on_full()
                     return tier
             if not self._evict_for_room():
                 return None
         return None
-
-    def _check_high(self, tier: int) -> None:
-        if self._on_above_high is None:
-            return
-        t = self.tiers[tier]
-        if self.used(tier) > t.capacity * t.high_watermark:
-            self._on_above_high()
 
     def reserve_on(self, tier: int, nbytes: int) -> bool:
         """Reserve ``nbytes`` on ``tier`` if it has room now (no eviction)."""

@@ -1,8 +1,8 @@
 """The mover: carries out the lifecycle's plan in the background.
 
 States (``status.mover.state``): ``starting`` -> ``planning`` -> ``moving``
--> ``idle`` -> (``interval`` passes, or something wakes it: a tier going
-above its high watermark, a pin, a reload; never sooner than
+-> ``idle`` -> (``interval`` passes, or something wakes it: a tier so
+full that new blocks spill past it, a pin, a reload; never sooner than
 ``MIN_PASS_GAP`` after the last pass) -> ``planning`` ...
 
 One pass: ``Lifecycle.plan()`` (the planner over the facts of the moment),
