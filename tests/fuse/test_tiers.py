@@ -32,7 +32,16 @@ def test_nvme_fills_then_hdd_then_reads_beyond_both_still_succeed(mount: MountFa
         "b.bin": os.urandom(12 * MiB),  # more than both tiers still have free
         "c.bin": os.urandom(20 * MiB),  # more than both tiers hold together
     }
-    m = mount(bodies, nvme="4MiB", hdd="8MiB", readahead_max="2MiB")
+    # Watermarks at 100%: the mover never demotes, so what is on each tier
+    # is where placement put it (the mover has tests of its own).
+    full = (1.0, 0.9)
+    m = mount(
+        bodies,
+        nvme="4MiB",
+        hdd="8MiB",
+        readahead_max="2MiB",
+        watermarks={"nvme": full, "hdd": full},
+    )
 
     assert sha256_of(m.path / "a.bin") == hashlib.sha256(bodies["a.bin"]).hexdigest()
     a = m.where_one("a.bin")

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.fuse
 
 MiB = 1024 * 1024
 LONG_DELAY = "600s"
+#: Watermarks at 100%: the mover never demotes, so what is on each tier is
+#: where placement put it (the mover has tests of its own).
+NO_MOVER = {"nvme": (1.0, 0.9), "hdd": (1.0, 0.9)}
 
 
 def flush(m: Mount, *names: str) -> None:
@@ -34,7 +37,9 @@ def bucket_sha(m: Mount, name: str) -> str:
 
 
 def test_file_larger_than_nvme_spills_to_hdd(mount: MountFactory) -> None:
-    m = mount(nvme="8MiB", hdd="16MiB", upload_delay=LONG_DELAY, part_size="5MiB")
+    m = mount(
+        nvme="8MiB", hdd="16MiB", upload_delay=LONG_DELAY, part_size="5MiB", watermarks=NO_MOVER
+    )
     body = os.urandom(12 * MiB)
     (m.path / "big.bin").write_bytes(body)
     item = m.where_one("big.bin")
@@ -52,7 +57,7 @@ def test_file_larger_than_nvme_spills_to_hdd(mount: MountFactory) -> None:
 
 
 def test_writing_more_than_all_tiers_waits_for_uploads(mount: MountFactory) -> None:
-    m = mount(nvme="8MiB", hdd="16MiB", upload_delay="0.2s")
+    m = mount(nvme="8MiB", hdd="16MiB", upload_delay="0.2s", watermarks=NO_MOVER)
     bodies = {f"f{i}.bin": os.urandom(10 * MiB) for i in range(4)}  # 40 MiB > 24 MiB
     for name, body in bodies.items():
         with open(m.path / name, "wb") as f:
@@ -76,7 +81,9 @@ def test_enospc_when_nothing_can_be_freed_keeps_earlier_bytes(mount: MountFactor
     # One file, open for writing the whole time, larger than both tiers:
     # its blocks cannot be evicted while it is open, so the writer must
     # eventually get ENOSPC, and what it wrote before stays intact.
-    m = mount(nvme="4MiB", hdd="4MiB", upload_delay=LONG_DELAY, space_wait="2s")
+    m = mount(
+        nvme="4MiB", hdd="4MiB", upload_delay=LONG_DELAY, space_wait="2s", watermarks=NO_MOVER
+    )
     first = os.urandom(3 * MiB)
     path = m.path / "huge.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
