@@ -141,6 +141,19 @@ class MoverStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class InodePolicy:
+    """What the rules and pins say about one inode (cached per inode)."""
+
+    match: RuleMatch | None
+    place: int  # the tier new data goes to first
+    pinned: int | None  # the tier it must stay on (an explicit pin or a pin rule)
+    explicit_pin: int | None  # the ``tierfs pin`` of it or an ancestor: this one fills
+
+
+_NO_POLICY = InodePolicy(None, 0, None, None)
+
+
+@dataclass(frozen=True, slots=True)
 class Promotion:
     ino: int
     src: int
@@ -175,7 +188,7 @@ class Lifecycle:
         self._tier_index = {t.name: t.index for t in tiers}
         self._pins: dict[int, int] = meta.pins()
         # Per-inode cache: ino -> (rule match, placement tier, pinned tier).
-        self._per_inode: dict[int, tuple[RuleMatch | None, int, int | None]] = {}
+        self._per_inode: dict[int, InodePolicy] = {}
         self._cache_gen = journal.namespace_gen
         self.status = MoverStatus(bandwidth=config.mover.bandwidth, interval=config.mover.interval)
         self._wake = trio.Event()
@@ -189,7 +202,7 @@ class Lifecycle:
     def _relpath(self, inode: Inode) -> str:
         return self.namespace.key_of(inode)
 
-    def _cached(self, ino: int) -> tuple[RuleMatch | None, int, int | None]:
+    def _cached(self, ino: int) -> InodePolicy:
         if self._cache_gen != self.journal.namespace_gen:
             self._per_inode.clear()
             self._cache_gen = self.journal.namespace_gen
@@ -199,14 +212,13 @@ class Lifecycle:
         try:
             inode = self.namespace.get(ino)
             match = self.rules.match_path(self._relpath(inode)) if self.rules.rules else None
-            pinned = self._explicit_pin(inode)
+            explicit = self._explicit_pin(inode)
         except (NotFound, KeyError):
-            return (None, 0, None)
+            return _NO_POLICY
         rule = match.rule if match is not None else None
         place = self._tier_index.get(rule.place, 0) if rule and rule.place else 0
-        if pinned is None and rule is not None and rule.pin:
-            pinned = place
-        found = (match, place, pinned)
+        pinned = explicit if explicit is not None else (place if rule and rule.pin else None)
+        found = InodePolicy(match, place, pinned, explicit)
         self._per_inode[ino] = found
         return found
 
@@ -223,34 +235,29 @@ class Lifecycle:
             inode = self.namespace.get(inode.parent)
 
     def rule_of(self, ino: int) -> RuleMatch | None:
-        return self._cached(ino)[0]
+        return self._cached(ino).match
 
     def placement(self, ino: int) -> int:
         """The tier new data of ``ino`` goes to first."""
-        return self._cached(ino)[1]
+        return self._cached(ino).place
 
     def store_tier(self, ino: int) -> int | None:
         """Where new blocks of ``ino`` go first; None: fetched blocks are
         not kept (``cache = false``)."""
-        match, place, _pinned = self._cached(ino)
-        if match is not None and not match.rule.cache:
+        policy = self._cached(ino)
+        if policy.match is not None and not policy.match.rule.cache:
             return None
-        return place
-
-    def caches(self, ino: int) -> bool:
-        """False for a ``cache = false`` file: fetched blocks are not kept."""
-        match = self._cached(ino)[0]
-        return match is None or match.rule.cache
+        return policy.place
 
     def write_through(self, ino: int) -> bool:
-        match = self._cached(ino)[0]
+        match = self._cached(ino).match
         if match is None:
             return self.config.write.mode == "through"
         return match.rule.write == "through"
 
     def pinned_tier(self, ino: int) -> int | None:
         """The tier the file must stay on (``tierfs pin`` or a ``pin`` rule)."""
-        return self._cached(ino)[2]
+        return self._cached(ino).pinned
 
     def _invalidate(self) -> None:
         self._per_inode.clear()
@@ -264,13 +271,13 @@ class Lifecycle:
         access, queue the file for promotion (``workers.mover``)."""
         if ino in self._promoting:
             return
-        match, place, pinned = self._cached(ino)
-        if tier <= place or pinned is not None:
+        policy = self._cached(ino)
+        if tier <= policy.place or policy.pinned is not None:
             return
-        if match is not None and match.rule.promote == "never":
+        if policy.match is not None and policy.match.rule.promote == "never":
             return
         try:
-            self.promotion_send.send_nowait(Promotion(ino, tier, place))
+            self.promotion_send.send_nowait(Promotion(ino, tier, policy.place))
         except trio.WouldBlock:
             return
         self._promoting.add(ino)
@@ -347,24 +354,11 @@ class Lifecycle:
                     mtime=inode.mtime_ns / 1e9,
                     atime=atimes.get(ino, 0.0),
                     open_for_write=self._open_for_write(ino),
-                    pinned_tier=self._pin_for_facts(ino),
+                    # A pin rule only protects; an explicit pin also fills.
+                    pinned_tier=self._cached(ino).explicit_pin,
                 )
             )
         return out
-
-    def _pin_for_facts(self, ino: int) -> int | None:
-        match, _place, pinned = self._cached(ino)
-        if pinned is None:
-            return None
-        if match is not None and match.rule.pin and not self._explicit_pinned(ino):
-            return None  # a pin rule protects; it does not fill
-        return pinned
-
-    def _explicit_pinned(self, ino: int) -> bool:
-        try:
-            return self._explicit_pin(self.namespace.get(ino)) is not None
-        except (NotFound, KeyError):
-            return False
 
     async def plan(self) -> list[Move]:
         """The moves to make now.  The planner (pure, O(n log n)) runs in a
@@ -564,7 +558,8 @@ class Lifecycle:
         by_source: dict[str, int] = {}
         root = self.namespace.get(ROOT_INO)
         async for inode, _path in self._files_below(root, "", list_dirs=False):
-            match, _place, tier = self._cached(inode.ino)
+            policy = self._cached(inode.ino)
+            tier, match = policy.pinned, policy.match
             if tier is None:
                 continue
             pinned[tier] += inode.size
