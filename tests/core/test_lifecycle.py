@@ -81,7 +81,7 @@ async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(
     assert "f0.bin" not in demoted
 
     await Mover(fs).run_pass()
-    assert fs.space.used(NVME) <= 4 * MiB
+    assert fs.space.used(NVME) <= 4 * MiB, fs.lifecycle.status
     f0 = await fs.namespace.resolve("f0.bin")
     assert fs.meta.residency(f0.ino) == {NVME: MiB}
     status = fs.lifecycle.status

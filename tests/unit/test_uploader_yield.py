@@ -11,12 +11,8 @@ import trio.testing
 
 from tierfs.core.journal import HURRY_FAILED_RETRY, HURRY_WAIT, Journal
 from tierfs.meta import MetaDB
-from tierfs.workers.uploader import (
-    BURST_HOLD,
-    BUSY_REQUESTS_PER_SECOND,
-    BUSY_WINDOW,
-    ForegroundMeter,
-)
+from tierfs.workers.foreground import BUSY_REQUESTS_PER_SECOND, BUSY_WINDOW, ForegroundMeter
+from tierfs.workers.uploader import BURST_HOLD, upload_limit
 
 CONCURRENCY, BUSY_CONCURRENCY = 8, 1
 
@@ -32,7 +28,7 @@ async def test_an_idle_mount_uploads_at_full_concurrency(mock_clock: Any) -> Non
     meter = ForegroundMeter(fs)  # type: ignore[arg-type]
     for _ in range(10):
         advance(mock_clock, fs, BUSY_WINDOW, BUSY_REQUESTS_PER_SECOND / 2)
-        assert meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY) == CONCURRENCY
+        assert upload_limit(meter, CONCURRENCY, BUSY_CONCURRENCY) == CONCURRENCY
 
 
 async def test_a_burst_holds_uploads_then_a_long_one_lets_one_through(mock_clock: Any) -> None:
@@ -44,16 +40,16 @@ async def test_a_burst_holds_uploads_then_a_long_one_lets_one_through(mock_clock
     while elapsed < BURST_HOLD + 5:
         advance(mock_clock, fs, BUSY_WINDOW, busy_rate)
         elapsed += BUSY_WINDOW
-        limits.append((elapsed, meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY)))
+        limits.append((elapsed, upload_limit(meter, CONCURRENCY, BUSY_CONCURRENCY)))
     # Held from the first busy window until BURST_HOLD after the load began ...
     assert all(limit == 0 for t, limit in limits if t < BURST_HOLD)
     # ... and then one at a time, so that a mount that stays busy still uploads.
     assert all(limit == BUSY_CONCURRENCY for t, limit in limits if t >= BURST_HOLD + BUSY_WINDOW)
     # One quiet window ends the spell; the next burst is held afresh.
     advance(mock_clock, fs, BUSY_WINDOW, 0)
-    assert meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY) == CONCURRENCY
+    assert upload_limit(meter, CONCURRENCY, BUSY_CONCURRENCY) == CONCURRENCY
     advance(mock_clock, fs, BUSY_WINDOW, busy_rate)
-    assert meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY) == 0
+    assert upload_limit(meter, CONCURRENCY, BUSY_CONCURRENCY) == 0
 
 
 async def test_the_rate_is_measured_over_whole_windows(mock_clock: Any) -> None:
@@ -62,10 +58,10 @@ async def test_the_rate_is_measured_over_whole_windows(mock_clock: Any) -> None:
     # A short spike inside a window does not count until the window ends.
     fs.requests += BUSY_REQUESTS_PER_SECOND
     mock_clock.jump(BUSY_WINDOW / 10)
-    assert meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY) == CONCURRENCY
+    assert upload_limit(meter, CONCURRENCY, BUSY_CONCURRENCY) == CONCURRENCY
     mock_clock.jump(BUSY_WINDOW)
     # BUSY_REQUESTS_PER_SECOND requests over 1.1 windows (0.55 s) is busy.
-    assert meter.upload_limit(CONCURRENCY, BUSY_CONCURRENCY) == 0
+    assert upload_limit(meter, CONCURRENCY, BUSY_CONCURRENCY) == 0
 
 
 async def test_a_writer_short_of_space_counts_as_waiting_for_the_bucket(

@@ -5,7 +5,7 @@ Split out of this module: block digests and the running hash of writes
 (:mod:`tierfs.core.digests`) and the uploader's reader of cache files
 (:mod:`tierfs.core.upload_source`).  Moving a file's blocks between
 tiers, and filling or evicting them on request, is
-:mod:`tierfs.core.movement` (which uses ``fill``, ``relocating_to``,
+:mod:`tierfs.core.movement` (which uses ``fill``, ``fenced_tier``,
 ``forget_verified`` and ``drop_cache_file`` here).
 
 A file's bytes are cut into blocks of ``block_size``.  Per block, the states:
@@ -183,9 +183,10 @@ class CachedFile:
     writing: dict[int, int] = field(default_factory=dict)
     #: Blocks that two writes were in flight for at once: no running digest.
     contended: set[int] = field(default_factory=set)
-    #: The tier a relocate is copying this file's blocks to: no new block of
-    #: the file is placed there meanwhile (see ``tierfs.core.movement``).
-    relocating_to: int | None = None
+    #: A tier on which no new block of the file may be placed now: the one a
+    #: relocate is copying the file to, or the one whose old copy it is
+    #: deleting (see ``tierfs.core.movement``).
+    fenced_tier: int | None = None
 
     @property
     def ino(self) -> int:
@@ -370,11 +371,16 @@ class BlockCache:
         """Delete ``cf``'s cache file on ``tier``, which no block record names
         any more, and close its fds (a later block placed there starts a
         new file).  Only when nothing else is using those fds."""
+        self.close_cache_fds(cf, tier)
+        self.tiers[tier].remove_file(cf.ino)
+
+    @staticmethod
+    def close_cache_fds(cf: CachedFile, tier: int) -> None:
+        """Close ``cf``'s fds on ``tier`` (the next use opens the file again)."""
         for fds in (cf.fds, cf.direct_fds):
             fd = fds.pop(tier, None)
             if fd is not None:
                 os.close(fd)
-        self.tiers[tier].remove_file(cf.ino)
 
     def _direct_fd(self, cf: CachedFile, tier: int) -> int | None:
         if tier not in cf.direct_fds:
@@ -699,7 +705,7 @@ class BlockCache:
         keep = tier is not None or self.space.cacheable(cf.ino)
         for _attempt in range(len(self.tiers) + 1):
             tiers = [
-                self.space.reserve(n, ino=cf.ino, prefer=tier, avoid=cf.relocating_to)
+                self.space.reserve(n, ino=cf.ino, prefer=tier, avoid=cf.fenced_tier)
                 if keep
                 else None
                 for n in lengths
@@ -868,7 +874,7 @@ class BlockCache:
             await self._ensure(cf, rmw)
         for blockno in range(first, last + 1):
             if blockno not in cf.blocks:
-                tier = await self._reserve_for_write(bs, cf.ino, avoid=cf.relocating_to)
+                tier = await self._reserve_for_write(bs, cf.ino, avoid=cf.fenced_tier)
                 cf.reserved[blockno] = (tier, bs)
                 cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
         hashers = self._begin_writes(cf, offset, end)

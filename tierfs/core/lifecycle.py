@@ -104,9 +104,15 @@ class MoverStatus:
     passes: int = 0
     last_pass: float | None = None
     last_error: str = ""
-    current: CurrentMove | None = None
-    #: bytes per second of the last move that took long enough to measure
+    #: The moves running now, oldest first (the mover runs a few at once).
+    moving: list[CurrentMove] = field(default_factory=list)
+    #: Bytes per second moved by the last pass that took long enough to measure.
     rate: float = 0.0
+
+    @property
+    def current(self) -> CurrentMove | None:
+        """The oldest move running now."""
+        return self.moving[0] if self.moving else None
 
     def as_dict(self) -> dict[str, Any]:
         current = None
@@ -136,6 +142,7 @@ class MoverStatus:
             "last_pass": self.last_pass,
             "last_error": self.last_error,
             "current": current,
+            "in_flight": len(self.moving),
             "rate": self.rate,
         }
 

@@ -26,15 +26,18 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    stay where they are.
 2. Reserve the bytes on ``dst`` through ``SpaceManager.reserve_on``; no room
    raises ``NoSpace`` and nothing changes.  While the relocate runs, no new
-   block of the file is placed on ``dst`` (``CachedFile.relocating_to``):
+   block of the file is placed on ``dst`` (``CachedFile.fenced_tier``):
    the copy writes at the offsets of the blocks it moves, and a block
    fetched or written there meanwhile would be overwritten by the copy.
 3. COPY, in a thread, in chunks of whole blocks (``COPY_CHUNK``): read each
    block from the ``src`` cache file, hash it, write it at the same offset
    of the ``dst`` cache file (one sparse file per inode per tier, so a
    whole-file relocate copies the present blocks to the same offsets).
-   After each chunk, ``await throttle(nbytes)`` lets the caller cap the
-   bandwidth.
+   Before ``await throttle(nbytes)`` lets the caller cap the bandwidth, the
+   kernel is asked to read the next chunk ahead (``POSIX_FADV_WILLNEED``),
+   so the disk reads it while the loop and the throttle run.  Opening the
+   two cache files runs in the thread too: after the page cache was dropped
+   a path lookup reads the disk, and the event loop must not wait for it.
 4. VERIFY: every block whose record carries a digest (clean, or dirty and
    sealed) must hash to it.  A clean block that does not is damaged: it is
    dropped (fetched again on its next read) and not moved.  A dirty block
@@ -53,8 +56,11 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    the copy on ``dst`` is discarded, nothing changes.  Moved blocks are
    verified again on their first read from ``dst`` (DESIGN.md, read path 5).
 6. DELETE the old copy: if no block of the file is left on ``src`` and
-   nothing else uses the file, its ``src`` cache file is deleted; otherwise
-   the moved ranges are punched out of it (``Tier.punch_hole``).
+   nothing else uses the file, its ``src`` cache file is deleted (in a
+   thread: an unlink frees extents and may read the disk); otherwise the
+   moved ranges are punched out of it (``Tier.punch_hole``).  While the
+   unlink runs, ``src`` is the file's fenced tier: a block fetched or
+   written meanwhile goes elsewhere, never into the file being unlinked.
 
 Crash safety (kill -9 at any point; states as LMDB has them after the
 last commit, and the cache files):
@@ -94,6 +100,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -108,7 +115,7 @@ from tierfs.errors import (
     NotFound,
 )
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
-from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
+from tierfs.tiers.tier import Tier, pwrite_all
 
 from .blockcache import BlockCache, CachedFile
 from .digests import block_digest
@@ -147,16 +154,55 @@ class FileResidency:
     blocks: list[BlockPlace]
 
 
-def _copy_blocks(src_fd: int, dst_fd: int, jobs: list[tuple[int, int]]) -> list[int]:
+_copy_buffers = threading.local()
+
+
+def _copy_buffer(nbytes: int) -> bytearray:
+    """A buffer of this thread for copies (reused: a fresh 8 MiB ``bytes``
+    per chunk costs an mmap, 2,048 page faults and an munmap)."""
+    buf: bytearray | None = getattr(_copy_buffers, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _copy_buffers.buf = bytearray(nbytes)
+    return buf
+
+
+def _copy_blocks(
+    src_fd: int, dst_fd: int, jobs: list[tuple[int, int]], read_ahead: list[tuple[int, int]]
+) -> list[int]:
     """Thread: copy each ``(offset, nbytes)`` from ``src_fd`` to the same
     offset of ``dst_fd``; returns the xxh3 of each copied block (bytes past
-    the end of the source file are zeros, as a read of them returns)."""
+    the end of the source file are zeros, as a read of them returns).  Then
+    asks the kernel to read the ``read_ahead`` ranges (the next chunk)."""
     digests: list[int] = []
+    buf = memoryview(_copy_buffer(max(n for _o, n in jobs)))
     for offset, nbytes in jobs:
-        data = pread_padded(src_fd, nbytes, offset)
-        digests.append(block_digest(data))
-        pwrite_all(dst_fd, data, offset)
+        view = buf[:nbytes]
+        got = 0
+        while got < nbytes:
+            n = os.preadv(src_fd, [view[got:]], offset + got)
+            if n == 0:  # past the end of the cache file: zeros
+                view[got:] = bytes(nbytes - got)
+                break
+            got += n
+        digests.append(block_digest(view))
+        pwrite_all(dst_fd, view, offset)
+    for offset, nbytes in read_ahead:
+        os.posix_fadvise(src_fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
     return digests
+
+
+def _open_pair(src: Tier, dst: Tier, ino: int) -> tuple[int | None, int]:
+    """Thread: the ``src`` cache file of ``ino`` (None if it has none) and
+    the ``dst`` one (created if absent)."""
+    src_fd = src.open_file(ino, create=False)
+    try:
+        dst_fd = dst.open_file(ino, create=True)
+    except BaseException:
+        if src_fd is not None:
+            os.close(src_fd)
+        raise
+    assert dst_fd is not None
+    return src_fd, dst_fd
 
 
 class DataMovement:
@@ -179,7 +225,8 @@ class DataMovement:
         self._open_for_writing = open_for_writing
         self.block_size = blocks.block_size
         self.copy_chunk = max(copy_chunk, self.block_size)
-        self.io_limiter = trio.CapacityLimiter(2)
+        #: Threads of copies, syncs and deletes (several relocates may run at once).
+        self.io_limiter = trio.CapacityLimiter(4)
         #: Bytes moved between tiers by ``relocate`` (for status).
         self.relocated_bytes = 0
 
@@ -312,7 +359,7 @@ class DataMovement:
 
     async def _relocate(self, cf: CachedFile, src: int, dst: int, throttle: Throttle | None) -> int:
         self._refuse_if_busy(cf)
-        if cf.relocating_to is not None:
+        if cf.fenced_tier is not None:
             raise Busy(f"inode {cf.ino} is being relocated already")
         damaged = set(self.meta.failed_blocks(cf.ino))
         plan = [
@@ -329,13 +376,13 @@ class DataMovement:
             )
         generation, version = cf.generation, cf.version
         dst_had_file = any(rec.tier == dst for rec in cf.blocks.values()) or dst in cf.fds
-        cf.relocating_to = dst
+        cf.fenced_tier = dst
         switched = False
         src_fd = dst_fd = None
         try:
-            src_fd = self.tiers[src].open_file(cf.ino, create=False)
-            dst_fd = self.tiers[dst].open_file(cf.ino, create=True)
-            assert dst_fd is not None
+            src_fd, dst_fd = await trio.to_thread.run_sync(
+                _open_pair, self.tiers[src], self.tiers[dst], cf.ino, limiter=self.io_limiter
+            )
             moved = await self._copy_and_verify(cf, plan, src_fd, dst_fd, throttle)
             if any(rec.dirty for _b, rec in moved):
                 await trio.to_thread.run_sync(os.fdatasync, dst_fd, limiter=self.io_limiter)
@@ -351,7 +398,7 @@ class DataMovement:
             switched = True
         finally:
             self.space.release(dst, total)
-            cf.relocating_to = None
+            cf.fenced_tier = None
             for fd in (src_fd, dst_fd):
                 if fd is not None:
                     os.close(fd)
@@ -379,11 +426,13 @@ class DataMovement:
         for start in range(0, len(plan), per_chunk):
             chunk = plan[start : start + per_chunk]
             jobs = [(blockno * bs, rec.nbytes) for blockno, rec in chunk]
+            following = plan[start + per_chunk : start + 2 * per_chunk]
+            read_ahead = [(blockno * bs, rec.nbytes) for blockno, rec in following]
             if src_fd is None:  # no cache file at all: every block reads as zeros
                 digests = [block_digest(bytes(n)) for _o, n in jobs]
             else:
                 digests = await trio.to_thread.run_sync(
-                    _copy_blocks, src_fd, dst_fd, jobs, limiter=self.io_limiter
+                    _copy_blocks, src_fd, dst_fd, jobs, read_ahead, limiter=self.io_limiter
                 )
             for (blockno, rec), digest in zip(chunk, digests, strict=True):
                 if not rec.checkable or digest == rec.digest:
@@ -445,8 +494,17 @@ class DataMovement:
     async def _delete_old_copy(self, cf: CachedFile, src: int, moved: Iterable[int]) -> None:
         """After the switch: free the moved blocks' bytes on ``src``."""
         left_on_src = any(rec.tier == src for rec in cf.blocks.values())
-        if not left_on_src and cf.refs == 1 and not cf.flights:
-            self.blocks.drop_cache_file(cf, src)  # nobody else has it open
+        if not left_on_src and cf.refs == 1 and not cf.flights and cf.fenced_tier is None:
+            # Nobody else has it open.  Fenced, so that nothing places a
+            # block in the file while the thread unlinks it.
+            self.blocks.close_cache_fds(cf, src)
+            cf.fenced_tier = src
+            try:
+                await trio.to_thread.run_sync(
+                    self.tiers[src].remove_file, cf.ino, limiter=self.io_limiter
+                )
+            finally:
+                cf.fenced_tier = None
             return
         fd = self.tiers[src].open_file(cf.ino, create=False)
         if fd is None:

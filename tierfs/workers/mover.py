@@ -6,23 +6,33 @@ full that new blocks spill past it, a pin, a reload; never sooner than
 ``MIN_PASS_GAP`` after the last pass) -> ``planning`` ...
 
 One pass: ``Lifecycle.plan()`` (the planner over the facts of the moment),
-then the moves in plan order, one at a time, each through the data-movement
-API (``core.movement``): a relocate (copy -> verify -> switch in one LMDB
+then the moves in plan order, each through the data-movement API
+(``core.movement``): a relocate (copy -> verify -> switch in one LMDB
 transaction -> delete the old copy), an evict (clean copies only), or a
-fill (pins).  Before each watermark move the source tier is checked again:
-once it is at or below its low mark, the rest of that tier's watermark moves
-are skipped.  A move that finds the file busy (opened for writing, an
-upload running, written meanwhile) or no room is skipped and counted; the
-next pass plans it again if it still applies.  Nothing is retried in a loop.
+fill (pins).  Up to ``MOVE_CONCURRENCY`` moves run at once, started in plan
+order: one file at a time leaves the disk idle while the loop opens,
+commits and deletes, and small files then move at a fraction of what the
+disk does (measured: 0.27x ``cp`` for 4 MiB files, one at a time).  Before
+a watermark or keep_newest move starts, the source tier is checked again,
+counting the bytes of moves still running from it as gone: once that is
+at or below its low mark, the rest of that tier's watermark moves are
+skipped.  A move that finds the file busy (opened for writing, an upload
+running, written meanwhile, a move of it running) or no room is skipped
+and counted; the next pass plans it again if it still applies.  Nothing is
+retried in a loop.
 
 Bandwidth: every copy goes through one ``Throttle`` (``[mover]
 bandwidth``), promotions included, so the mover never takes more than its
-cap from training I/O.  On top of that it yields to the mount, as the
-uploader does: while FUSE requests come fast (``ForegroundMeter``, the
-uploader's measure), its copies run at most ``BUSY_RATE``, whatever the cap
-(measured here with tiers and reader on one disk: an uncapped mover halved
-sequential training reads, one at 50 MiB/s cost them nothing).  Copies and hashing run in threads, so the event
-loop keeps serving reads while a move runs.
+cap from training I/O.  On top of that it yields to the mount: while FUSE
+requests come fast (``ForegroundMeter`` over windows of ``BUSY_WINDOW``
+seconds, held ``BUSY_HOLD`` seconds after the last busy window), its copies
+share at most ``BUSY_RATE``, whatever the cap.  The meter closes its windows
+in its own task, so a reader that starts is seen within ``BUSY_WINDOW``
+seconds, and the mover then has at most one chunk per running move in
+flight (measured with tiers and reader on one disk: an uncapped mover took
+about half of the disk from sequential training reads, one at 50 MiB/s cost
+them nothing).  Opens, copies, hashing and deletes run in threads, so the
+event loop keeps serving reads while a move runs.
 
 Promotions: a second task takes files from ``Lifecycle.promotions`` (queued
 by reads served from a slower tier than the file's placement) and copies
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import trio
 
@@ -46,17 +57,29 @@ from tierfs.errors import Busy, NoSpace, TierfsError
 from tierfs.policy.planner import Move
 from tierfs.policy.watermarks import mark
 
+from .foreground import ForegroundMeter
 from .throttle import Throttle
-from .uploader import ForegroundMeter
 
 log = logging.getLogger(__name__)
 
-#: A move shorter than this does not update the measured rate.
+#: A pass shorter than this does not update the measured rate.
 RATE_MIN_SECONDS = 0.05
 #: Seconds between the end of a pass and the start of the next, at least.
 MIN_PASS_GAP = 0.5
-#: Bytes per second the mover copies at most while the mount is busy.
+#: Moves running at once.
+MOVE_CONCURRENCY = 3
+#: Bytes per second the mover copies at most while the mount is busy ...
 BUSY_RATE = 50 << 20
+#: ... as measured over windows of this many seconds ...
+BUSY_WINDOW = 0.1
+#: ... and for this long after the last busy window.
+BUSY_HOLD = 0.5
+
+
+@dataclass(slots=True)
+class _Running:
+    move: Move
+    done: trio.Event = field(default_factory=trio.Event)
 
 
 class Mover:
@@ -68,10 +91,13 @@ class Mover:
         self.interval = fs.config.mover.interval
         self.throttle = Throttle(fs.config.mover.bandwidth)
         self.busy_throttle = Throttle(BUSY_RATE)
-        self.meter = ForegroundMeter(fs)
+        self.meter = ForegroundMeter(fs, window=BUSY_WINDOW, hold=BUSY_HOLD)
+        #: The moves running now, by inode.
+        self._running: dict[int, _Running] = {}
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.meter.run)
             nursery.start_soon(self._promote_forever)
             task_status.started()
             while True:
@@ -85,28 +111,51 @@ class Mover:
         if not self.lifecycle.needs_pass():
             return
         self.status.state = "planning"
+        log.warning("TIMING plan %.3f", time.monotonic())
         moves = await self.lifecycle.plan()
+        log.warning("TIMING planned %.3f", time.monotonic())
         self.status.passes += 1
         self.status.last_pass = time.time()
-        if moves:
-            self.status.state = "moving"
-        for move in moves:
-            if move.reason in ("watermark", "keep_newest") and self._at_low_mark(move):
-                continue
+        if not moves:
+            return
+        self.status.state = "moving"
+        moved_before = self.status.bytes_moved
+        started = time.monotonic()
+        slots = trio.Semaphore(MOVE_CONCURRENCY)
+        async with trio.open_nursery() as nursery:
+            for move in moves:
+                await slots.acquire()  # started in plan order, a few at once
+                while (earlier := self._running.get(move.ino)) is not None:
+                    await earlier.done.wait()  # two moves of one file: in order
+                if move.reason in ("watermark", "keep_newest") and self._at_low_mark(move):
+                    slots.release()
+                    continue
+                nursery.start_soon(self._run_move, move, slots)
+        self._measure(self.status.bytes_moved - moved_before, started)
+
+    async def _run_move(self, move: Move, slots: trio.Semaphore) -> None:
+        running = _Running(move)
+        self._running[move.ino] = running
+        try:
             await self._execute(move)
-            await trio.sleep(0)  # let readers in between moves
+        finally:
+            del self._running[move.ino]
+            running.done.set()
+            slots.release()
 
     def _at_low_mark(self, move: Move) -> bool:
-        if move.src_tier is None:
+        """Is the move's source tier at its low mark, once the moves running
+        from it are done?"""
+        src = move.src_tier
+        if src is None:
             return False
-        tier = self.fs.tiers[move.src_tier]
-        return self.fs.space.used(tier.index) <= mark(tier.capacity, tier.low_watermark)
-
-    async def _progress(self, nbytes: int) -> None:
-        current = self.status.current
-        if current is not None:
-            current.done += nbytes
-        await self._throttled(nbytes)
+        tier = self.fs.tiers[src]
+        leaving = sum(
+            self.fs.meta.residency(ino).get(src, 0)
+            for ino, running in self._running.items()
+            if running.move.src_tier == src
+        )
+        return self.fs.space.used(src) - leaving <= mark(tier.capacity, tier.low_watermark)
 
     async def _throttled(self, nbytes: int) -> None:
         """The configured cap, and ``BUSY_RATE`` while the mount is busy."""
@@ -116,14 +165,20 @@ class Mover:
 
     async def _execute(self, move: Move) -> None:
         names = [t.name for t in self.fs.tiers]
-        self.status.current = CurrentMove(
+        current = CurrentMove(
             path=move.relpath,
             src=names[move.src_tier] if move.src_tier is not None else "bucket",
             dst=names[move.dst_tier] if move.dst_tier is not None else None,
             nbytes=move.nbytes,
             reason=move.reason,
         )
-        started = time.monotonic()
+
+        async def progress(nbytes: int) -> None:
+            current.done += nbytes
+            await self._throttled(nbytes)
+
+        self.status.moving.append(current)
+        log.warning("TIMING start %s %.3f", move.relpath, time.monotonic())
         try:
             if move.dst_tier is None:
                 assert move.src_tier is not None
@@ -138,11 +193,10 @@ class Mover:
                 self.status.bytes_fetched += fetched
             else:
                 moved = await self.movement.relocate(
-                    move.ino, move.src_tier, move.dst_tier, throttle=self._progress
+                    move.ino, move.src_tier, move.dst_tier, throttle=progress
                 )
                 self.status.files_moved += 1
                 self.status.bytes_moved += moved
-                self._measure(moved, started)
         except (Busy, NoSpace) as exc:
             self.status.skipped += 1
             log.debug("mover: skipped %s (%s): %s", move.relpath, move.reason, exc)
@@ -153,7 +207,8 @@ class Mover:
                 "mover: %s %s -> %s failed: %s", move.relpath, move.src_tier, move.dst_tier, exc
             )
         finally:
-            self.status.current = None
+            log.warning("TIMING end %s %.3f", move.relpath, time.monotonic())
+            self.status.moving.remove(current)
 
     def _measure(self, nbytes: int, started: float) -> None:
         elapsed = time.monotonic() - started

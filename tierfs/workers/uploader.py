@@ -15,7 +15,7 @@ Yielding to the mount.  Uploads run in this process: boto3 is Python, and
 while it holds the GIL a FUSE request waits.  A writer that creates many
 small files one after the other pays that wait on every request (measured:
 about 600 files/s with uploads running beside it, about 1,000 without).  So
-while the mount serves BUSY_REQUESTS_PER_SECOND FUSE requests or more, the
+while the mount is busy (``ForegroundMeter``: FUSE requests come fast), the
 uploader starts nothing for up to BURST_HOLD seconds (a burst of writes runs
 at local speed and the bucket catches up after it), and after that at most
 ``busy_concurrency`` entries at once, so that a mount that stays busy still
@@ -37,50 +37,25 @@ import trio
 
 from tierfs.core import TierFS
 
+from .foreground import BUSY_WINDOW, ForegroundMeter
+
 log = logging.getLogger(__name__)
 
 #: A scheduling scan longer than this (seconds) is followed by a pause ...
 SCAN_PAUSE_FROM = 0.0005
 #: ... of nine times its length, at most this long.
 SCAN_PAUSE_MAX = 0.1
-#: The mount counts as busy at this many FUSE requests per second or more,
-#: measured over windows of BUSY_WINDOW seconds.
-BUSY_REQUESTS_PER_SECOND = 200
-BUSY_WINDOW = 0.5
 #: Seconds of continuous foreground load during which no new upload starts.
 BURST_HOLD = 30.0
 
 
-class ForegroundMeter:
-    """Is the mount busy serving requests?  (A rate over ``BUSY_WINDOW``.)"""
-
-    def __init__(self, fs: TierFS) -> None:
-        self.fs = fs
-        self._since = trio.current_time()
-        self._count = fs.requests
-        self.busy = False
-        #: When the current busy spell began (meaningful while ``busy``).
-        self.busy_since = 0.0
-
-    def update(self) -> bool:
-        now = trio.current_time()
-        elapsed = now - self._since
-        if elapsed >= BUSY_WINDOW:
-            rate = (self.fs.requests - self._count) / elapsed
-            busy = rate >= BUSY_REQUESTS_PER_SECOND
-            if busy and not self.busy:
-                self.busy_since = self._since  # the window that was busy began then
-            self.busy = busy
-            self._since, self._count = now, self.fs.requests
-        return self.busy
-
-    def upload_limit(self, concurrency: int, busy_concurrency: int) -> int:
-        """How many entries may run now (see the module docstring)."""
-        if not self.update():
-            return concurrency
-        if trio.current_time() - self.busy_since < BURST_HOLD:
-            return 0
-        return busy_concurrency
+def upload_limit(meter: ForegroundMeter, concurrency: int, busy_concurrency: int) -> int:
+    """How many entries may run now (see the module docstring)."""
+    if not meter.update():
+        return concurrency
+    if trio.current_time() - meter.busy_since < BURST_HOLD:
+        return 0
+    return busy_concurrency
 
 
 async def run_uploader(
@@ -104,7 +79,7 @@ async def run_uploader(
             # Uploads share the CPU (and the GIL) with the requests of the
             # mount: while those come fast, hold back, unless someone waits
             # for the bucket (flush, write-through, a writer short of space).
-            limit = foreground.upload_limit(concurrency, busy_concurrency)
+            limit = upload_limit(foreground, concurrency, busy_concurrency)
             if journal.someone_waits():
                 limit = concurrency
             free = limit - len(journal.running)
