@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tierfs.config import RuleConfig, check_file, load_config, load_policy
+from tierfs import pin_sizes
+from tierfs.config import Config, check_file, load_config, load_policy
 from tierfs.control.client import locate, request
 from tierfs.errors import ConfigError, ControlError, TierfsError
 from tierfs.policy.rules import shadowed_rules
@@ -351,23 +352,28 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         for problem in problems:
             print(ConfigError.format_problem(problem), file=sys.stderr)
         return 1
-    for later, earlier in shadowed_rules(_rules_of(args.file)):
+    config = _config_of(args.file)
+    rules = config.rules if config is not None else load_policy(args.file)
+    for later, earlier in shadowed_rules(rules):
         print(
             f"{later.source}: warning: this rule can never match: the rule at {earlier.source} "
             f"({earlier.match!r}) matches every path that {later.match!r} matches, and the "
             "first match wins",
             file=sys.stderr,
         )
+    if config is not None:  # a policy file alone has no tiers and no bucket
+        for warning in pin_sizes.warnings(config):
+            print(warning, file=sys.stderr)
     print("ok")
     return 0
 
 
-def _rules_of(path: str) -> tuple[RuleConfig, ...]:
-    """The rules of a config file (with its policy files) or of a policy file."""
+def _config_of(path: str) -> Config | None:
+    """The config in ``path``; None if it is a policy file (rules only)."""
     try:
-        return load_config(path, check_paths=False).rules
+        return load_config(path, check_paths=False)
     except ConfigError:
-        return load_policy(path)  # not a full config: a policy file
+        return None
 
 
 def _mount_socket(mountpoint: str) -> str:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tierfs.cli import main
+from tierfs.pin_sizes import literal_dir
+
+MiB = 1 << 20
 
 
 def test_a_shadowed_rule_is_a_warning_with_both_lines(
@@ -43,3 +47,93 @@ def test_independent_rules_give_no_warning(
     assert main(["policy", "check", str(policy)]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == "ok" and err == ""
+
+
+CONFIG = """\
+[backing]
+url = "{url}"
+{endpoint}
+[state]
+dir = "state"
+
+[[tiers]]
+name = "nvme"
+path = "nvme"
+capacity = "3MiB"
+
+[[tiers]]
+name = "hdd"
+path = "hdd"
+capacity = "64MiB"
+
+[[rules]]
+match = "ckpt/**"
+pin = true
+
+[[rules]]
+match = "data/*/shard-*"
+pin = true
+place = "hdd"
+"""
+
+
+def _put(s3_client: Any, bucket: str, key: str, size: int) -> None:
+    s3_client.put_object(Bucket=bucket, Key=key, Body=b"x" * size)
+
+
+def test_a_pin_larger_than_its_tier_in_the_bucket_is_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bucket: tuple[str, str], s3_client: Any
+) -> None:
+    endpoint, name = bucket
+    (tmp_path / "nvme").mkdir()
+    (tmp_path / "hdd").mkdir()
+    for i in range(4):  # 4 MiB under ckpt/: more than nvme's 3 MiB
+        _put(s3_client, name, f"pre/ckpt/step-{i}/model.pt", MiB)
+    _put(s3_client, name, "pre/data/a/shard-0", 2 * MiB)  # 2 MiB on hdd: fits
+    _put(s3_client, name, "pre/other/big.bin", 8 * MiB)  # no pin
+    config = tmp_path / "tierfs.toml"
+    config.write_text(
+        CONFIG.format(url=f"s3://{name}/pre/", endpoint=f'endpoint_url = "{endpoint}"')
+    )
+    assert main(["policy", "check", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "ok"
+    assert f"{config}:17: warning: the pin 'ckpt/**' covers" in err, err
+    assert "more than tier nvme holds (3145728 bytes)" in err, err
+    assert "shard" not in err, err  # the pin on hdd fits
+
+    # The same files, with a first tier large enough: no warning.
+    config.write_text(config.read_text().replace('capacity = "3MiB"', 'capacity = "5MiB"'))
+    assert main(["policy", "check", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "ok" and err == "", err
+
+
+def test_pin_sizes_of_a_local_backing_and_an_unreachable_bucket(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "nvme").mkdir()
+    (tmp_path / "hdd").mkdir()
+    backing = tmp_path / "bucket"
+    (backing / "ckpt").mkdir(parents=True)
+    (backing / "ckpt" / "a.pt").write_bytes(b"x" * (4 * MiB))
+    config = tmp_path / "tierfs.toml"
+    config.write_text(CONFIG.format(url=backing.as_uri(), endpoint=""))
+    assert main(["policy", "check", str(config)]) == 0
+    _, err = capsys.readouterr()
+    assert "the pin 'ckpt/**' covers 4194304 bytes" in err, err
+
+    # A bucket that cannot be listed: a note, and the file is still valid.
+    config.write_text(CONFIG.format(url=(tmp_path / "nowhere").as_uri(), endpoint=""))
+    assert main(["policy", "check", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "ok"
+    assert "note: pin sizes not checked" in err, err
+
+
+def test_literal_dir_of_globs() -> None:
+    assert literal_dir("ckpt/**") == "ckpt/"
+    assert literal_dir("data/*/shard-*") == "data/"
+    assert literal_dir("**/*.pt") == ""
+    assert literal_dir("datasets/imagenet") == "datasets/"
+    assert literal_dir("a/b/c.bin") == "a/b/"

@@ -13,7 +13,9 @@ from tierfs.workers.throttle import Throttle
 WINDOW, HOLD = 0.1, 0.5
 
 
-async def test_a_reader_is_seen_within_one_window_and_held_after_it_stops(autojump_clock: Any) -> None:
+async def test_a_reader_is_seen_within_one_window_and_held_after_it_stops(
+    autojump_clock: Any,
+) -> None:
     fs = SimpleNamespace(requests=0)
     meter = ForegroundMeter(fs, window=WINDOW, hold=HOLD)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
