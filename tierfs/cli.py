@@ -278,18 +278,21 @@ def _print_where(results: list[dict[str, Any]]) -> None:
     for item in results:
         if "error" in item:
             continue
-        if item["type"] != "file":
-            print(
-                f"{'-':>10} {'-':>10} "
-                + " ".join(f"{'-':>10}" for _ in tier_names)
-                + f" {'dir':<9} {item['path']}"
-            )
-            continue
         tiers = " ".join(f"{format_size(item['tiers'].get(n, 0)):>10}" for n in tier_names)
-        state = item["state"] + (f",pinned:{item['pin_tier']}" if item.get("pinned") else "")
+        if item["type"] == "directory":
+            state = item["state"]
+            path = f"{item['path'] or '.'}/ ({item['files']} files"
+            if item["dirty_files"]:
+                path += f", {item['dirty_files']} dirty: {format_size(item['dirty_bytes'])}"
+            if item["pinned_files"]:
+                path += f", {item['pinned_files']} pinned"
+            path += ")"
+        else:
+            state = item["state"] + (f",pinned:{item['pin_tier']}" if item.get("pinned") else "")
+            path = item["path"]
         print(
             f"{format_size(item['size']):>10} {format_size(item['cached_bytes']):>10} {tiers} "
-            f"{state:<9} {item['path']}"
+            f"{state:<9} {path}"
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.core.conftest import MiB, put
-from tierfs.config import RuleConfig
+from tierfs.config import RuleConfig, WriteConfig
 from tierfs.meta import ROOT_INO
 from tierfs.workers.mover import Mover
 
@@ -111,3 +111,41 @@ async def test_show_warns_about_pins_larger_than_their_tier(make_fs: Any, s3_sto
     assert any(
         "9437184 bytes" in w and "tier nvme" in w and "policy.toml:1" in w for w in warnings
     ), warnings
+
+
+async def test_where_of_a_directory_totals_its_subtree(make_fs: Any, s3_store: Any) -> None:
+    put(s3_store, "ds/a/x.bin", data(2 * MiB, 3))
+    put(s3_store, "ds/a/deeper/y.bin", data(MiB, 5))
+    put(s3_store, "ds/z.bin", data(3 * MiB, 7))
+    put(s3_store, "elsewhere.bin", data(MiB, 9))
+    mount = await make_fs(
+        capacities=(16 * MiB, 16 * MiB),
+        write=WriteConfig(mode="back", upload_delay=600.0, part_size=8 * MiB),
+    )
+    fs = mount.fs
+    # Nothing listed or read yet: the totals come from the bucket's listing.
+    tree = await fs.where("ds")
+    assert tree == {
+        "path": "ds",
+        "type": "directory",
+        "files": 3,
+        "size": 6 * MiB,
+        "cached_bytes": 0,
+        "tiers": {"nvme": 0, "hdd": 0},
+        "state": "clean",
+        "dirty_files": 0,
+        "dirty_bytes": 0,
+        "pinned_files": 0,
+        "failed_files": 0,
+    }
+    assert await mount.read_file("ds/a/x.bin") == data(2 * MiB, 3)
+    await mount.write_file("ds/a/new.bin", b"n" * 1000)  # not uploaded (upload_delay)
+    await fs.lifecycle.pin_path("ds/a/deeper", None)
+    tree = await fs.where("ds")
+    assert tree["files"] == 4 and tree["size"] == 6 * MiB + 1000
+    assert tree["tiers"] == {"nvme": 3 * MiB + 1000, "hdd": 0}, tree
+    assert tree["cached_bytes"] == 3 * MiB + 1000
+    assert (tree["state"], tree["dirty_files"], tree["dirty_bytes"]) == ("dirty", 1, 1000)
+    assert tree["pinned_files"] == 1
+    root = await fs.where("")
+    assert root["files"] == 5 and root["size"] == 7 * MiB + 1000

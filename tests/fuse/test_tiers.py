@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuse.conftest import MountFactory
+from tests.fuse.conftest import MountFactory, run_tierfs
 
 pytestmark = pytest.mark.fuse
 
@@ -70,3 +70,23 @@ def test_nvme_fills_then_hdd_then_reads_beyond_both_still_succeed(mount: MountFa
     assert counters["evicted_files"] > 0 or counters["uncached_blocks"] > 0, counters
     assert counters["verify_failures"] == 0, counters
     assert "Traceback" not in m.log_text()
+
+
+def test_where_of_a_directory_shows_its_subtree_totals(mount: MountFactory) -> None:
+    bodies = {"ds/a.bin": os.urandom(2 * MiB), "ds/sub/b.bin": os.urandom(MiB), "c.bin": b"c"}
+    m = mount(bodies, upload_delay="600s")
+    assert sha256_of(m.path / "ds" / "a.bin") == hashlib.sha256(bodies["ds/a.bin"]).hexdigest()
+    (m.path / "ds" / "sub" / "new.txt").write_bytes(b"x" * 100)  # dirty: upload_delay
+
+    tree = m.where_one("ds")
+    assert tree["type"] == "directory" and tree["files"] == 3, tree
+    assert tree["size"] == 3 * MiB + 100 and tree["cached_bytes"] == 2 * MiB + 100, tree
+    assert sum(tree["tiers"].values()) == tree["cached_bytes"], tree
+    assert (tree["state"], tree["dirty_files"], tree["dirty_bytes"]) == ("dirty", 1, 100), tree
+
+    done = run_tierfs("where", str(m.path / "ds"), str(m.path / "c.bin"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:2] == ["size", "cached"], lines
+    assert "ds/ (3 files, 1 dirty: 100 B)" in lines[1] and "dirty" in lines[1].split(), lines
+    assert lines[2].endswith("c.bin") and "clean" in lines[2].split(), lines

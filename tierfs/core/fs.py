@@ -490,7 +490,7 @@ class TierFS:
     async def where(self, relpath: str) -> dict[str, object]:
         inode = await self.namespace.resolve(relpath)
         if inode.is_dir:
-            return {"path": relpath, "type": "directory"}
+            return await self._where_tree(inode, relpath)
         residency = self.meta.residency(inode.ino)
         pin = self.lifecycle.pinned_tier(inode.ino)
         open_file = self.blocks.files.get(inode.ino)
@@ -516,6 +516,38 @@ class TierFS:
             "pinned": pin is not None,
             "pin_tier": self.tiers[pin].name if pin is not None else None,
             "fetching_blocks": len(open_file.flights) if open_file else 0,
+        }
+
+    async def _where_tree(self, top: Inode, relpath: str) -> dict[str, object]:
+        """``where`` of a directory: the totals of its subtree (listed from
+        the bucket where this node has no fresh listing).  Dirty bytes count
+        whole files, as ``status`` does."""
+        per_tier = [0] * len(self.tiers)
+        files = size = dirty_files = dirty = pinned = failed = 0
+        async for inode, _path in self.lifecycle.files_below(top, relpath, list_dirs=True):
+            files += 1
+            size += inode.size
+            for tier, nbytes in self.meta.residency(inode.ino).items():
+                per_tier[tier] += nbytes
+            if inode.state != SyncState.CLEAN or self.journal.pending_upload(inode.ino):
+                dirty_files += 1
+                dirty += inode.size
+            if self.lifecycle.pinned_tier(inode.ino) is not None:
+                pinned += 1
+            if self.meta.failed_blocks(inode.ino):
+                failed += 1
+        return {
+            "path": relpath,
+            "type": "directory",
+            "files": files,
+            "size": size,
+            "cached_bytes": sum(per_tier),
+            "tiers": {t.name: per_tier[t.index] for t in self.tiers},
+            "state": "failed" if failed else ("dirty" if dirty_files else "clean"),
+            "dirty_files": dirty_files,
+            "dirty_bytes": dirty,
+            "pinned_files": pinned,
+            "failed_files": failed,
         }
 
     def _dirty_bytes(self) -> int:

@@ -430,7 +430,7 @@ class Lifecycle:
             raise InvalidArgument(f"no tier named {name!r}; the tiers are {known}")
         return index
 
-    async def _files_below(
+    async def files_below(
         self, top: Inode, relpath: str, *, list_dirs: bool
     ) -> AsyncIterator[tuple[Inode, str]]:
         """Every regular file at or below ``top``, with its path.  Depth
@@ -465,7 +465,7 @@ class Lifecycle:
         top = await self.namespace.resolve(relpath)
         evicted = files = 0
         skipped: list[dict[str, str]] = []
-        async for inode, path in self._files_below(top, relpath, list_dirs=False):
+        async for inode, path in self.files_below(top, relpath, list_dirs=False):
             residency = self.meta.residency(inode.ino)
             if not residency or (tier is not None and tier not in residency):
                 continue
@@ -491,7 +491,7 @@ class Lifecycle:
         top = await self.namespace.resolve(relpath)
         inos: list[int] = []
         total = 0
-        async for inode, _path in self._files_below(top, relpath, list_dirs=True):
+        async for inode, _path in self.files_below(top, relpath, list_dirs=True):
             inos.append(inode.ino)
             total += inode.size
         capacity = self.tiers[tier].capacity
@@ -564,7 +564,7 @@ class Lifecycle:
         pinned = [0] * len(self.tiers)
         by_source: dict[str, int] = {}
         root = self.namespace.get(ROOT_INO)
-        async for inode, _path in self._files_below(root, "", list_dirs=False):
+        async for inode, _path in self.files_below(root, "", list_dirs=False):
             policy = self._cached(inode.ino)
             tier, match = policy.pinned, policy.match
             if tier is None:
