@@ -33,9 +33,11 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    block from the ``src`` cache file, hash it, write it at the same offset
    of the ``dst`` cache file (one sparse file per inode per tier, so a
    whole-file relocate copies the present blocks to the same offsets).
-   Before ``await throttle(nbytes)`` lets the caller cap the bandwidth, the
-   kernel is asked to read the next chunk ahead (``POSIX_FADV_WILLNEED``),
-   so the disk reads it while the loop and the throttle run.  Opening the
+   Before each chunk, ``await throttle(nbytes)`` lets the caller cap the
+   bandwidth (before, not after: several copies sharing one cap then take
+   turns, and their chunks do not reach the disk at once).  After each
+   chunk the kernel is asked to read the next one ahead
+   (``POSIX_FADV_WILLNEED``), so the disk reads it while the loop runs.  Opening the
    two cache files runs in the thread too: after the page cache was dropped
    a path lookup reads the disk, and the event loop must not wait for it.
 4. VERIFY: every block whose record carries a digest (clean, or dirty and
@@ -428,6 +430,8 @@ class DataMovement:
             jobs = [(blockno * bs, rec.nbytes) for blockno, rec in chunk]
             following = plan[start + per_chunk : start + 2 * per_chunk]
             read_ahead = [(blockno * bs, rec.nbytes) for blockno, rec in following]
+            if throttle is not None:  # before the copy: concurrent copies take turns
+                await throttle(sum(n for _o, n in jobs))
             if src_fd is None:  # no cache file at all: every block reads as zeros
                 digests = [block_digest(bytes(n)) for _o, n in jobs]
             else:
@@ -441,8 +445,6 @@ class DataMovement:
                 if cf.blocks.get(blockno) is not rec:
                     continue  # rewritten meanwhile: the switch check refuses the move
                 self._block_failed(cf, blockno, rec, src_tier=rec.tier)
-            if throttle is not None:
-                await throttle(sum(n for _o, n in jobs))
         return moved
 
     def _block_failed(self, cf: CachedFile, blockno: int, rec: BlockRecord, src_tier: int) -> None:

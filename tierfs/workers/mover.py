@@ -90,7 +90,7 @@ class Mover:
         self.status = self.lifecycle.status
         self.interval = fs.config.mover.interval
         self.throttle = Throttle(fs.config.mover.bandwidth)
-        self.busy_throttle = Throttle(BUSY_RATE)
+        self.busy_throttle = Throttle(BUSY_RATE, burst=0.0)
         self.meter = ForegroundMeter(fs, window=BUSY_WINDOW, hold=BUSY_HOLD)
         #: The moves running now, by inode.
         self._running: dict[int, _Running] = {}
