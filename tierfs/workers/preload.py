@@ -157,7 +157,7 @@ class PreloadJob:
         self.files_failed += 1
         if len(self.failures) < FAILURES_KEPT:
             self.failures.append(PreloadFailure(path, reason))
-        log.warning("preload %s: %s: %s", self.id, path, reason)
+            log.warning("preload %s: %s: %s", self.id, path, reason)
 
     @property
     def ready_bytes(self) -> int:
