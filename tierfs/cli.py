@@ -756,7 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="also preload the paths listed in F, one per line ('-': stdin); a path is "
         "absolute (inside the mount) or relative to the mount root; blank lines are skipped. "
-        "The list is streamed to the daemon, never held in memory whole",
+        "Without PATHs, the mount is that of the first line if it is absolute, else that of "
+        "the current directory. The list is streamed to the daemon, never held in memory whole",
     )
     p.add_argument(
         "--tier",

@@ -221,7 +221,8 @@ def test_million_entry_list_keeps_daemon_memory_bounded(
     names = sorted(files)
     listing = tmp_path / "million.txt"
     with listing.open("w") as f:
-        for i in range(1_000_000):
+        f.write(f"{m.path}/{names[0]}\n")  # absolute: names the mount
+        for i in range(1, 1_000_000):
             f.write(f"{names[i % len(names)]}\n")
     before = rss_peak_kib(pid)
     done = run_tierfs("preload", "--from-file", str(listing), "--json", timeout=1200)

@@ -218,13 +218,17 @@ class _FileWork:
 
 
 class _FileProgress:
-    """Ranges of one file still running, and whether one failed."""
+    """Ranges of one file still running, whether one failed, and the later
+    entries of the same file that wait for this fetch (a path listed twice,
+    or a file under two listed directories)."""
 
-    __slots__ = ("failed", "left")
+    __slots__ = ("duplicate_bytes", "duplicates", "failed", "left")
 
     def __init__(self, left: int) -> None:
         self.left = left
         self.failed = False
+        self.duplicates: list[str] = []
+        self.duplicate_bytes = 0
 
 
 class Preloader:
@@ -328,7 +332,7 @@ class Preloader:
                 async for inode, path in self.fs.namespace.walk(relpath):
                     size = inode.size
                     resident = min(size, sum(self.fs.meta.residency(inode.ino).values()))
-                    files.add(f"{inode.ino} {path}")
+                    files.add(f"{inode.ino} {resident} {path}")
                     job.files_total += 1
                     job.bytes_total += size
                     job.bytes_resident += resident
@@ -357,23 +361,33 @@ class Preloader:
 
     async def _fetch_all(self, job: PreloadJob, files: PathSpool) -> None:
         send, receive = trio.open_memory_channel[tuple[_FileWork, _FileProgress]](2 * self.tasks)
+        #: Files with ranges queued or running (bounded by the channel and tasks).
+        in_flight: dict[int, _FileProgress] = {}
         async with trio.open_nursery() as nursery:
             for _ in range(self.tasks):
-                nursery.start_soon(self._fetch_task, job, receive.clone())
+                nursery.start_soon(self._fetch_task, job, receive.clone(), in_flight)
             receive.close()
             async with send:
                 for count, line in enumerate(files.lines()):
                     if count % SPOOL_BATCH == 0:
                         await trio.sleep(0)
-                    ino_text, _, path = line.partition(" ")
-                    for item in self._file_work(job, int(ino_text), path):
+                    ino_text, resident_text, path = line.split(" ", 2)
+                    work = self._file_work(job, int(ino_text), int(resident_text), path, in_flight)
+                    for item in work:
                         await send.send(item)
 
     def _file_work(
-        self, job: PreloadJob, ino: int, path: str
+        self,
+        job: PreloadJob,
+        ino: int,
+        scanned_resident: int,
+        path: str,
+        in_flight: dict[int, _FileProgress],
     ) -> list[tuple[_FileWork, _FileProgress]]:
         """The ranges of the file that still have absent blocks (none: the
-        file is resident, and counted so)."""
+        file is resident, and counted so).  Bytes that became resident
+        since the scan (a demand read, the same file listed twice) count
+        as resident."""
         try:
             residency = self.movement.check(ino)
             nblocks = self._origin_blocks(ino)
@@ -381,6 +395,13 @@ class Preloader:
             job.fail(path, _reason(exc))
             return []
         present = {place.blockno for place in residency.blocks}
+        now_resident = min(residency.size, sum(residency.bytes_per_tier.values()))
+        job.bytes_resident += max(0, now_resident - scanned_resident)
+        running = in_flight.get(ino)
+        if running is not None:  # settled with the fetch already queued
+            running.duplicates.append(path)
+            running.duplicate_bytes += residency.size - now_resident
+            return []
         ranges = []
         for start in range(0, nblocks, self.range_blocks):
             blocks = range(start, min(start + self.range_blocks, nblocks))
@@ -390,7 +411,7 @@ class Preloader:
             job.files_resident += 1
             job.files_done += 1
             return []
-        progress = _FileProgress(len(ranges))
+        progress = in_flight[ino] = _FileProgress(len(ranges))
         return [(_FileWork(ino, path, blocks), progress) for blocks in ranges]
 
     def _origin_blocks(self, ino: int) -> int:
@@ -404,6 +425,7 @@ class Preloader:
         self,
         job: PreloadJob,
         receive: trio.MemoryReceiveChannel[tuple[_FileWork, _FileProgress]],
+        in_flight: dict[int, _FileProgress],
     ) -> None:
         async with receive:
             async for work, progress in receive:
@@ -417,26 +439,35 @@ class Preloader:
                         job.bytes_fetched += nbytes
                         await self.throttle(nbytes)
                 progress.left -= 1
-                if progress.left == 0 and not progress.failed:
-                    self._file_finished(job, work)
+                if progress.left == 0:
+                    del in_flight[work.ino]
+                    self._file_finished(job, work, progress)
 
-    def _file_finished(self, job: PreloadJob, work: _FileWork) -> None:
-        """Every range of the file was filled: is all of it resident now?"""
+    def _file_finished(self, job: PreloadJob, work: _FileWork, progress: _FileProgress) -> None:
+        """Every range of the file was filled: is all of it resident now?
+        The file's duplicates share its outcome."""
+        reason = self._not_resident_reason(work) if not progress.failed else None
+        if progress.failed or reason is not None:
+            if reason is not None:
+                job.fail(work.path, reason)
+            for path in progress.duplicates:
+                job.fail(path, reason or f"failed (see {work.path})")
+            return
+        job.files_done += 1 + len(progress.duplicates)
+        job.files_resident += len(progress.duplicates)
+        job.bytes_resident += progress.duplicate_bytes
+
+    def _not_resident_reason(self, work: _FileWork) -> str | None:
         try:
             residency = self.movement.check(work.ino)
             nblocks = self._origin_blocks(work.ino)
         except TierfsError as exc:
-            job.fail(work.path, _reason(exc))
-            return
+            return _reason(exc)
         present = {place.blockno for place in residency.blocks}
         if any(b not in present for b in range(nblocks)):
             kept = sum(residency.bytes_per_tier.values())
-            job.fail(
-                work.path,
-                f"only {kept} of {residency.size} bytes could be kept: the tiers are full",
-            )
-            return
-        job.files_done += 1
+            return f"only {kept} of {residency.size} bytes could be kept: the tiers are full"
+        return None
 
 
 def _reason(exc: TierfsError) -> str:
