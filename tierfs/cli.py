@@ -359,9 +359,11 @@ def _preload_mount(paths: list[str], first_line: str | None) -> tuple[Location, 
 
 
 class _PreloadView:
-    """Shows the events of a preload: a rich progress bar on a terminal,
-    plain lines otherwise, one JSON object per line with ``--json``.
-    Warnings and failures go to stderr, each failure once."""
+    """Shows the events of a preload: a rich progress bar when stderr is a
+    terminal (on stderr, with the warnings and failures printed above it,
+    so that they stay diagnostics and stdout keeps only the summary), plain
+    progress lines on stdout otherwise, one JSON object per line with
+    ``--json``.  Warnings and failures go to stderr, each failure once."""
 
     def __init__(self, root: Path, as_json: bool) -> None:
         self.root = root
@@ -370,7 +372,8 @@ class _PreloadView:
         self._last_plain = 0.0
         self._progress: Any = None
         self._task: Any = None
-        if not as_json and sys.stdout.isatty():
+        if not as_json and sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 DownloadColumn,
@@ -388,6 +391,7 @@ class _PreloadView:
                 TextColumn("ETA {task.fields[eta]}"),
                 TextColumn("[red]{task.fields[failed]} failed"),
                 TimeElapsedColumn(),
+                console=Console(stderr=True),
             )
             self._task = self._progress.add_task(
                 "preload", total=None, files="0/0", rate="0 B", eta="-", failed=0
@@ -404,7 +408,7 @@ class _PreloadView:
 
     def _stderr(self, text: str) -> None:
         if self._progress is not None:
-            self._progress.console.print(text, style="red", markup=False, highlight=False)
+            self._progress.console.print(text, markup=False, highlight=False)
         else:
             print(text, file=sys.stderr, flush=True)
 
@@ -513,7 +517,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
     finally:
         if list_file is not None and list_file is not sys.stdin:
             list_file.close()
-    if result["state"] == "failed":
+    if result["state"] in ("failed", "cancelled"):
         return 1
     return 1 if result["files_failed"] else 0
 
