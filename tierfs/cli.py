@@ -20,12 +20,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tierfs import pin_sizes
 from tierfs.config import Config, check_file, load_config, load_policy
-from tierfs.control.client import locate, request
+from tierfs.control.client import Location, locate, request
+from tierfs.control.protocol import PRELOAD_LIST_CHUNK
 from tierfs.errors import ConfigError, ControlError, TierfsError
 from tierfs.policy.rules import shadowed_rules
 from tierfs.units import format_size
@@ -170,6 +172,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     mover = status.get("mover")
     if mover:
         print(f"mover:    {_mover_line(mover)}")
+    for job in status.get("preloads", []):
+        print(f"preload:  {_preload_line(job)}")
     hit = status["hit_ratio"]
     counters = status["counters"]
     print(
@@ -208,6 +212,21 @@ def _mover_line(mover: dict[str, Any]) -> str:
     return (
         f"{mover['state']} {current['src']} -> {current['dst'] or 'drop'} {current['path']} "
         f"({share:.0%}) at {format_size(int(mover.get('rate') or 0))}/s{capped}; {done}"
+    )
+
+
+def _preload_line(job: dict[str, Any]) -> str:
+    """``p12-1 fetching: 40/100 files, 1.2 GiB/3.0 GiB resident (40%), 200 MiB/s,
+    ETA 9 s, 0 failed``."""
+    eta = job.get("eta")
+    eta_text = "-" if eta is None else f"{eta:.0f} s"
+    resident = min(job["bytes_total"], job["bytes_resident"] + job["bytes_fetched"])
+    return (
+        f"{job['id']} {job['state']}: {job['files_done']}/{job['files_total']} files "
+        f"({job['files_resident']} already resident), {format_size(resident)}/"
+        f"{format_size(job['bytes_total'])} resident ({job['ready_fraction']:.0%}), "
+        f"fetched {format_size(job['bytes_fetched'])} at {format_size(int(job['rate']))}/s, "
+        f"ETA {eta_text}, {job['files_failed']} failed"
     )
 
 
@@ -300,6 +319,217 @@ def cmd_flush(args: argparse.Namespace) -> int:
     for sock, relpaths in _by_mount(args.paths).values():
         request(sock, "flush", {"paths": relpaths}, timeout=None)
     return 0
+
+
+# --- preload -------------------------------------------------------------------------------
+
+#: Seconds between two progress lines when stdout is not a terminal.
+PLAIN_PROGRESS_INTERVAL = 5.0
+
+
+def _list_lines(stream: IO[str]) -> Iterator[str]:
+    """The paths of a list file: one per line, blank lines skipped."""
+    for line in stream:
+        path = line.rstrip("\n").removesuffix("\r")
+        if path:
+            yield path
+
+
+def _list_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    chunk: list[str] = []
+    for path in lines:
+        chunk.append(path)
+        if len(chunk) >= PRELOAD_LIST_CHUNK:
+            yield {"paths": chunk}
+            chunk = []
+    if chunk:
+        yield {"paths": chunk}
+    yield {"end": True}
+
+
+def _preload_mount(paths: list[str], first_line: str | None) -> tuple[Location, list[str]]:
+    """The mount of the preload (that of the PATHs; else of an absolute
+    first list line; else of the current directory) and the PATHs relative
+    to its root."""
+    anchor = paths[0] if paths else first_line if first_line and first_line[0] == "/" else "."
+    mount = locate(anchor)
+    relpaths = []
+    for path in paths:
+        location = locate(path)
+        if location.mount_root != mount.mount_root:
+            raise CliError(f"{path} is not on the mount {mount.mount_root}: one mount per preload")
+        relpaths.append(location.relpath)
+    return mount, relpaths
+
+
+class _PreloadView:
+    """Shows the events of a preload: a rich progress bar when stderr is a
+    terminal (on stderr, with the warnings and failures printed above it,
+    so that they stay diagnostics and stdout keeps only the summary), plain
+    progress lines on stdout otherwise, one JSON object per line with
+    ``--json``.  Warnings and failures go to stderr, each failure once."""
+
+    def __init__(self, root: Path, as_json: bool) -> None:
+        self.root = root
+        self.as_json = as_json
+        self.failed_named = 0
+        self._last_plain = 0.0
+        self._progress: Any = None
+        self._task: Any = None
+        if not as_json and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("[bold]preload"),
+                BarColumn(),
+                DownloadColumn(binary_units=True),
+                TextColumn("{task.fields[files]} files"),
+                TextColumn("{task.fields[rate]}/s"),
+                TextColumn("ETA {task.fields[eta]}"),
+                TextColumn("[red]{task.fields[failed]} failed"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._task = self._progress.add_task(
+                "preload", total=None, files="0/0", rate="0 B", eta="-", failed=0
+            )
+
+    def __enter__(self) -> _PreloadView:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def _stderr(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def failure(self, path: str, reason: str) -> None:
+        self.failed_named += 1
+        self._stderr(f"tierfs: {self.root / path if path != '/' else self.root}: {reason}")
+
+    def event(self, event: dict[str, Any]) -> None:
+        if self.as_json:
+            print(json.dumps(event), flush=True)
+        kind = event.get("event")
+        if kind == "warning":
+            self._stderr(f"tierfs: warning: {event['message']}")
+        elif kind == "failed":
+            self.failure(event["path"], event["reason"])
+        elif kind == "progress" and not self.as_json:
+            self._show(event)
+
+    def _show(self, job: dict[str, Any]) -> None:
+        if self._progress is not None:
+            eta = job.get("eta")
+            resident = min(job["bytes_total"], job["bytes_resident"] + job["bytes_fetched"])
+            self._progress.update(
+                self._task,
+                total=job["bytes_total"] if job["state"] != "scanning" else None,
+                completed=resident,
+                files=f"{job['files_done']}/{job['files_total']}",
+                rate=format_size(int(job["rate"])),
+                eta="-" if eta is None else f"{eta:.0f}s",
+                failed=job["files_failed"],
+            )
+            return
+        now = time.monotonic()
+        if now - self._last_plain >= PLAIN_PROGRESS_INTERVAL:
+            self._last_plain = now
+            print(f"preload {_preload_line(job)}", flush=True)
+
+    def summary(self, result: dict[str, Any], *, returned_early: bool) -> None:
+        for failure in result.get("failures", [])[self.failed_named :]:
+            self.failure(failure["path"], failure["reason"])
+        if self.as_json:
+            print(json.dumps({"event": "summary", **result}), flush=True)
+            return
+        if self._progress is not None:
+            self._show(result)
+            self._progress.stop()
+            self._progress = None
+        print(f"preload {_preload_line(result)}")
+        if returned_early:
+            print(
+                f"{result['ready_fraction']:.0%} of the bytes are resident; preload "
+                f"{result['id']} goes on in the daemon (`tierfs status {self.root}` shows it)"
+            )
+        elif (
+            result["state"] == "done" and not result["bytes_fetched"] and not result["files_failed"]
+        ):
+            print("nothing to fetch: every file was already resident")
+
+
+def cmd_preload(args: argparse.Namespace) -> int:
+    fraction = args.ready_fraction
+    if fraction is not None and not 0 <= fraction <= 1:
+        raise CliError("--ready-fraction must be a number from 0 to 1")
+    if not args.paths and not args.from_file:
+        raise CliError("nothing to preload: give PATHs, --from-file, or both")
+    list_file: IO[str] | None = None
+    if args.from_file == "-":
+        list_file = sys.stdin
+    elif args.from_file:
+        try:
+            list_file = open(args.from_file, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
+        except OSError as exc:
+            raise CliError(f"{args.from_file}: {exc.strerror}") from None
+    try:
+        lines = _list_lines(list_file) if list_file is not None else iter(())
+        first = next(lines, None)
+        mount, relpaths = _preload_mount(args.paths, first)
+        listed = _list_chunks(_prepend(first, lines)) if list_file is not None else iter(())
+        request_args = {
+            "paths": relpaths,
+            "tier": args.tier,
+            "ready_fraction": fraction,
+            "detach": args.detach,
+            "from_list": list_file is not None,
+        }
+        with _PreloadView(mount.mount_root, args.json) as view:
+            result = request(
+                mount.socket_path,
+                "preload",
+                request_args,
+                on_event=None if args.detach else view.event,
+                more=listed,
+            )
+            if args.detach:
+                if args.json:
+                    print(json.dumps({"event": "detached", **result}), flush=True)
+                else:
+                    print(
+                        f"preload {result['id']} started in the daemon; "
+                        f"`tierfs status {mount.mount_root}` shows its progress"
+                    )
+                return 0
+            view.summary(
+                result, returned_early=result["state"] not in ("done", "cancelled", "failed")
+            )
+    finally:
+        if list_file is not None and list_file is not sys.stdin:
+            list_file.close()
+    if result["state"] in ("failed", "cancelled"):
+        return 1
+    return 1 if result["files_failed"] else 0
+
+
+def _prepend(first: str | None, rest: Iterator[str]) -> Iterator[str]:
+    if first is not None:
+        yield first
+    yield from rest
 
 
 # --- evict / pin / unpin ----------------------------------------------------------------------
@@ -515,6 +745,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tier", metavar="NAME", help="only this tier (default: every tier)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_evict)
+
+    p = sub.add_parser(
+        "preload",
+        help="fetch files or trees to a tier before a job reads them",
+        description="Fetch every file at or below each PATH (and each path of --from-file) "
+        "from the bucket to the local tiers, in the daemon, with a progress bar: files, bytes, "
+        "rate, ETA, failures. Data already resident is skipped (a rerun fetches nothing and "
+        "says so). Demand reads of running jobs go before preload fetches. A bad list (a "
+        "'..' component, a NUL byte, an absolute path outside the mount) is rejected before "
+        "anything is fetched; a missing file is named and the rest goes on. Ctrl-C cancels "
+        "the preload, unless --detach or --ready-fraction was given. Exit status 1 if any "
+        "file failed (each is named on stderr).",
+    )
+    p.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="a file or directory on a tierfs mount (every PATH on the same mount)",
+    )
+    p.add_argument(
+        "--from-file",
+        metavar="F",
+        help="also preload the paths listed in F, one per line ('-': stdin); a path is "
+        "absolute (inside the mount) or relative to the mount root; blank lines are skipped. "
+        "Without PATHs, the mount is that of the first line if it is absolute, else that of "
+        "the current directory. The list is streamed to the daemon, never held in memory whole",
+    )
+    p.add_argument(
+        "--tier",
+        metavar="NAME",
+        help="tier to fetch absent blocks to (default: the normal placement, usually the "
+        "first tier); blocks already on another tier stay there",
+    )
+    p.add_argument(
+        "--ready-fraction",
+        metavar="X",
+        type=float,
+        help="return once X (0 to 1, e.g. 0.3) of the bytes are resident; the preload goes "
+        "on in the daemon (`tierfs status` shows it), and Ctrl-C no longer cancels it",
+    )
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="return at once with the preload's id; it runs on in the daemon",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON event per line on stdout (progress, warning, failed), then a final "
+        '{"event": "summary", ...} line',
+    )
+    p.set_defaults(func=cmd_preload)
 
     p = sub.add_parser(
         "pin",

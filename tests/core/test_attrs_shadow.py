@@ -174,9 +174,7 @@ async def test_chmod_chown_rename_unlink_keep_the_shadow_in_step(
     assert writer.fs.meta.shadow_ledger(ino) == []
 
 
-async def test_the_reserved_name_is_refused_and_never_listed(
-    make_fs: Any, s3_store: Any
-) -> None:
+async def test_the_reserved_name_is_refused_and_never_listed(make_fs: Any, s3_store: Any) -> None:
     node = await make_fs()
     with pytest.raises(TierfsError) as info:
         await node.fs.mkdir(ROOT_INO, SHADOW.encode(), 0o755, 0, 0)
@@ -354,9 +352,7 @@ async def test_a_change_stuck_halfway_is_never_wider_than_either_side(
         await wait_for(lambda: f"{SHADOW}/f.bin@m0600,u0,g0" in shadow_keys(s3_store))
         assert int(s3_store.head("f.bin").metadata["mode"]) & 0o7777 == 0o644  # not rewritten
     else:
-        await wait_for(
-            lambda: int(s3_store.head("f.bin").metadata["mode"]) & 0o7777 == 0o644
-        )
+        await wait_for(lambda: int(s3_store.head("f.bin").metadata["mode"]) & 0o7777 == 0o644)
         assert f"{SHADOW}/f.bin@m0600,u0,g0" in shadow_keys(s3_store)  # not deleted yet
     other = await fresh_node(first, tmp_path, "other")
     seen = await other.fs.lookup(ROOT_INO, b"f.bin")

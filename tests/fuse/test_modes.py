@@ -218,9 +218,7 @@ def test_a_cold_read_is_one_get_and_a_cold_find_makes_no_head(
     assert delta(store_calls(finder), before) == {"ListObjectsV2": 8}
 
 
-def test_rename_and_unlink_keep_the_shadow_in_step(
-    mount: MountFactory, require_root: None
-) -> None:
+def test_rename_and_unlink_keep_the_shadow_in_step(mount: MountFactory, require_root: None) -> None:
     m = mount(list_ttl="60s", revalidate_ttl="60s")
     (m.path / "d").mkdir()
     os.chmod(m.path / "d", 0o750)

@@ -309,8 +309,10 @@ def test_sigterm_exits_at_once_while_an_upload_is_stuck_in_a_black_hole(
         # The upload is really in flight: the file is uploading and the
         # proxy holds a connection it never answers.
         assert wait_until(
-            lambda: m.where_one("stuck.bin")["state"] == "uploading"
-            and fault_proxy.swallowed > swallowed_before,
+            lambda: (
+                m.where_one("stuck.bin")["state"] == "uploading"
+                and fault_proxy.swallowed > swallowed_before
+            ),
             timeout=10,
             interval=0.1,
         ), f"no upload in flight: {m.where_one('stuck.bin')}\n{m.log_tail()}"

@@ -45,8 +45,9 @@ def test_rename_onto_a_clean_name_during_the_upload_keeps_the_file(
         lambda line: line.startswith("PUT ") and _path_of(line).endswith("/dd")
     )
     delete_gate = fault_proxy.hold_requests(
-        lambda line: line.startswith("DELETE ")
-        and _path_of(line).endswith("/" + quote(TARGET, safe=""))
+        lambda line: (
+            line.startswith("DELETE ") and _path_of(line).endswith("/" + quote(TARGET, safe=""))
+        )
     )
     try:
         Path(m.path / "dd").write_bytes(NEW_BODY)  # truncate + write: dirty, uploads at once

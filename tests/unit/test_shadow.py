@@ -53,7 +53,15 @@ def test_directory_keys_drop_their_slash() -> None:
 
 @pytest.mark.parametrize(
     "entry",
-    ["noattrs", "x@", "x@m600,u0,g0", "x@m0600,u0", "x@m0800,u0,g0", "@m0600,u0,g0", "x@m0600,u-1,g0"],
+    [
+        "noattrs",
+        "x@",
+        "x@m600,u0,g0",
+        "x@m0600,u0",
+        "x@m0800,u0,g0",
+        "@m0600,u0,g0",
+        "x@m0600,u-1,g0",
+    ],
 )
 def test_malformed_entries_are_not_attributes(entry: str) -> None:
     assert parse_shadow_name(entry) is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,11 @@ def request(
     *,
     timeout: float | None = 600.0,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    more: Iterable[dict[str, Any]] = (),
 ) -> Any:
+    """Send one request (then the lines of ``more``, for an op that reads
+    further input, e.g. a preload list in chunks) and return its result;
+    each event line before the reply goes to ``on_event``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
@@ -69,6 +73,11 @@ def request(
                 f"cannot reach the tierfs daemon at {socket_path}: {exc.strerror or exc}"
             ) from None
         sock.sendall(encode({"op": op, "args": args or {}}))
+        try:
+            for message in more:
+                sock.sendall(encode(message))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered early (an error): read its reply
         reader = sock.makefile("rb")
         for line in reader:
             message = decode(line)

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 MAX_LINE = 1 << 20
+#: Paths per ``{"paths": [...]}`` line of a preload list the CLI streams
+#: after its request line (then ``{"end": true}``).
+PRELOAD_LIST_CHUNK = 1000
 CONTROL_XATTR = "user.tierfs.control_socket"
 
 

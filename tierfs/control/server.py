@@ -3,6 +3,12 @@
 Each connection carries one request (see ``protocol``).  The peer is checked
 with ``SO_PEERCRED``: only root and the daemon's own user may talk to it.
 Handlers are thin: they call ``TierFS`` methods and shape the JSON result.
+
+Streaming handlers (``preload``) also get a ``ControlCall``: they send
+``{"event": ...}`` lines before the final reply (``send_event``), read the
+further lines a client sends after its request (``receive``: the chunks of
+a ``--from-file`` list) and learn when the client went away
+(``wait_closed``: the CLI's Ctrl-C closes the connection).
 A TierfsError becomes ``{"ok": false, "error", "errno"}``; any other
 exception is logged with its traceback and reported as an internal error, and
 never stops the server.
@@ -25,10 +31,79 @@ import trio
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
 from tierfs.errors import InvalidArgument, TierfsError
+from tierfs.workers.preload import (
+    BAD_LINES_NAMED,
+    PathSpool,
+    Preloader,
+    PreloadJob,
+    normalize_path,
+)
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+#: Seconds between two progress events of a streaming request.
+PROGRESS_INTERVAL = 0.5
+
+
+class _LineReader:
+    """JSON lines from a stream, keeping what a read brought past a newline."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._buf = bytearray()
+        self.eof = False
+
+    async def line(self) -> bytes | None:
+        """The next line (without its newline); None at the end of the stream."""
+        while b"\n" not in self._buf:
+            if self.eof:
+                return None
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                self.eof = True
+                if self._buf:
+                    line, self._buf = bytes(self._buf), bytearray()
+                    return line
+                return None
+            self._buf += chunk
+            if len(self._buf) > MAX_LINE:
+                raise InvalidArgument("control request too long")
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        return line
+
+
+class ControlCall:
+    """One streaming request's connection, for its handler."""
+
+    def __init__(self, stream: trio.SocketStream, reader: _LineReader) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._send_lock = trio.Lock()
+
+    async def send_event(self, event: str, **fields: Any) -> None:
+        """Send one event line; ``trio.BrokenResourceError`` if the client is gone."""
+        async with self._send_lock:
+            await self._stream.send_all(encode({"event": event, **fields}))
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next line the client sent after its request (None: it closed)."""
+        line = await self._reader.line()
+        return None if line is None else decode(line)
+
+    async def wait_closed(self) -> None:
+        """Return once the client closed its side (anything more it sends
+        is ignored)."""
+        try:
+            while await self._reader.line() is not None:
+                pass
+        except (trio.BrokenResourceError, InvalidArgument, OSError):
+            pass
+
+
+StreamingHandler = Callable[[dict[str, Any], ControlCall], Awaitable[Any]]
 
 
 class ControlServer:
@@ -48,6 +123,9 @@ class ControlServer:
             "policy_plan": self._policy_plan,
             "policy_reload": self._policy_reload,
         }
+        self._streaming: dict[str, StreamingHandler] = {"preload": self._preload}
+        #: The preload worker (set by the daemon when it starts it).
+        self.preloader: Preloader | None = None
 
     def bind(self) -> trio.socket.SocketType:
         """Create the socket (synchronously, before the mount is announced)."""
@@ -90,17 +168,20 @@ class ControlServer:
                     encode({"ok": False, "error": "permission denied", "errno": errno.EACCES})
                 )
                 return
+            reader = _LineReader(stream)
             try:
-                line = await self._read_line(stream)
-                request = decode(line)
+                request = decode((await reader.line()) or b"")
                 op = request.get("op")
-                handler = self._handlers.get(op) if isinstance(op, str) else None
-                if handler is None:
-                    raise InvalidArgument(f"unknown control operation {op!r}")
                 args = request.get("args") or {}
                 if not isinstance(args, dict):
                     raise InvalidArgument("control request 'args' must be an object")
-                result = await handler(args)
+                if isinstance(op, str) and op in self._streaming:
+                    result = await self._streaming[op](args, ControlCall(stream, reader))
+                else:
+                    handler = self._handlers.get(op) if isinstance(op, str) else None
+                    if handler is None:
+                        raise InvalidArgument(f"unknown control operation {op!r}")
+                    result = await handler(args)
                 reply: dict[str, Any] = {"ok": True, "result": result}
             except TierfsError as exc:
                 reply = {"ok": False, "error": str(exc), "errno": exc.errno}
@@ -120,18 +201,6 @@ class ControlServer:
             with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(encode(reply))
 
-    @staticmethod
-    async def _read_line(stream: trio.SocketStream) -> bytes:
-        buf = bytearray()
-        while b"\n" not in buf:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            buf += chunk
-            if len(buf) > MAX_LINE:
-                raise InvalidArgument("control request too long")
-        return bytes(buf.split(b"\n", 1)[0])
-
     # --- handlers ----------------------------------------------------------------------
 
     async def _ping(self, args: dict[str, Any]) -> Any:
@@ -141,7 +210,115 @@ class ControlServer:
         status = self.fs.status()
         status["mountpoint"] = str(self.mountpoint)
         status["pid"] = os.getpid()
+        status["preloads"] = self.preloader.status() if self.preloader is not None else []
         return status
+
+    async def _preload(self, args: dict[str, Any], call: ControlCall) -> Any:
+        """Validate every path (the arguments, then the list the client
+        streams), start the job, then stream its progress until it is done,
+        ``ready_fraction`` of its bytes are resident, or at once with
+        ``detach``.  The client going away cancels the job unless it asked
+        for ``detach`` or ``ready_fraction``."""
+        preloader = self.preloader
+        if preloader is None:
+            raise InvalidArgument("this daemon runs no preload worker")
+        paths = _paths("preload", args)
+        tier = _optional_str(args, "tier")
+        detach = bool(args.get("detach"))
+        fraction = args.get("ready_fraction")
+        if fraction is not None and (
+            not isinstance(fraction, int | float) or not 0 <= fraction <= 1
+        ):
+            raise InvalidArgument("'ready_fraction' must be a number from 0 to 1")
+        spool = await self._receive_paths(preloader, paths, bool(args.get("from_list")), call)
+        job = preloader.start(spool, [normalize_path(p, str(self.mountpoint)) for p in paths], tier)
+        if detach:
+            return job.snapshot()
+        sent = _Sent()
+        async with trio.open_nursery() as nursery:
+
+            async def client_gone() -> None:
+                await call.wait_closed()
+                if fraction is None:
+                    preloader.cancel(job)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(client_gone)
+            try:
+                while True:
+                    await self._send_progress(call, job, sent)
+                    if job.done.is_set() or (fraction is not None and job.ready(fraction)):
+                        break
+                    with trio.move_on_after(PROGRESS_INTERVAL):
+                        await job.done.wait()
+            except trio.BrokenResourceError:  # the client went away
+                if fraction is None:
+                    preloader.cancel(job)
+            nursery.cancel_scope.cancel()
+        summary = job.snapshot()
+        summary["failures"] = [{"path": f.path, "reason": f.reason} for f in job.failures]
+        summary["warnings"] = list(job.warnings)
+        return summary
+
+    @staticmethod
+    async def _send_progress(call: ControlCall, job: PreloadJob, sent: _Sent) -> None:
+        """New warnings and failures (each once), then the figures."""
+        for warning in job.warnings[sent.warnings :]:
+            await call.send_event("warning", message=warning)
+        sent.warnings = len(job.warnings)
+        for failure in job.failures[sent.failures :]:
+            await call.send_event("failed", path=failure.path, reason=failure.reason)
+        sent.failures = len(job.failures)
+        await call.send_event("progress", **job.snapshot())
+
+    async def _receive_paths(
+        self, preloader: Preloader, paths: list[str], from_list: bool, call: ControlCall
+    ) -> PathSpool:
+        """Every path, validated, in a spool; InvalidArgument naming the bad
+        ones (up to ``BAD_LINES_NAMED``) if any was bad: nothing starts."""
+        spool = preloader.new_spool()
+        bad: list[str] = []
+        nbad = 0
+
+        def add(path: object, where: str) -> None:
+            nonlocal nbad
+            try:
+                if not isinstance(path, str):
+                    raise InvalidArgument("is not a string")
+                spool.add(normalize_path(path, str(self.mountpoint)))
+            except InvalidArgument as exc:
+                nbad += 1
+                if len(bad) < BAD_LINES_NAMED:
+                    bad.append(f"{where} {path!r} {exc}")
+
+        try:
+            for path in paths:
+                add(path, "argument")
+            line = 0
+            while from_list:
+                message = await call.receive()
+                if message is None:
+                    raise InvalidArgument("the client closed the connection before the list ended")
+                if message.get("end"):
+                    break
+                chunk = message.get("paths")
+                if not isinstance(chunk, list):
+                    raise InvalidArgument('a list chunk must be {"paths": [...]}')
+                for path in chunk:
+                    line += 1
+                    add(path, f"line {line}:")
+                await trio.sleep(0)
+            if nbad:
+                more = f" (and {nbad - len(bad)} more)" if nbad > len(bad) else ""
+                raise InvalidArgument(
+                    f"bad preload list, nothing was fetched: {'; '.join(bad)}{more}"
+                )
+            if not spool.count:
+                raise InvalidArgument("nothing to preload: no paths given")
+        except BaseException:
+            spool.close()
+            raise
+        return spool
 
     async def _where(self, args: dict[str, Any]) -> Any:
         return await self._each_path("where", args, self.fs.where)
@@ -191,6 +368,16 @@ class ControlServer:
         for path in paths:
             waited += await self.fs.flush_path(path)
         return {"entries": waited}
+
+
+class _Sent:
+    """How many warnings and failures of a job were sent as events."""
+
+    __slots__ = ("failures", "warnings")
+
+    def __init__(self) -> None:
+        self.warnings = 0
+        self.failures = 0
 
 
 def _paths(op: str, args: dict[str, Any]) -> list[str]:

@@ -77,6 +77,16 @@ Concurrency rules:
   and the first-read verification of a block (``io_limiter``).
 * One fetch or verification per block at a time (``_Flight``); other readers
   of the block wait for it and share its outcome.
+* Priority: demand fetches (reads and their readahead) go before background
+  fetches (``fill``: preload, pins, promotion).  The rule: a background
+  fetch first takes one of ``background_slots`` (half of
+  ``fetch.concurrency``, at least 1), then takes a fetch slot only while no
+  demand fetch is waiting for one and a slot is free; it never queues on
+  ``fetch_limiter``, so a demand fetch waits at most for the fetches
+  already running, never for queued background work.  A demand read that
+  needs a block a background fetch is waiting to start promotes that
+  flight to demand (``_Flight.background``), so the shared fetch does not
+  wait behind the priority it is being served for.
 * A block record is committed to LMDB (on the loop, after the thread wrote
   the bytes) only if the file's ``generation`` did not change meanwhile; an
   ETag change bumps the generation, so a late GET of the old content is
@@ -155,11 +165,13 @@ async def _nothing() -> None:
 class _Flight:
     """One fetch or verification of one block, shared by all who wait for it."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("background", "done", "error")
 
-    def __init__(self) -> None:
+    def __init__(self, *, background: bool = False) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
+        #: A ``fill`` started it and no demand read waits for it (yet).
+        self.background = background
 
 
 @dataclass(slots=True)
@@ -261,7 +273,16 @@ class BlockCache:
         self.space = space
         self.block_size = block_size
         self.max_window = max(1, readahead_max // block_size)
+        #: Fetch slots: held by the task of each GET (see "Priority").
         self.fetch_limiter = trio.CapacityLimiter(fetch_concurrency)
+        #: The GET threads (a task holds a fetch slot while its thread runs).
+        self._fetch_threads = trio.CapacityLimiter(fetch_concurrency)
+        #: Background fetches (``fill``) in flight or waiting for a fetch slot.
+        self.background_slots = trio.CapacityLimiter(max(1, fetch_concurrency // 2))
+        #: Demand fetches waiting for a fetch slot.
+        self.demand_waiting = 0
+        #: Background fetches parked until a slot frees or demand stops waiting.
+        self._background_lot = trio.lowlevel.ParkingLot()
         self._thread_buffers = threading.local()
         #: (ino, blockno) -> (pooled buffer, valid bytes) of blocks just fetched.
         self._recent: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, int]] = (
@@ -556,12 +577,17 @@ class BlockCache:
                 waits.append(flight)
             else:
                 absent.append(blockno)
-        waits += self._start_fetches(cf, absent, tier)
+        waits += self._start_fetches(cf, absent, tier, background=True)
         await self._wait_flights(cf, waits)
 
     def _start_flight(self, cf: CachedFile, blockno: int) -> _Flight:
+        """The flight of a block a demand read needs (a background one is
+        promoted: see "Priority")."""
         flight = cf.flights.get(blockno)
         if flight is not None:
+            if flight.background:
+                flight.background = False
+                self._background_lot.unpark_all()
             return flight
         flight = cf.flights[blockno] = _Flight()
         assert self._nursery is not None, "BlockCache.start() was not called"
@@ -569,7 +595,12 @@ class BlockCache:
         return flight
 
     def _start_fetches(
-        self, cf: CachedFile, blocknos: list[int], tier: int | None = None
+        self,
+        cf: CachedFile,
+        blocknos: list[int],
+        tier: int | None = None,
+        *,
+        background: bool = False,
     ) -> list[_Flight]:
         """Fetch absent blocks, consecutive ones together: one ranged GET per
         run of up to ``max_run_blocks`` (fewer, larger requests cost the
@@ -578,15 +609,17 @@ class BlockCache:
         run: list[int] = []
         for blockno in sorted(blocknos):
             if run and (blockno != run[-1] + 1 or len(run) >= self.max_run_blocks):
-                flights.append(self._start_run(cf, run, tier))
+                flights.append(self._start_run(cf, run, tier, background))
                 run = []
             run.append(blockno)
         if run:
-            flights.append(self._start_run(cf, run, tier))
+            flights.append(self._start_run(cf, run, tier, background))
         return flights
 
-    def _start_run(self, cf: CachedFile, run: list[int], tier: int | None = None) -> _Flight:
-        flight = _Flight()
+    def _start_run(
+        self, cf: CachedFile, run: list[int], tier: int | None = None, background: bool = False
+    ) -> _Flight:
+        flight = _Flight(background=background)
         for blockno in run:
             cf.flights[blockno] = flight
         assert self._nursery is not None, "BlockCache.start() was not called"
@@ -597,7 +630,7 @@ class BlockCache:
         self, cf: CachedFile, run: list[int], flight: _Flight, tier: int | None = None
     ) -> None:
         try:
-            await self._fetch(cf, run, tier)
+            await self._fetch(cf, run, tier, flight)
         except Exception as exc:
             flight.error = exc
             if not isinstance(exc, TierfsError):
@@ -689,10 +722,68 @@ class BlockCache:
             dirty=True,
         )
 
-    async def _fetch(self, cf: CachedFile, run: list[int], tier: int | None = None) -> None:
+    async def _take_fetch_slot(self, flight: _Flight | None) -> bool:
+        """Take a fetch slot for ``flight`` (None: a demand fetch) by the
+        priority rule of the module docstring; True if a background slot
+        was taken with it.  ``_give_fetch_slot`` gives them back."""
+        while flight is not None and flight.background:
+            if (
+                not self.demand_waiting
+                and self.fetch_limiter.available_tokens >= 1
+                and self.background_slots.available_tokens >= 1
+            ):
+                self.background_slots.acquire_nowait()
+                self.fetch_limiter.acquire_nowait()
+                return True
+            await self._background_lot.park()
+        self.demand_waiting += 1
+        try:
+            await self.fetch_limiter.acquire()
+        finally:
+            self.demand_waiting -= 1
+            if not self.demand_waiting:
+                self._background_lot.unpark_all()
+        return False
+
+    def _give_fetch_slot(self, background: bool) -> None:
+        self.fetch_limiter.release()
+        if background:
+            self.background_slots.release()
+        self._background_lot.unpark_all()
+
+    async def _get_in_thread(
+        self,
+        flight: _Flight | None,
+        key: str,
+        etag: str,
+        offset: int,
+        length: int,
+        lengths: list[int],
+        fds: list[tuple[int, int | None] | None],
+    ) -> list[tuple[int, bytes, mmap.mmap | None]]:
+        """``_get_and_store`` in a thread, holding a fetch slot meanwhile."""
+        background = await self._take_fetch_slot(flight)
+        try:
+            return await trio.to_thread.run_sync(
+                self._get_and_store,
+                key,
+                etag,
+                offset,
+                length,
+                lengths,
+                fds,
+                limiter=self._fetch_threads,
+            )
+        finally:
+            self._give_fetch_slot(background)
+
+    async def _fetch(
+        self, cf: CachedFile, run: list[int], tier: int | None = None, flight: _Flight | None = None
+    ) -> None:
         """Fetch consecutive blocks ``run`` with one ranged GET, write each to
         ``tier`` if given and with room, else the first tier with room, and
-        record it (or keep it in memory if no tier has room)."""
+        record it (or keep it in memory if no tier has room).  ``flight``:
+        the shared flight of the run (its ``background`` sets the priority)."""
         bs = self.block_size
         offset = run[0] * bs
         lengths = [min(bs, cf.size - b * bs) for b in run]
@@ -715,15 +806,8 @@ class BlockCache:
             ]
             try:
                 key, etag = self.read_origin(cf.inode)
-                results = await trio.to_thread.run_sync(
-                    self._get_and_store,
-                    key,
-                    etag,
-                    offset,
-                    from_origin,
-                    lengths,
-                    fds,
-                    limiter=self.fetch_limiter,
+                results = await self._get_in_thread(
+                    flight, key, etag, offset, from_origin, lengths, fds
                 )
             except OSError as exc:
                 self._release_all(tiers, lengths)

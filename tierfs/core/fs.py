@@ -524,7 +524,7 @@ class TierFS:
         whole files, as ``status`` does."""
         per_tier = [0] * len(self.tiers)
         files = size = dirty_files = dirty = pinned = failed = 0
-        async for inode, _path in self.lifecycle.files_below(top, relpath, list_dirs=True):
+        async for inode, _path in self.namespace.walk(relpath, list_dirs=True, top=top):
             files += 1
             size += inode.size
             for tier, nbytes in self.meta.residency(inode.ino).items():

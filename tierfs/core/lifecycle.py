@@ -421,7 +421,7 @@ class Lifecycle:
 
     # --- commands (control socket) --------------------------------------------------------------
 
-    def _tier_named(self, name: str | None) -> int | None:
+    def tier_named(self, name: str | None) -> int | None:
         if name is None:
             return None
         index = self._tier_index.get(name)
@@ -433,35 +433,15 @@ class Lifecycle:
     async def files_below(
         self, top: Inode, relpath: str, *, list_dirs: bool
     ) -> AsyncIterator[tuple[Inode, str]]:
-        """Every regular file at or below ``top``, with its path.  Depth
-        first; in memory: the directories still to visit and one page of
-        entries.  ``list_dirs``: list directories from the bucket first (a
-        pin must see every file; an evict only needs what is cached)."""
-        pending = [(top, relpath)]
-        while pending:
-            inode, path = pending.pop()
-            if inode.is_file:
-                yield inode, path
-                continue
-            if not inode.is_dir:
-                continue
-            if list_dirs:
-                await self.namespace.ensure_listed(inode)
-            cookie = 0
-            while True:
-                page = self.meta.read_dir(inode.ino, cookie, _PAGE)
-                if not page:
-                    break
-                cookie = page[-1][0]
-                for _cookie, name, child in page:
-                    child_inode = self.meta.get_inode(child)
-                    if child_inode is not None:
-                        child_path = f"{path}/{name.decode()}" if path else name.decode()
-                        pending.append((child_inode, child_path))
-                await trio.sleep(0)
+        """Every regular file at or below ``top``, with its path
+        (``Namespace.walk``).  ``list_dirs``: list directories from the
+        bucket first (a pin must see every file; an evict only needs what
+        is cached)."""
+        async for item in self.namespace.walk(relpath, list_dirs=list_dirs, top=top):
+            yield item
 
     async def evict_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
-        tier = self._tier_named(tier_name)
+        tier = self.tier_named(tier_name)
         top = await self.namespace.resolve(relpath)
         evicted = files = 0
         skipped: list[dict[str, str]] = []
@@ -486,7 +466,7 @@ class Lifecycle:
         return {"path": relpath, "evicted_bytes": evicted, "files": files, "skipped": skipped}
 
     async def pin_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
-        tier = self._tier_named(tier_name)
+        tier = self.tier_named(tier_name)
         tier = 0 if tier is None else tier
         top = await self.namespace.resolve(relpath)
         inos: list[int] = []
@@ -612,8 +592,6 @@ class Lifecycle:
         return {"rules": len(fresh.rules), "warnings": warnings}
 
 
-#: Directory entries read per LMDB call while walking a tree.
-_PAGE = 512
 #: Files whose facts are gathered between two yields to other tasks.
 _FACTS_BATCH = 1000
 

@@ -107,7 +107,7 @@ import logging
 import math
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -147,6 +147,9 @@ STALE_LISTING_WAIT = 1.0
 REVALIDATE_WAIT = 1.0
 #: After one of those waits ran out, optional waits are skipped this long.
 SLOW_HOLDOFF = 5.0
+
+#: A subtree walk reads this many directory entries from LMDB at a time.
+WALK_PAGE = 512
 
 #: Starts ``fn(*args)`` as a background task; False if there is no nursery.
 Spawn = Callable[..., bool]
@@ -303,6 +306,61 @@ class Namespace:
                 continue
             inode = await self.lookup(inode.ino, part.encode())
         return inode
+
+    async def walk(
+        self, relpath: str, *, list_dirs: bool = True, top: Inode | None = None
+    ) -> AsyncIterator[tuple[Inode, str]]:
+        """Every regular file at or below ``relpath``, with its path relative
+        to the mount root: depth first, in directory order.
+
+        Memory: one frame per directory level of the current path (the
+        directory inode number, its path, the cookie of the last entry
+        taken) and one page of ``WALK_PAGE`` entries; never the tree, nor
+        a whole directory.  A frame resumes from its cookie after its
+        subdirectory is done, so entries added or removed meanwhile are
+        handled as ``readdir`` would.  ``list_dirs``: list each directory
+        from the bucket when its listing is missing or expired
+        (``ensure_listed``); without it, only what LMDB holds is walked.
+        The walk yields to the loop after every page.  Symlinks and other
+        special files are not yielded.  ``top``: the inode of ``relpath``
+        when the caller resolved it already.
+        """
+        inode = top if top is not None else await self.resolve(relpath)
+        relpath = relpath.strip("/")
+        if inode.is_file:
+            yield inode, relpath
+            return
+        if not inode.is_dir:
+            return
+        if list_dirs:
+            await self.ensure_listed(inode)
+        # Frames: [directory ino, its relpath, cookie of the last entry taken].
+        stack: list[list[int | str]] = [[inode.ino, relpath, 0]]
+        while stack:
+            frame = stack[-1]
+            dir_ino, dir_path, cookie = int(frame[0]), str(frame[1]), int(frame[2])
+            page = self.meta.read_dir(dir_ino, cookie, WALK_PAGE)
+            if not page:
+                stack.pop()
+                continue
+            descend: tuple[Inode, str] | None = None
+            for entry_cookie, name, child in page:
+                frame[2] = entry_cookie
+                child_inode = self.live_inode(child) or self.meta.get_inode(child)
+                if child_inode is None:
+                    continue
+                text = name.decode(errors="surrogateescape")
+                child_path = f"{dir_path}/{text}" if dir_path else text
+                if child_inode.is_file:
+                    yield child_inode, child_path
+                elif child_inode.is_dir:
+                    descend = (child_inode, child_path)
+                    break
+            if descend is not None:
+                if list_dirs:
+                    await self.ensure_listed(descend[0])
+                stack.append([descend[0].ino, descend[1], 0])
+            await trio.sleep(0)
 
     async def wait_listing(self, ino: int, stale_wait: float = STALE_LISTING_WAIT) -> None:
         """Wait for a listing of directory ``ino`` that is running, if any.

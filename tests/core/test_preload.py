@@ -1,0 +1,355 @@
+"""Preload over a real bucket (moto), no mount: the lazy subtree walk
+(``Namespace.walk``), the ``Preloader`` worker (counters, rerun, missing
+paths, failures, the up-front warning) and the priority of demand reads
+over preload fetches in the block cache."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+
+from tests.core.conftest import CoreMount, MiB, put
+from tierfs.config import FetchConfig
+from tierfs.core.namespace import WALK_PAGE
+from tierfs.errors import InvalidArgument
+from tierfs.workers.preload import Preloader, PreloadJob, normalize_path
+
+TREE = {
+    "data/a/x.bin": 3 * MiB + 5,
+    "data/a/y.bin": 1000,
+    "data/b/deep/z.bin": 2 * MiB,
+    "data/c.bin": 10,
+    "other/skip.bin": 100,
+}
+
+
+def blob(size: int, seed: int) -> bytes:
+    return bytes((i * seed) % 251 for i in range(size))
+
+
+def put_tree(s3_store: Any, tree: dict[str, int]) -> dict[str, bytes]:
+    out = {}
+    for seed, (key, size) in enumerate(sorted(tree.items()), start=3):
+        out[key] = blob(size, seed)
+        put(s3_store, key, out[key])
+    return out
+
+
+async def run_preload(
+    nursery: trio.Nursery, mount: CoreMount, paths: list[str], tier: str | None = None
+) -> PreloadJob:
+    preloader = Preloader(mount.fs)
+    await nursery.start(preloader.run)
+    spool = preloader.new_spool()
+    for path in paths:
+        spool.add(path)
+    job = preloader.start(spool, paths, tier)
+    with trio.fail_after(30):
+        await job.done.wait()
+    return job
+
+
+# --- the walk ---------------------------------------------------------------------------
+
+
+async def test_walk_yields_every_file_depth_first(make_fs: Any, s3_store: Any) -> None:
+    put_tree(s3_store, TREE)
+    mount = await make_fs()
+    seen = [(path, inode.size) async for inode, path in mount.fs.namespace.walk("data")]
+    assert sorted(seen) == sorted((k, v) for k, v in TREE.items() if k.startswith("data/"))
+    # Depth first: the files of one subtree come together.
+    order = [p for p, _ in seen]
+    a_files = [i for i, p in enumerate(order) if p.startswith("data/a/")]
+    assert a_files == list(range(a_files[0], a_files[0] + 2))
+    # A file is its own walk; the root walks everything.
+    assert [p async for _i, p in mount.fs.namespace.walk("data/c.bin")] == ["data/c.bin"]
+    assert len([p async for _i, p in mount.fs.namespace.walk("")]) == len(TREE)
+
+
+async def test_walk_lists_directories_lazily(make_fs: Any, s3_store: Any) -> None:
+    put_tree(s3_store, {"t/a/1": 1, "t/a/2": 1, "t/b/sub/3": 1, "t/c/4": 1})
+    mount = await make_fs()
+    ns = mount.fs.namespace
+    walk = ns.walk("t")
+    first_inode, first_path = await walk.__anext__()
+    listed_before = ns.listings_done
+    # Directories the walk has not reached yet were never listed.
+    t = await ns.resolve("t")
+    unlisted = [
+        name
+        for name in (b"a", b"b", b"c")
+        if (ino := mount.fs.meta.lookup(t.ino, name)) is not None
+        and mount.fs.meta.get_inode(ino).listed_at == 0  # type: ignore[union-attr]
+    ]
+    assert len(unlisted) == 2, unlisted
+    rest = [p async for _i, p in walk]
+    assert sorted([first_path, *rest]) == ["t/a/1", "t/a/2", "t/b/sub/3", "t/c/4"]
+    assert ns.listings_done > listed_before
+    assert first_inode.is_file
+
+
+async def test_walk_pages_through_large_directories(make_fs: Any, s3_store: Any) -> None:
+    count = WALK_PAGE + 37
+    for i in range(count):
+        put(s3_store, f"big/f{i:05d}", b"x")
+    put(s3_store, "big/zsub/inner", b"y")
+    mount = await make_fs()
+    paths = [p async for _i, p in mount.fs.namespace.walk("big")]
+    assert len(paths) == count + 1
+    assert len(set(paths)) == len(paths)
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("a/b", "a/b"),
+        ("./a//b/", "a/b"),
+        ("/mnt/t/a/b", "a/b"),
+        ("/mnt/t", ""),
+    ],
+)
+def test_normalize_accepts(raw: str, expected: str) -> None:
+    assert normalize_path(raw, "/mnt/t") == expected
+
+
+@pytest.mark.parametrize("raw", ["a/../b", "..", "a\x00b", "/etc/passwd", "/mnt/tx/a", "a\nb"])
+def test_normalize_rejects(raw: str) -> None:
+    with pytest.raises(InvalidArgument):
+        normalize_path(raw, "/mnt/t")
+
+
+# --- the preloader ------------------------------------------------------------------------
+
+
+async def test_preload_tree_then_rerun_fetches_nothing(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    data = put_tree(s3_store, TREE)
+    mount = await make_fs()
+    job = await run_preload(nursery, mount, ["data"])
+    want = {k: v for k, v in TREE.items() if k.startswith("data/")}
+    assert job.state == "done"
+    assert job.failures == []
+    assert (job.files_total, job.files_done, job.files_failed) == (len(want), len(want), 0)
+    assert job.bytes_total == sum(want.values())
+    assert job.bytes_fetched == job.bytes_total
+    assert job.bytes_resident == 0
+    for key in want:
+        inode = await mount.fs.namespace.resolve(key)
+        res = mount.fs.movement.check(inode.ino)
+        assert len(res.blocks) == res.blocks_total
+    gets = len(mount.store.gets)
+    assert gets > 0
+    # The bytes on the tiers are the bucket's.
+    assert await mount.read_file("data/a/x.bin") == data["data/a/x.bin"]
+    assert len(mount.store.gets) == gets
+
+    again = await run_preload(nursery, mount, ["data"])
+    assert again.state == "done"
+    assert len(mount.store.gets) == gets  # not one GET
+    assert again.bytes_fetched == 0
+    assert again.files_resident == again.files_total == len(want)
+    assert again.bytes_resident == again.bytes_total
+
+
+async def test_preload_names_missing_paths_and_goes_on(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    put_tree(s3_store, TREE)
+    mount = await make_fs()
+    paths = ["data/c.bin", "data/nope.bin", "data/a/y.bin", "data/c.bin"]
+    job = await run_preload(nursery, mount, paths)
+    assert job.state == "done"
+    assert [(f.path, "No such file" in f.reason) for f in job.failures] == [("data/nope.bin", True)]
+    assert (job.files_total, job.files_done, job.files_failed) == (3, 3, 1)
+    # Listed twice: fetched once, then found resident.
+    assert job.files_resident == 1
+    assert job.bytes_fetched == 1010
+    assert job.bytes_resident == 10
+    assert job.ready_bytes == job.bytes_total == 1020
+
+
+async def test_preload_larger_than_every_tier_warns_up_front(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    put(s3_store, "huge.bin", blob(5 * MiB, 5))
+    mount = await make_fs(capacities=(MiB, MiB))
+    job = await run_preload(nursery, mount, ["huge.bin"], tier="nvme")
+    assert any("larger than every tier" in w for w in job.warnings)
+    # It cannot all be kept: the file is named with the reason.
+    assert job.files_failed == 1
+    assert "tiers are full" in job.failures[0].reason
+
+
+async def test_preload_to_a_named_tier(make_fs: Any, s3_store: Any, nursery: trio.Nursery) -> None:
+    put_tree(s3_store, {"d/one": 2 * MiB, "d/two": 100})
+    mount = await make_fs()
+    job = await run_preload(nursery, mount, ["d"], tier="hdd")
+    assert job.state == "done" and job.files_done == 2
+    for key in ("d/one", "d/two"):
+        inode = await mount.fs.namespace.resolve(key)
+        assert set(mount.fs.meta.residency(inode.ino)) == {1}
+
+
+async def test_huge_file_is_fetched_in_parallel_ranges(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file of several ranges: more than one GET in flight at once."""
+    monkeypatch.setattr("tierfs.workers.preload.RANGE_BYTES", 2 * MiB)
+    put(s3_store, "big.bin", blob(8 * MiB, 9))
+    mount = await make_fs(capacities=(16 * MiB, 16 * MiB))
+    in_flight = 0
+    most = 0
+    lock = threading.Lock()
+    inner = mount.store.get_range_into
+
+    def counting(key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None) -> int:
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+        try:
+            threading.Event().wait(0.05)
+            return inner(key, start, bufs, etag)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    mount.store.get_range_into = counting  # type: ignore[method-assign]
+    job = await run_preload(nursery, mount, ["big.bin"])
+    assert job.state == "done" and job.files_done == 1
+    assert most >= 2
+
+
+# --- priority -----------------------------------------------------------------------------
+
+
+class GatedGets:
+    """Wraps the store's ``get_range_into``: records the order GETs start in
+    and holds each until ``gate`` is set."""
+
+    def __init__(self, mount: CoreMount) -> None:
+        self.inner = mount.store.get_range_into
+        self.started: list[str] = []
+        self.gate = threading.Event()
+        mount.store.get_range_into = self  # type: ignore[method-assign]
+
+    def __call__(
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+    ) -> int:
+        self.started.append(key.rsplit("/", 1)[-1])
+        assert self.gate.wait(20)
+        return self.inner(key, start, bufs, etag)
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def test_demand_reads_go_before_queued_preload(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    for name in ("a", "b", "c", "d"):
+        put(s3_store, name, blob(1000, ord(name)))
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=1)
+    mount = await make_fs(fetch=fetch)
+    gets = GatedGets(mount)
+    inodes = {n: await mount.fs.namespace.resolve(n) for n in "abcd"}
+    # A demand read takes the one fetch slot (one slot: the order of the
+    # GETs that follow is decided by the priority rule alone).
+    nursery.start_soon(mount.read_file, "a")
+    await wait_for(lambda: len(gets.started) == 1)
+    # A preload of c queues; then a demand read of d arrives.
+    filled = trio.Event()
+
+    async def preload_c() -> None:
+        await mount.fs.movement.fill(inodes["c"].ino)
+        filled.set()
+
+    nursery.start_soon(preload_c)
+    await trio.sleep(0.1)
+    read_d = trio.Event()
+
+    async def read_file_d() -> None:
+        await mount.read_file("d")
+        read_d.set()
+
+    nursery.start_soon(read_file_d)
+    await wait_for(lambda: mount.fs.blocks.demand_waiting == 1)
+    gets.gate.set()
+    with trio.fail_after(20):
+        await filled.wait()
+        await read_d.wait()
+    assert gets.started == ["a", "d", "c"]
+
+
+async def test_demand_read_promotes_a_queued_preload_fetch(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """A read that needs a block a queued preload fetch holds does not wait
+    behind other queued preload work: the shared fetch becomes demand."""
+    for name in ("a", "b", "c", "e"):
+        put(s3_store, name, blob(1000, ord(name)))
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=1)
+    mount = await make_fs(fetch=fetch)
+    gets = GatedGets(mount)
+    inodes = {n: await mount.fs.namespace.resolve(n) for n in "abce"}
+    nursery.start_soon(mount.read_file, "a")
+    await wait_for(lambda: len(gets.started) == 1)
+    for name in ("e", "c"):  # e queued first
+        nursery.start_soon(mount.fs.movement.fill, inodes[name].ino)
+        await trio.sleep(0.05)
+    done = trio.Event()
+
+    async def read_c() -> None:
+        assert await mount.read_file("c") == blob(1000, ord("c"))
+        done.set()
+
+    nursery.start_soon(read_c)
+    # The promoted fetch waits for the slot as demand does.
+    await wait_for(lambda: mount.fs.blocks.demand_waiting == 1)
+    gets.gate.set()
+    with trio.fail_after(20):
+        await done.wait()
+    await wait_for(lambda: len(gets.started) == 3)
+    assert gets.started == ["a", "c", "e"]  # c before e, which was queued earlier
+
+
+async def test_preload_and_demand_read_share_one_fetch(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    data = blob(3 * MiB, 11)
+    put(s3_store, "shared.bin", data)
+    mount = await make_fs()
+    gets = GatedGets(mount)
+    inode = await mount.fs.namespace.resolve("shared.bin")
+    filled = trio.Event()
+
+    async def preload() -> None:
+        await mount.fs.movement.fill(inode.ino)
+        filled.set()
+
+    nursery.start_soon(preload)
+    await wait_for(lambda: len(gets.started) == 1)
+    got: list[bytes] = []
+
+    async def read() -> None:
+        got.append(await mount.read_file("shared.bin"))
+
+    nursery.start_soon(read)
+    await trio.sleep(0.1)
+    gets.gate.set()
+    with trio.fail_after(20):
+        await filled.wait()
+        await wait_for(lambda: bool(got))
+    assert got == [data]
+    assert gets.started == ["shared.bin"]  # one GET for both

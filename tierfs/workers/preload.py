@@ -1,0 +1,477 @@
+"""Preload: whole files and trees fetched into a tier, in the daemon.
+
+A ``PreloadJob`` is created by the control op ``preload`` (``tierfs
+preload``) and run by the ``Preloader`` worker.  Its states:
+
+    scanning --every path walked--> fetching --every file done--> done
+    scanning/fetching --the CLI went away (no --detach/--ready-fraction),
+                       or the worker stopped--> cancelled
+
+Streaming, never the whole list in memory.  The paths of a job (the PATH
+arguments, and the ``--from-file`` list that the CLI sends in chunks of
+``PRELOAD_LIST_CHUNK`` lines after its request line) are validated one by one as
+they arrive and written to a *path spool*: an unnamed temporary file in
+the state directory (``PathSpool``).  Only once the whole list arrived and
+no line was bad does the job start: a bad list fetches nothing.  The scan
+then walks each path (``Namespace.walk``: directories listed lazily, one
+page and one frame per level in memory) and writes one line per file
+(inode, size, path) to a second spool, while it sums files and bytes; so
+the totals (and the "larger than the tier" warning, and ETA) are known
+before the first byte is fetched, and the fetch pass reads the file spool
+line by line.  Memory per job: the bounded channel between the reader of
+the file spool and the fetch tasks, plus the failures kept for the report
+(``FAILURES_KEPT``; more are counted).  The spools are deleted when the job
+ends (unnamed files: also when the daemon dies).
+
+Bounded parallelism for both shapes: the fetch pass cuts each file into
+block ranges of ``RANGE_BYTES`` and puts (file, range) items on a channel
+of ``2 * tasks`` items, which ``tasks`` fetch tasks take from
+(``DataMovement.fill(ino, tier, blocks=range)``).  Many small files: one
+item each, several files at once.  A few huge ones: their ranges run in
+parallel (each range is a few ranged GETs of the block cache).  The GETs
+themselves are bounded by the block cache's fetch slots, where preload is
+background work: demand reads go first (see ``tierfs.core.blockcache``,
+"Priority"), and a demand read of a block being preloaded shares its fetch.
+An optional bandwidth cap (``Throttle``) is applied to the bytes fetched.
+
+Resident data is skipped: ranges whose blocks are all present are not
+queued, a file with nothing to fetch counts as ``files_resident``, and the
+bytes that were present at the scan count as ``bytes_resident``.  A rerun
+of a preload that completed therefore fetches nothing and says so.  A file
+that fails (gone, the bucket refused, no room on any tier to keep it) is
+recorded with its reason and the job goes on.  Resident means present on
+any local tier: ``--tier`` chooses where absent blocks go; blocks already
+on another tier are not moved (the lifecycle does that).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+
+from tierfs.core import TierFS
+from tierfs.errors import InvalidArgument, TierfsError
+
+from .throttle import Throttle
+
+log = logging.getLogger(__name__)
+
+#: A file is fetched in block ranges of this many bytes (in parallel).
+RANGE_BYTES = 64 * 1024 * 1024
+#: Failures named in a job's report; more are counted only.
+FAILURES_KEPT = 1000
+#: Bad lines named when a list is rejected; more are counted only.
+BAD_LINES_NAMED = 20
+#: Finished jobs kept for ``status``.
+FINISHED_KEPT = 8
+#: Lines read from a spool between two yields to the loop.
+SPOOL_BATCH = 256
+
+
+def normalize_path(path: str, mountpoint: str | None) -> str:
+    """A preload path made relative to the mount root, or InvalidArgument
+    with the reason.  Absolute paths must lie inside ``mountpoint``;
+    ``..`` components, NUL and newlines are refused; ``.`` and empty
+    components are dropped ("" is the mount root)."""
+    if "\x00" in path:
+        raise InvalidArgument("contains a NUL byte")
+    if "\n" in path or "\r" in path:
+        raise InvalidArgument("contains a line break")
+    if path.startswith("/"):
+        root = (mountpoint or "").rstrip("/")
+        if not root or not (path == root or path.startswith(root + "/")):
+            raise InvalidArgument(f"is outside the mount ({mountpoint or 'unknown'})")
+        path = path[len(root) :]
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidArgument("has a '..' component")
+    return "/".join(parts)
+
+
+class PathSpool:
+    """Lines of text in an unnamed temporary file: written once, then read
+    back line by line (see the module docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Closed by ``close`` when the job ends (it outlives any one block).
+        self._file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            dir=directory, prefix="preload-"
+        )
+        self.count = 0
+
+    def add(self, line: str) -> None:
+        self._file.write(line.encode(errors="surrogateescape") + b"\n")
+        self.count += 1
+
+    def lines(self) -> Iterator[str]:
+        self._file.flush()
+        self._file.seek(0)
+        for raw in self._file:
+            yield raw[:-1].decode(errors="surrogateescape")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(slots=True)
+class PreloadFailure:
+    path: str
+    reason: str
+
+
+@dataclass(slots=True)
+class PreloadJob:
+    id: str
+    roots: list[str]
+    tier: int | None
+    tier_name: str | None
+    state: str = "scanning"
+    files_total: int = 0
+    files_done: int = 0
+    files_resident: int = 0
+    files_failed: int = 0
+    bytes_total: int = 0
+    bytes_resident: int = 0
+    bytes_fetched: int = 0
+    started: float = field(default_factory=time.time)
+    fetch_started: float | None = None
+    finished: float | None = None
+    failures: list[PreloadFailure] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    #: Set once the scan is over (the totals are final).
+    scanned: trio.Event = field(default_factory=trio.Event)
+
+    def fail(self, path: str, reason: str) -> None:
+        self.files_failed += 1
+        if len(self.failures) < FAILURES_KEPT:
+            self.failures.append(PreloadFailure(path, reason))
+            log.warning("preload %s: %s: %s", self.id, path, reason)
+
+    @property
+    def ready_bytes(self) -> int:
+        return min(self.bytes_total, self.bytes_resident + self.bytes_fetched)
+
+    def ready(self, fraction: float) -> bool:
+        """Are ``fraction`` of the job's bytes resident (totals final)?"""
+        if self.done.is_set():
+            return True
+        if not self.scanned.is_set():
+            return False
+        return self.ready_bytes >= fraction * self.bytes_total
+
+    @property
+    def rate(self) -> float:
+        """Bytes fetched per second since the fetch pass started."""
+        if self.fetch_started is None:
+            return 0.0
+        elapsed = (self.finished or time.time()) - self.fetch_started
+        return self.bytes_fetched / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds until every byte is resident, at the current rate."""
+        if self.done.is_set():
+            return 0.0
+        rate = self.rate
+        if not self.scanned.is_set() or rate <= 0:
+            return None
+        return (self.bytes_total - self.ready_bytes) / rate
+
+    def snapshot(self) -> dict[str, Any]:
+        """The job's figures for events, ``status`` and the final summary."""
+        return {
+            "id": self.id,
+            "paths": self.roots,
+            "tier": self.tier_name,
+            "state": self.state,
+            "files_total": self.files_total,
+            "files_done": self.files_done,
+            "files_resident": self.files_resident,
+            "files_failed": self.files_failed,
+            "bytes_total": self.bytes_total,
+            "bytes_resident": self.bytes_resident,
+            "bytes_fetched": self.bytes_fetched,
+            "ready_fraction": self.ready_bytes / self.bytes_total if self.bytes_total else 1.0,
+            "rate": self.rate,
+            "eta": self.eta,
+            "elapsed": (self.finished or time.time()) - self.started,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _FileWork:
+    ino: int
+    path: str
+    blocks: range
+
+
+class _FileProgress:
+    """Ranges of one file still running, whether one failed, and the later
+    entries of the same file that wait for this fetch (a path listed twice,
+    or a file under two listed directories)."""
+
+    __slots__ = ("duplicate_bytes", "duplicates", "failed", "left")
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.failed = False
+        self.duplicates: list[str] = []
+        self.duplicate_bytes = 0
+
+
+class Preloader:
+    """The preload worker: runs jobs in its own nursery (``run``)."""
+
+    def __init__(self, fs: TierFS, *, bandwidth: int = 0, tasks: int | None = None) -> None:
+        self.fs = fs
+        self.movement = fs.movement
+        self.block_size = fs.config.fetch.block_size
+        self.range_blocks = max(1, RANGE_BYTES // self.block_size)
+        #: Fetch tasks per job: enough to keep the fetch slots busy with
+        #: small files, which each take one GET.
+        self.tasks = tasks or max(4, fs.config.fetch.concurrency)
+        self.throttle = Throttle(bandwidth)
+        self.spool_dir = fs.config.state.dir / "preload"
+        self.jobs: dict[str, PreloadJob] = {}
+        self._ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    def new_spool(self) -> PathSpool:
+        return PathSpool(self.spool_dir)
+
+    def start(self, spool: PathSpool, roots: list[str], tier_name: str | None) -> PreloadJob:
+        """Start a job over the relpaths in ``spool`` (which it now owns)."""
+        if self._nursery is None:
+            spool.close()
+            raise InvalidArgument("the preload worker is not running")
+        try:
+            tier = self.fs.lifecycle.tier_named(tier_name)
+        except TierfsError:
+            spool.close()
+            raise
+        job = PreloadJob(
+            id=f"p{os.getpid()}-{next(self._ids)}",
+            roots=roots[:8],
+            tier=tier,
+            tier_name=self.fs.tiers[tier].name if tier is not None else None,
+        )
+        self._forget_finished()
+        self.jobs[job.id] = job
+        self._nursery.start_soon(self._run_job, job, spool)
+        return job
+
+    def cancel(self, job: PreloadJob) -> None:
+        job.cancel_scope.cancel()
+
+    def status(self) -> list[dict[str, Any]]:
+        return [job.snapshot() for job in self.jobs.values()]
+
+    def _forget_finished(self) -> None:
+        finished = [j for j in self.jobs.values() if j.done.is_set()]
+        for job in finished[: max(0, len(finished) - FINISHED_KEPT + 1)]:
+            del self.jobs[job.id]
+
+    # --- one job -----------------------------------------------------------------------
+
+    async def _run_job(self, job: PreloadJob, spool: PathSpool) -> None:
+        files = self.new_spool()
+        try:
+            with job.cancel_scope:
+                await self._scan(job, spool, files)
+                job.scanned.set()
+                self._warn_if_too_big(job)
+                job.state = "fetching"
+                job.fetch_started = time.time()
+                await self._fetch_all(job, files)
+                job.state = "done"
+            if job.state != "done":
+                job.state = "cancelled"
+        except Exception:
+            # A bug must not take the worker (and every other job) down.
+            log.exception("preload %s failed", job.id)
+            job.state = "failed"
+            job.warnings.append("the preload stopped on an internal error (see the daemon log)")
+        except BaseException:
+            job.state = "cancelled"
+            raise
+        finally:
+            job.finished = time.time()
+            job.scanned.set()
+            job.done.set()
+            spool.close()
+            files.close()
+            log.info("preload %s %s: %s", job.id, job.state, job.snapshot())
+
+    async def _scan(self, job: PreloadJob, spool: PathSpool, files: PathSpool) -> None:
+        """Walk every path of the job; totals, and one line per file."""
+        for count, relpath in enumerate(spool.lines()):
+            if count % SPOOL_BATCH == 0:
+                await trio.sleep(0)
+            try:
+                async for inode, path in self.fs.namespace.walk(relpath):
+                    size = inode.size
+                    resident = min(size, sum(self.fs.meta.residency(inode.ino).values()))
+                    files.add(f"{inode.ino} {resident} {path}")
+                    job.files_total += 1
+                    job.bytes_total += size
+                    job.bytes_resident += resident
+            except TierfsError as exc:
+                job.fail(relpath or "/", _reason(exc))
+
+    def _warn_if_too_big(self, job: PreloadJob) -> None:
+        """Say up front when the job cannot all stay resident."""
+        missing = job.bytes_total - job.bytes_resident
+        everywhere = sum(t.capacity for t in self.fs.tiers)
+        if job.bytes_total > everywhere:
+            job.warnings.append(
+                f"the preload ({job.bytes_total} bytes) is larger than every tier together "
+                f"({everywhere} bytes): not all of it can stay resident"
+            )
+        elif job.tier is not None:
+            target = self.fs.tiers[job.tier]
+            room = target.usable_bytes(self.fs.space.used(job.tier))
+            if missing > room:
+                job.warnings.append(
+                    f"the preload needs {missing} bytes but tier {target.name} has room for "
+                    f"{room}: the rest goes to the next tiers"
+                )
+        for warning in job.warnings:
+            log.warning("preload %s: %s", job.id, warning)
+
+    async def _fetch_all(self, job: PreloadJob, files: PathSpool) -> None:
+        send, receive = trio.open_memory_channel[tuple[_FileWork, _FileProgress]](2 * self.tasks)
+        #: Files with ranges queued or running (bounded by the channel and tasks).
+        in_flight: dict[int, _FileProgress] = {}
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.tasks):
+                nursery.start_soon(self._fetch_task, job, receive.clone(), in_flight)
+            receive.close()
+            async with send:
+                for count, line in enumerate(files.lines()):
+                    if count % SPOOL_BATCH == 0:
+                        await trio.sleep(0)
+                    ino_text, resident_text, path = line.split(" ", 2)
+                    work = self._file_work(job, int(ino_text), int(resident_text), path, in_flight)
+                    for item in work:
+                        await send.send(item)
+
+    def _file_work(
+        self,
+        job: PreloadJob,
+        ino: int,
+        scanned_resident: int,
+        path: str,
+        in_flight: dict[int, _FileProgress],
+    ) -> list[tuple[_FileWork, _FileProgress]]:
+        """The ranges of the file that still have absent blocks (none: the
+        file is resident, and counted so).  Bytes that became resident
+        since the scan (a demand read, the same file listed twice) count
+        as resident."""
+        try:
+            residency = self.movement.check(ino)
+            nblocks = self._origin_blocks(ino)
+        except TierfsError as exc:
+            job.fail(path, _reason(exc))
+            return []
+        present = {place.blockno for place in residency.blocks}
+        now_resident = min(residency.size, sum(residency.bytes_per_tier.values()))
+        job.bytes_resident += max(0, now_resident - scanned_resident)
+        running = in_flight.get(ino)
+        if running is not None:  # settled with the fetch already queued
+            running.duplicates.append(path)
+            running.duplicate_bytes += residency.size - now_resident
+            return []
+        ranges = []
+        for start in range(0, nblocks, self.range_blocks):
+            blocks = range(start, min(start + self.range_blocks, nblocks))
+            if any(b not in present for b in blocks):
+                ranges.append(blocks)
+        if not ranges:
+            job.files_resident += 1
+            job.files_done += 1
+            return []
+        progress = in_flight[ino] = _FileProgress(len(ranges))
+        return [(_FileWork(ino, path, blocks), progress) for blocks in ranges]
+
+    def _origin_blocks(self, ino: int) -> int:
+        """Blocks of the file that hold bytes of the bucket's object (past
+        them, a file extended here has holes or local blocks)."""
+        inode = self.fs.namespace.get(ino)
+        size = min(inode.size, inode.origin_size)
+        return (size + self.block_size - 1) // self.block_size
+
+    async def _fetch_task(
+        self,
+        job: PreloadJob,
+        receive: trio.MemoryReceiveChannel[tuple[_FileWork, _FileProgress]],
+        in_flight: dict[int, _FileProgress],
+    ) -> None:
+        async with receive:
+            async for work, progress in receive:
+                if not progress.failed:
+                    try:
+                        nbytes = await self.movement.fill(work.ino, job.tier, blocks=work.blocks)
+                    except TierfsError as exc:
+                        progress.failed = True
+                        job.fail(work.path, _reason(exc))
+                    else:
+                        job.bytes_fetched += nbytes
+                        await self.throttle(nbytes)
+                progress.left -= 1
+                if progress.left == 0:
+                    del in_flight[work.ino]
+                    self._file_finished(job, work, progress)
+
+    def _file_finished(self, job: PreloadJob, work: _FileWork, progress: _FileProgress) -> None:
+        """Every range of the file was filled: is all of it resident now?
+        The file's duplicates share its outcome."""
+        reason = self._not_resident_reason(work) if not progress.failed else None
+        if progress.failed or reason is not None:
+            if reason is not None:
+                job.fail(work.path, reason)
+            for path in progress.duplicates:
+                job.fail(path, reason or f"failed (see {work.path})")
+            return
+        job.files_done += 1 + len(progress.duplicates)
+        job.files_resident += len(progress.duplicates)
+        job.bytes_resident += progress.duplicate_bytes
+
+    def _not_resident_reason(self, work: _FileWork) -> str | None:
+        try:
+            residency = self.movement.check(work.ino)
+            nblocks = self._origin_blocks(work.ino)
+        except TierfsError as exc:
+            return _reason(exc)
+        present = {place.blockno for place in residency.blocks}
+        if any(b not in present for b in range(nblocks)):
+            kept = sum(residency.bytes_per_tier.values())
+            return f"only {kept} of {residency.size} bytes could be kept: the tiers are full"
+        return None
+
+
+def _reason(exc: TierfsError) -> str:
+    text = str(exc) or type(exc).__name__
+    if exc.errno is not None:
+        return f"{os.strerror(exc.errno)}: {text}" if os.strerror(exc.errno) not in text else text
+    return text
