@@ -193,3 +193,9 @@ class ControlError(TierfsError):
 
 class NotATierfsMount(ControlError):
     errno = _errno.EINVAL
+
+
+class ControlAccessDenied(ControlError):
+    """The caller may not use this mount's control socket."""
+
+    errno = _errno.EACCES

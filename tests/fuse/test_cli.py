@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from tests.fuse.conftest import (
     tierfs_command,
     wait_until,
 )
+from tierfs.control.client import locate, request
 
 pytestmark = pytest.mark.fuse
 
@@ -111,3 +114,84 @@ def test_mount_foreground_stays_until_umount(mount: MountFactory, tmp_path: Path
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+
+
+OTHER_USER = "tierfs-test-other"
+
+
+@pytest.fixture
+def other_uid() -> Iterator[int]:
+    """An unprivileged user created for the test (and deleted after it)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a user")
+    created = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+        capture_output=True,
+        text=True,
+    )
+    assert created.returncode in (0, 9), created.stderr  # 9: it exists already
+    try:
+        yield pwd.getpwnam(OTHER_USER).pw_uid
+    finally:
+        if created.returncode == 0:
+            subprocess.run(["userdel", OTHER_USER], capture_output=True)
+
+
+def as_user(uid: int, fn: Callable[[], str]) -> str:
+    """``fn()`` in a forked child running as ``uid`` (no groups); its result
+    or the error it raised, as text."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            try:
+                text = f"ok: {fn()}"
+            except Exception as exc:  # reported to the parent
+                text = f"{type(exc).__name__}: {exc}"
+            os.write(write_end, text.encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        text = reader.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text
+
+
+def test_other_users_are_refused_clearly_and_logged(mount: MountFactory, other_uid: int) -> None:
+    m = mount({"a.txt": b"a"})
+    socket_path = locate(m.path).socket_path
+
+    # Through the CLI's own path: the mount (no allow_other) and its socket are closed to them.
+    text = as_user(other_uid, lambda: str(locate(m.path / "a.txt")))
+    assert text.startswith("ControlAccessDenied: permission denied"), text
+    assert "only root and the user who mounted it" in text, text
+    text = as_user(other_uid, lambda: str(request(socket_path, "status")))
+    assert text.startswith("ControlAccessDenied: permission denied"), text
+    assert "root" in text and f"uid {os.geteuid()}" in text, text
+
+    # With the socket's modes opened up by mistake, the daemon's own check refuses, and logs it.
+    directory = os.path.dirname(socket_path)
+    modes = os.stat(directory).st_mode, os.stat(socket_path).st_mode
+    try:
+        os.chmod(directory, 0o711)
+        os.chmod(socket_path, 0o666)
+        text = as_user(other_uid, lambda: str(request(socket_path, "evict", {"paths": ["a.txt"]})))
+    finally:
+        os.chmod(directory, modes[0] & 0o7777)
+        os.chmod(socket_path, modes[1] & 0o7777)
+    assert text.startswith("ControlError: permission denied: only root and the user who mounted")
+    assert f"you are uid {other_uid}" in text, text
+    assert wait_until(
+        lambda: f"refused a connection from uid {other_uid}" in m.log_path.read_text(), 10
+    )
+    # Root still gets through.
+    assert request(socket_path, "ping")["pid"] > 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tierfs.control.protocol import CONTROL_XATTR, decode, encode
-from tierfs.errors import ControlError, NotATierfsMount
+from tierfs.errors import ControlAccessDenied, ControlError, NotATierfsMount
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +35,31 @@ def mount_root_of(path: Path) -> Path:
     return path
 
 
+def _denied(path: str | Path) -> ControlAccessDenied:
+    return ControlAccessDenied(
+        f"permission denied: {path}: this user may not use that tierfs mount (only root and "
+        "the user who mounted it may use its control socket; other users can read its files "
+        "only when it was mounted with allow_other)"
+    )
+
+
+def _exists(path: Path) -> bool:
+    """Does ``path`` exist?  A path this user may not look at (a FUSE mount
+    of another user) is not "absent": it raises ``ControlAccessDenied``."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except PermissionError:
+        raise _denied(path) from None
+    return True
+
+
 def locate(path: str | Path) -> Location:
     """The mount that holds ``path`` (which need not exist below the mount)."""
     abspath = Path(os.path.abspath(path))
     probe = abspath
-    while not probe.exists() and probe.parent != probe:
+    while not _exists(probe) and probe.parent != probe:
         probe = probe.parent
     root = mount_root_of(probe)
     try:
@@ -47,9 +67,25 @@ def locate(path: str | Path) -> Location:
     except OSError as exc:
         if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT):
             raise NotATierfsMount(f"{path} is not on a tierfs mount") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise _denied(path) from None
         raise ControlError(f"{root}: cannot reach the tierfs daemon: {exc.strerror}") from None
     rel = os.path.relpath(abspath, root)
     return Location(root, sock, "" if rel == "." else rel)
+
+
+def _owner_of(socket_path: str) -> str:
+    """Who owns the socket's directory (the daemon's user), as "name (uid N)"."""
+    try:
+        uid = os.stat(os.path.dirname(socket_path)).st_uid
+    except OSError:
+        return "whoever mounted it"
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def request(
@@ -69,6 +105,11 @@ def request(
         try:
             sock.connect(socket_path)
         except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise ControlAccessDenied(
+                    f"permission denied: the control socket {socket_path} is for root and "
+                    f"the user who mounted it ({_owner_of(socket_path)}) only"
+                ) from None
             raise ControlError(
                 f"cannot reach the tierfs daemon at {socket_path}: {exc.strerror or exc}"
             ) from None

@@ -154,19 +154,36 @@ class ControlServer:
         finally:
             self.socket_path.unlink(missing_ok=True)
 
-    def _peer_allowed(self, stream: trio.SocketStream) -> bool:
+    def _peer_refused(self, stream: trio.SocketStream) -> str | None:
+        """Why the peer may not talk to this daemon (None: it may).  Root and
+        the daemon's own user (the one who mounted) may; the socket's mode
+        (0600 in a 0700 directory) already keeps others out, and this check
+        holds even if those modes were changed."""
         creds = stream.socket.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
         )
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        return uid in (0, os.geteuid())
+        pid, uid, _gid = struct.unpack("3i", creds)
+        if uid in (0, os.geteuid()):
+            return None
+        log.warning(
+            "control: refused a connection from uid %d (pid %d): only root and uid %d may",
+            uid,
+            pid,
+            os.geteuid(),
+        )
+        return (
+            f"permission denied: only root and the user who mounted {self.mountpoint} "
+            f"(uid {os.geteuid()}) may use its control socket; you are uid {uid}"
+        )
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            if not self._peer_allowed(stream):
-                await stream.send_all(
-                    encode({"ok": False, "error": "permission denied", "errno": errno.EACCES})
-                )
+            refused = self._peer_refused(stream)
+            if refused is not None:
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await stream.send_all(
+                        encode({"ok": False, "error": refused, "errno": errno.EACCES})
+                    )
                 return
             reader = _LineReader(stream)
             try:
