@@ -193,3 +193,10 @@ class ControlError(TierfsError):
 
 class NotATierfsMount(ControlError):
     errno = _errno.EINVAL
+
+
+class CannotListen(TierfsError):
+    """A configured listening address could not be bound (``[metrics] listen``:
+    the port is in use, the address is not on this host...)."""
+
+    errno = _errno.EADDRINUSE
