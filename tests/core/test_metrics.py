@@ -8,6 +8,7 @@ happen, and that they agree with ``TierFS.status()``.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import socket
 import urllib.error
@@ -18,6 +19,7 @@ import pyfuse3
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 from tierfsd.fuse_ops import TierfsOperations
 
 from tests.core.conftest import CoreMount, MiB, put
@@ -26,6 +28,7 @@ from tierfs.config import MetricsConfig
 from tierfs.errors import CannotListen
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store
+from tierfs.watch import render_status
 from tierfs.workers.metrics import FINISHED_PRELOADS_KEPT, Metrics, MetricsServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -305,3 +308,45 @@ def test_registries_are_private() -> None:
     one.s3_request("GetObject", 0.01, False)
     assert value(scrape(one), "tierfs_s3_request_seconds_count", operation="GetObject") == 1
     assert value(scrape(two), "tierfs_s3_request_seconds_count", operation="GetObject") == 0
+
+
+async def test_watch_renders_rates_from_two_status_replies(make_fs: Any, s3_store: Any) -> None:
+    put(s3_store, "w.bin", os.urandom(2 * MiB))
+    mount, metrics = await watched(make_fs)
+    ops = TierfsOperations(mount.fs, metrics)
+    before = mount.fs.status()
+    for _ in range(4):
+        await ops.getattr(pyfuse3.ROOT_INODE)
+    await mount.read_file("w.bin")
+    await settle(mount)
+    metrics.preload_progress(
+        "job-7", files_done=1, bytes_done=MiB, files_total=2, bytes_total=2 * MiB
+    )
+    now = mount.fs.status()
+    now["time"] = before["time"] + 2.0  # a fixed interval: 2 MiB read in 2 s
+
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(render_status(now, before))
+    text = console.export_text()
+    assert table_row(text, "nvme")[1] == "2 MiB", text
+    read = table_row(text, "read")
+    assert read[1] == "1 MiB/s" and "misses 1.0/s" in read[2]
+    assert table_row(text, "getattr")[1:3] == ["2.0/s", "0.0/s"]
+    assert table_row(text, "GetObject")[4] == "2"
+    assert table_row(text, "job-7")[1:5] == ["1/2", "1 MiB/2 MiB (50%)", "0", "running"]
+
+    # The first frame has no previous reply: totals, and "-" for rates.
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(render_status(now))
+    first = console.export_text()
+    assert table_row(first, "read")[1] == "-"
+    assert table_row(first, "getattr")[1] == "4", "totals on the first frame"
+
+
+def table_row(text: str, first: str) -> list[str]:
+    """The cells of the rendered table row whose first cell is ``first``."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if cells[0] == first:
+            return cells
+    raise AssertionError(f"no row {first!r} in:\n{text}")

@@ -10,14 +10,17 @@ once with the reason.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
-from tests.fuse.conftest import MountFactory, run_tierfs
+from tests.fuse.conftest import MountFactory, daemon_env, run_tierfs, tierfs_command
 
 MiB = 1024 * 1024
 
@@ -122,3 +125,29 @@ def test_port_in_use_fails_the_mount(mount: MountFactory) -> None:
     assert done.returncode == 1, done
     assert f"127.0.0.1:{port}" in done.stderr and "address already in use" in done.stderr
     assert not os.path.ismount(m.path)
+
+
+def test_status_watch_refreshes_a_table(mount: MountFactory) -> None:
+    data = os.urandom(MiB)
+    m = mount({"a.bin": data})
+    assert (m.path / "a.bin").read_bytes() == data
+    proc = subprocess.Popen(
+        [*tierfs_command(), "status", str(m.path), "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**daemon_env(), "COLUMNS": "160"},
+    )
+    try:
+        time.sleep(2.5)  # two refreshes or more
+        assert proc.poll() is None, "--watch keeps running until interrupted"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "nvme" in out and "hdd" in out
+    assert "FUSE requests" in out and "read" in out and "GetObject" in out
