@@ -541,7 +541,9 @@ class TierFS:
         health["uploads_waiting"] = len(self.journal)
         return health
 
-    def status(self) -> dict[str, object]:
+    def status(self, *, sections: bool = True) -> dict[str, object]:
+        """What ``tierfs status`` shows; ``sections=False`` leaves out the
+        ``status_sections`` (the metrics collector reads those itself)."""
         tiers = []
         for tier in self.tiers:
             usage = self.meta.tier_usage(tier.index)
@@ -599,7 +601,7 @@ class TierFS:
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),
-            **{name: section() for name, section in self.status_sections.items()},
+            **{name: section() for name, section in self.status_sections.items() if sections},
             "time": time.time(),
         }
 

@@ -25,10 +25,12 @@ two tests) in one process never share a series.
 Serving (``MetricsServer``): ``bind()`` runs at start-up, before the mount
 exists, so a port in use is a clear start-up error (``CannotListen``), not a
 crash later.  ``serve()`` answers HTTP/1.x ``GET /metrics`` on the trio loop
-(one request per connection, bounded head size and time): the collector
-reads TierFS state that only the loop changes, so a scrape needs no locks
-and never sees a half-done update.  A scrape costs a few milliseconds of
-loop time; Prometheus scrapes every 15 s or so.
+(one request per connection, bounded head size and time).  The collector
+reads TierFS state that only the loop changes, so it runs on the loop, which
+needs no locks and never sees a half-done update; the text (mostly the
+histograms, thread-safe in prometheus-client) is formatted in a thread
+(``Metrics.scrape``).  Measured: about 12 ms per scrape in all, of which
+well under 1 ms on the loop plus ``TierFS.status()``.
 
 What leaves the node: label values are S3 operation names, FUSE operation
 names, tier names and preload job ids (checked: no ``/``, so never a path).
@@ -189,7 +191,8 @@ class Metrics:
         #: What the FUSE layer records into (see ``tierfsd.fuse_ops``).
         self.fuse_ops = FuseOpTable(self._fuse_seconds, self._fuse_errors)
         self._preloads: dict[str, PreloadProgress] = {}
-        self._fs: TierFS | None = None
+        self._status_collector: _StatusCollector | None = None
+        self._scrape_lock = trio.Lock()
 
     # --- feeding -------------------------------------------------------------------
 
@@ -201,10 +204,10 @@ class Metrics:
 
     def watch(self, fs: TierFS) -> None:
         """Export ``fs``'s own figures, and add this object's to its ``status``."""
-        if self._fs is not None:
+        if self._status_collector is not None:
             raise RuntimeError("Metrics.watch: already watching a file system")
-        self._fs = fs
-        self.registry.register(_StatusCollector(fs, self))
+        self._status_collector = _StatusCollector(fs, self)
+        self.registry.register(self._status_collector)
         fs.status_sections["fuse_requests"] = self.fuse_summary
         fs.status_sections["s3_requests"] = self.s3_summary
         fs.status_sections["preload_progress"] = self.preload_summary
@@ -262,6 +265,21 @@ class Metrics:
         """The Prometheus text exposition of the registry (call on the trio loop)."""
         return generate_latest(self.registry)
 
+    async def scrape(self) -> bytes:
+        """``exposition()`` for the HTTP endpoint: the file system's figures
+        are read here on the loop (one consistent reading), the text is
+        formatted in a thread (most of a scrape's ~10 ms: the histograms),
+        so that FUSE requests are not held up behind it."""
+        async with self._scrape_lock:
+            collector = self._status_collector
+            if collector is not None:
+                collector.freeze()
+            try:
+                return await trio.to_thread.run_sync(generate_latest, self.registry)
+            finally:
+                if collector is not None:
+                    collector.thaw()
+
     def fuse_summary(self) -> dict[str, dict[str, float]]:
         """Per FUSE operation: requests, errors, seconds (total)."""
         return _summary(self._fuse_seconds, self._fuse_errors)
@@ -317,15 +335,30 @@ def _summary(seconds: Histogram, errors: Counter) -> dict[str, dict[str, float]]
 
 
 class _StatusCollector:
-    """Reads ``TierFS.status()`` and the preload jobs at scrape time (on the trio loop)."""
+    """Reads ``TierFS.status()`` and the preload jobs at scrape time.
+
+    ``collect`` reads them when called, which must be on the trio loop;
+    ``freeze`` (on the loop) reads them once for a scrape that formats the
+    text in a thread, and ``collect`` returns that reading until ``thaw``.
+    """
 
     def __init__(self, fs: TierFS, metrics: Metrics) -> None:
         self.fs = fs
         self.metrics = metrics
+        self._frozen: list[Metric] | None = None
+
+    def _read(self) -> list[Metric]:
+        status = self.fs.status(sections=False)
+        return [*_status_families(status), *self.metrics.preload_families()]
+
+    def freeze(self) -> None:
+        self._frozen = self._read()
+
+    def thaw(self) -> None:
+        self._frozen = None
 
     def collect(self) -> Iterable[Metric]:
-        yield from _status_families(self.fs.status())
-        yield from self.metrics.preload_families()
+        return self._frozen if self._frozen is not None else self._read()
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -508,7 +541,7 @@ class MetricsServer:
             head_only = False
             with trio.move_on_after(REQUEST_TIMEOUT):
                 request_line = await _read_request_line(stream)
-                status, body, content_type, head_only = self._answer(request_line)
+                status, body, content_type, head_only = await self._answer(request_line)
             reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
             head = (
                 f"HTTP/1.1 {status} {reason.get(status, 'Request Timeout')}\r\n"
@@ -520,7 +553,7 @@ class MetricsServer:
                 with trio.move_on_after(REQUEST_TIMEOUT):
                     await stream.send_all(head if head_only else head + body)
 
-    def _answer(self, request_line: bytes | None) -> tuple[int, bytes, str, bool]:
+    async def _answer(self, request_line: bytes | None) -> tuple[int, bytes, str, bool]:
         """(status, body, content type, head only) for one request line."""
         parts = request_line.split() if request_line else []
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
@@ -530,7 +563,7 @@ class MetricsServer:
             return 405, b"only GET\n", "text/plain", False
         if target.split(b"?", 1)[0] != b"/metrics":
             return 404, b"tierfs: metrics are at /metrics\n", "text/plain", method == b"HEAD"
-        return 200, self.metrics.exposition(), CONTENT_TYPE_LATEST, method == b"HEAD"
+        return 200, await self.metrics.scrape(), CONTENT_TYPE_LATEST, method == b"HEAD"
 
 
 async def _read_request_line(stream: trio.SocketStream) -> bytes | None:
