@@ -22,7 +22,7 @@ import pyfuse3
 
 from tierfs.core import Attributes, TierFS
 from tierfs.errors import EndpointUnreachable, TierfsError
-from tierfs.workers.metrics import FuseOpTable, Metrics
+from tierfs.workers.metrics import LatencyTable, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class TierfsOperations(pyfuse3.Operations):
         self.fs = fs
         #: Per-operation latency and error recorders (the daemon's metrics;
         #: a private registry when none is given).
-        self.op_metrics: FuseOpTable = (metrics or Metrics()).fuse_ops
+        self.op_metrics: LatencyTable = (metrics or Metrics()).fuse_ops
 
     # --- namespace -------------------------------------------------------------------
 

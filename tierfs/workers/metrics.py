@@ -5,57 +5,72 @@ parts to whoever counts:
 
 * the S3 store gets ``Metrics.s3_request`` as its ``request_observer``
   (``tierfs.store.RequestObserver``): one call per request sent, from the
-  store's threads, with the S3 operation name, latency and outcome;
-* the FUSE layer gets ``Metrics.fuse_ops``, a table of per-operation
-  recorders (``FuseOpMetrics``) that the one errno decorator of
-  ``tierfsd.fuse_ops`` feeds: one latency observation per request, one error
-  count per failed reply;
-* ``Metrics.watch(fs)`` registers a custom Collector over ``TierFS.status()``
+  store's threads, with the S3 operation name, latency and outcome, into
+  ``s3_ops`` (a ``LatencyTable`` with a lock);
+* the FUSE layer gets ``Metrics.fuse_ops`` (a ``LatencyTable`` without a
+  lock: the trio loop alone records and reads it), which the one errno
+  decorator of ``tierfsd.fuse_ops`` feeds: one latency observation per
+  request, one error count per failed reply;
+* ``Metrics.watch(fs)`` makes the collector export ``TierFS.status()`` too,
   and adds the FUSE, S3 and preload figures to ``status`` as sections.
   Block hits and misses, bytes fetched, uploaded and moved, queue depths,
   dirty bytes and tier usage are counters and gauges the core keeps anyway:
   they are read at scrape time, never counted twice on the read path, and a
-  scrape shows exactly what ``tierfs status`` shows;
+  scrape shows what ``tierfs status`` shows;
 * a preload worker reports its jobs with ``preload_progress`` and
-  ``preload_finished`` (see there).
+  ``preload_finished`` (on the trio loop; see there).
 
+The registry has one custom collector (``_Collector``) and nothing else:
+the request latencies are plain numbers per operation (``OperationStats``:
+a bisect and three additions, no lock on the FUSE path), turned into
+histogram families only when scraped.  A prometheus-client ``Histogram``
+costs 1.4 us per observation here (a lock, a Python loop over the buckets),
+and ``status`` could read its totals only by building every sample.
 Nothing uses prometheus-client's global default registry: two daemons (or
 two tests) in one process never share a series.
 
 Serving (``MetricsServer``): ``bind()`` runs at start-up, before the mount
 exists, so a port in use is a clear start-up error (``CannotListen``), not a
 crash later.  ``serve()`` answers HTTP/1.x ``GET /metrics`` on the trio loop
-(one request per connection, bounded head size and time).  The collector
-reads TierFS state that only the loop changes, so it runs on the loop, which
-needs no locks and never sees a half-done update; the text (mostly the
-histograms, thread-safe in prometheus-client) is formatted in a thread
-(``Metrics.scrape``).  Measured: about 12 ms per scrape in all, of which
-well under 1 ms on the loop plus ``TierFS.status()``.
+(one request per connection, bounded head size and time).  Every figure is
+read on the loop, in one go (``_Collector.freeze``): TierFS state and the
+FUSE table belong to the loop, so no locks and no half-done update; only
+the text is formatted in a thread (``Metrics.scrape``), which is most of a
+scrape's cost.
 
 What leaves the node: label values are S3 operation names, FUSE operation
 names, tier names and preload job ids (checked: no ``/``, so never a path).
 No path, key, bucket, endpoint or credential is ever a label or a value.
 
-Cost on the FUSE path (measured, ``tests/bench/bench_metrics_overhead.py``):
-two ``perf_counter`` calls and one histogram observation, about 1.5 us per
-request, against 20-60 us for the cheapest request the daemon serves.
+Cost (measured, ``tests/bench/bench_metrics_overhead.py``; the README has
+the figures): on the FUSE path two ``perf_counter`` calls and one
+observation per request; per scrape a few ms, mostly in the thread.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
+import itertools
 import logging
 import re
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 from tierfs.config import MetricsConfig
 from tierfs.errors import CannotListen
@@ -106,35 +121,89 @@ MAX_REQUEST_HEAD = 8192
 MAX_CONNECTIONS = 4
 
 
-class FuseOpMetrics:
-    """The recorders of one FUSE operation (bound once, used per request)."""
+class OperationStats:
+    """Latency histogram, request and error counts of one operation.
 
-    __slots__ = ("_errors", "observe")
+    Plain numbers, exported by the registry's collector at scrape time:
+    cheaper per request than a prometheus-client Histogram (no lock, one
+    bisect), and ``status`` reads them without building samples.
+    """
 
-    def __init__(self, seconds: Histogram, errors: Counter) -> None:
-        #: Record one request's latency in seconds (counts it, too).
-        self.observe: Callable[[float], None] = seconds.observe
-        self._errors = errors
+    __slots__ = ("bounds", "buckets", "count", "errors", "seconds")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        #: Requests per bucket: ``buckets[i]`` took at most ``bounds[i]``
+        #: (and more than the bound before); the last one is +Inf.
+        self.buckets = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.seconds = 0.0
+        self.errors = 0
+
+    def observe(self, seconds: float) -> None:
+        """One request took ``seconds``."""
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.count += 1
+        self.seconds += seconds
 
     def failed(self, err: int) -> None:
-        """The request was answered with ``err`` (a failure unless it is one
-        of the ordinary answers in ``ORDINARY_ERRNOS``)."""
+        """The request was answered with ``err``: a failure unless it is one
+        of the ordinary answers in ``ORDINARY_ERRNOS``."""
         if err not in ORDINARY_ERRNOS:
-            self._errors.inc()
+            self.errors += 1
 
 
-class FuseOpTable(dict[str, FuseOpMetrics]):
-    """operation name -> its recorders, made on first use."""
+class LatencyTable(dict[str, OperationStats]):
+    """operation name -> its ``OperationStats``, made on first use.
 
-    def __init__(self, seconds: Histogram, errors: Counter) -> None:
+    Without a lock it belongs to one thread (the FUSE table: the trio loop
+    records and reads it).  With ``lock`` every change and every reading
+    holds it (the S3 table: the store's threads record, the loop reads).
+    """
+
+    def __init__(self, bounds: tuple[float, ...], lock: threading.Lock | None = None) -> None:
         super().__init__()
-        self._seconds = seconds
-        self._errors = errors
+        self.bounds = bounds
+        self.lock = lock
 
-    def __missing__(self, operation: str) -> FuseOpMetrics:
-        recorder = FuseOpMetrics(self._seconds.labels(operation), self._errors.labels(operation))
-        self[operation] = recorder
-        return recorder
+    def __missing__(self, operation: str) -> OperationStats:
+        stats = self[operation] = OperationStats(self.bounds)
+        return stats
+
+    def record(self, operation: str, seconds: float, failed: bool) -> None:
+        """One request of ``operation`` (any thread when the table has a lock)."""
+        with self.lock or contextlib.nullcontext():
+            stats = self[operation]
+            stats.observe(seconds)
+            if failed:
+                stats.errors += 1
+
+    def _rows(self) -> list[tuple[str, list[int], int, float, int]]:
+        with self.lock or contextlib.nullcontext():
+            return [
+                (op, list(st.buckets), st.count, st.seconds, st.errors)
+                for op, st in sorted(self.items())
+            ]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per operation: requests, errors, seconds (total), for ``status``."""
+        return {
+            op: {"requests": count, "errors": errors, "seconds": seconds}
+            for op, _buckets, count, seconds, errors in self._rows()
+        }
+
+    def families(self, prefix: str, doc: str, errors_doc: str) -> list[Metric]:
+        """``<prefix>_request_seconds`` (histogram) and ``<prefix>_errors_total``."""
+        latency = HistogramMetricFamily(f"{prefix}_request_seconds", doc, labels=["operation"])
+        errors = CounterMetricFamily(f"{prefix}_errors", errors_doc, labels=["operation"])
+        bounds = [floatToGoString(b) for b in self.bounds]
+        for op, buckets, count, seconds, failed in self._rows():
+            cumulative = list(itertools.accumulate(buckets[:-1]))
+            latency.add_metric(
+                [op], [*zip(bounds, cumulative, strict=True), ("+Inf", count)], seconds
+            )
+            errors.add_metric([op], failed)
+        return [latency, errors]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,56 +229,29 @@ class Metrics:
     def __init__(self) -> None:
         #: The one registry (never prometheus-client's global one).
         self.registry = CollectorRegistry(auto_describe=False)
-        self._fuse_seconds = Histogram(
-            "tierfs_fuse_request_seconds",
-            "FUSE requests by operation: latency in seconds (_count is the number of requests)",
-            ["operation"],
-            buckets=FUSE_BUCKETS,
-            registry=self.registry,
-        )
-        self._fuse_errors = Counter(
-            "tierfs_fuse_errors",
-            "FUSE requests answered with an error, by operation "
-            "(not counted: ENOENT and ENODATA, ordinary answers)",
-            ["operation"],
-            registry=self.registry,
-        )
-        self._s3_seconds = Histogram(
-            "tierfs_s3_request_seconds",
-            "S3 requests by operation: seconds from sending to the answer's head",
-            ["operation"],
-            buckets=S3_BUCKETS,
-            registry=self.registry,
-        )
-        self._s3_errors = Counter(
-            "tierfs_s3_errors",
-            "S3 requests that failed, by operation: no answer, or an HTTP error "
-            "other than 404 and 416",
-            ["operation"],
-            registry=self.registry,
-        )
-        #: What the FUSE layer records into (see ``tierfsd.fuse_ops``).
-        self.fuse_ops = FuseOpTable(self._fuse_seconds, self._fuse_errors)
+        #: What the FUSE layer records into (see ``tierfsd.fuse_ops``): trio loop only.
+        self.fuse_ops = LatencyTable(FUSE_BUCKETS)
+        #: What the S3 store records into, from its threads (``s3_request``).
+        self.s3_ops = LatencyTable(S3_BUCKETS, threading.Lock())
         self._preloads: dict[str, PreloadProgress] = {}
-        self._status_collector: _StatusCollector | None = None
+        self._fs: TierFS | None = None
+        self._collector = _Collector(self)
+        self.registry.register(self._collector)
         self._scrape_lock = trio.Lock()
 
     # --- feeding -------------------------------------------------------------------
 
     def s3_request(self, operation: str, seconds: float, failed: bool) -> None:
         """The store's ``request_observer``: one request sent (any thread)."""
-        self._s3_seconds.labels(operation).observe(seconds)
-        if failed:
-            self._s3_errors.labels(operation).inc()
+        self.s3_ops.record(operation, seconds, failed)
 
     def watch(self, fs: TierFS) -> None:
         """Export ``fs``'s own figures, and add this object's to its ``status``."""
-        if self._status_collector is not None:
+        if self._fs is not None:
             raise RuntimeError("Metrics.watch: already watching a file system")
-        self._status_collector = _StatusCollector(fs, self)
-        self.registry.register(self._status_collector)
-        fs.status_sections["fuse_requests"] = self.fuse_summary
-        fs.status_sections["s3_requests"] = self.s3_summary
+        self._fs = fs
+        fs.status_sections["fuse_requests"] = self.fuse_ops.summary
+        fs.status_sections["s3_requests"] = self.s3_ops.summary
         fs.status_sections["preload_progress"] = self.preload_summary
 
     def preload_progress(
@@ -266,29 +308,18 @@ class Metrics:
         return generate_latest(self.registry)
 
     async def scrape(self) -> bytes:
-        """``exposition()`` for the HTTP endpoint: the file system's figures
-        are read here on the loop (one consistent reading), the text is
-        formatted in a thread (most of a scrape's ~10 ms: the histograms),
-        so that FUSE requests are not held up behind it."""
+        """``exposition()`` for the HTTP endpoint: every figure is read here,
+        on the loop, in one go (a consistent reading); the text is formatted
+        in a thread, so that FUSE requests do not wait behind it."""
         async with self._scrape_lock:
-            collector = self._status_collector
-            if collector is not None:
-                collector.freeze()
+            self._collector.freeze()
             try:
                 return await trio.to_thread.run_sync(generate_latest, self.registry)
             finally:
-                if collector is not None:
-                    collector.thaw()
-
-    def fuse_summary(self) -> dict[str, dict[str, float]]:
-        """Per FUSE operation: requests, errors, seconds (total)."""
-        return _summary(self._fuse_seconds, self._fuse_errors)
-
-    def s3_summary(self) -> dict[str, dict[str, float]]:
-        """Per S3 operation: requests answered or failed, errors, seconds (total)."""
-        return _summary(self._s3_seconds, self._s3_errors)
+                self._collector.thaw()
 
     def preload_summary(self) -> list[dict[str, Any]]:
+        """The preload jobs, for ``status``."""
         return [asdict(p) for p in self._preloads.values()]
 
     def preload_families(self) -> Iterator[Metric]:
@@ -315,41 +346,40 @@ class Metrics:
             yield family
 
 
-def _summary(seconds: Histogram, errors: Counter) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+class _Collector:
+    """The registry's one collector: FUSE and S3 requests, the file
+    system's figures (``TierFS.status()``) and the preload jobs.
 
-    def entry(operation: str) -> dict[str, float]:
-        return out.setdefault(operation, {"requests": 0, "errors": 0, "seconds": 0.0})
-
-    for family in seconds.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_count"):
-                entry(sample.labels["operation"])["requests"] = int(sample.value)
-            elif sample.name.endswith("_sum"):
-                entry(sample.labels["operation"])["seconds"] = sample.value
-    for family in errors.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                entry(sample.labels["operation"])["errors"] = int(sample.value)
-    return out
-
-
-class _StatusCollector:
-    """Reads ``TierFS.status()`` and the preload jobs at scrape time.
-
-    ``collect`` reads them when called, which must be on the trio loop;
-    ``freeze`` (on the loop) reads them once for a scrape that formats the
-    text in a thread, and ``collect`` returns that reading until ``thaw``.
+    ``collect`` reads everything when called, which must be on the trio
+    loop (TierFS state and the FUSE table belong to it); ``freeze`` (on the
+    loop) reads it once for a scrape whose text is formatted in a thread,
+    and ``collect`` returns that reading until ``thaw``.
     """
 
-    def __init__(self, fs: TierFS, metrics: Metrics) -> None:
-        self.fs = fs
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._frozen: list[Metric] | None = None
 
     def _read(self) -> list[Metric]:
-        status = self.fs.status(sections=False)
-        return [*_status_families(status), *self.metrics.preload_families()]
+        m = self.metrics
+        families = [
+            *m.fuse_ops.families(
+                "tierfs_fuse",
+                "FUSE requests by operation: latency in seconds (_count: the requests)",
+                "FUSE requests answered with an error, by operation "
+                "(not counted: ENOENT and ENODATA, ordinary answers)",
+            ),
+            *m.s3_ops.families(
+                "tierfs_s3",
+                "S3 requests by operation: seconds from sending to the answer's head",
+                "S3 requests that failed, by operation: no answer, or an HTTP error "
+                "other than 404 and 416",
+            ),
+        ]
+        if m._fs is not None:
+            families += _status_families(m._fs.status(sections=False))
+        families += m.preload_families()
+        return families
 
     def freeze(self) -> None:
         self._frozen = self._read()
