@@ -33,10 +33,10 @@ Serving (``MetricsServer``): ``bind()`` runs at start-up, before the mount
 exists, so a port in use is a clear start-up error (``CannotListen``), not a
 crash later.  ``serve()`` answers HTTP/1.x ``GET /metrics`` on the trio loop
 (one request per connection, bounded head size and time).  Every figure is
-read on the loop, in one go (``_Collector.freeze``): TierFS state and the
-FUSE table belong to the loop, so no locks and no half-done update; only
-the text is formatted in a thread (``Metrics.scrape``), which is most of a
-scrape's cost.
+read on the loop, in one go (``_Collector.freeze``, plain copies): TierFS
+state and the FUSE table belong to the loop, so no locks and no half-done
+update; the metric families and the text are made from that copy in a
+thread (``Metrics.scrape``), which is most of a scrape's cost.
 
 What leaves the node: label values are S3 operation names, FUSE operation
 names, tier names and preload job ids (checked: no ``/``, so never a path).
@@ -59,7 +59,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -165,6 +165,7 @@ class LatencyTable(dict[str, OperationStats]):
         super().__init__()
         self.bounds = bounds
         self.lock = lock
+        self._le = [floatToGoString(b) for b in bounds]  # the "le" label values
 
     def __missing__(self, operation: str) -> OperationStats:
         stats = self[operation] = OperationStats(self.bounds)
@@ -192,15 +193,25 @@ class LatencyTable(dict[str, OperationStats]):
             for op, _buckets, count, seconds, errors in self._rows()
         }
 
-    def families(self, prefix: str, doc: str, errors_doc: str) -> list[Metric]:
-        """``<prefix>_request_seconds`` (histogram) and ``<prefix>_errors_total``."""
+    def rows(self) -> list[tuple[str, list[int], int, float, int]]:
+        """A copy of the figures: (operation, buckets, count, seconds, errors)."""
+        return self._rows()
+
+    def families(
+        self,
+        prefix: str,
+        doc: str,
+        errors_doc: str,
+        rows: list[tuple[str, list[int], int, float, int]] | None = None,
+    ) -> list[Metric]:
+        """``<prefix>_request_seconds`` (histogram) and ``<prefix>_errors_total``
+        of ``rows`` (a copy taken earlier by ``rows()``) or of the figures now."""
         latency = HistogramMetricFamily(f"{prefix}_request_seconds", doc, labels=["operation"])
         errors = CounterMetricFamily(f"{prefix}_errors", errors_doc, labels=["operation"])
-        bounds = [floatToGoString(b) for b in self.bounds]
-        for op, buckets, count, seconds, failed in self._rows():
-            cumulative = list(itertools.accumulate(buckets[:-1]))
+        for op, buckets, count, seconds, failed in self._rows() if rows is None else rows:
+            cumulative = itertools.accumulate(buckets[:-1])
             latency.add_metric(
-                [op], [*zip(bounds, cumulative, strict=True), ("+Inf", count)], seconds
+                [op], [*zip(self._le, cumulative, strict=True), ("+Inf", count)], seconds
             )
             errors.add_metric([op], failed)
         return [latency, errors]
@@ -322,8 +333,9 @@ class Metrics:
         """The preload jobs, for ``status``."""
         return [asdict(p) for p in self._preloads.values()]
 
-    def preload_families(self) -> Iterator[Metric]:
-        jobs = list(self._preloads.values())
+    def preload_families(self, jobs: list[PreloadProgress] | None = None) -> Iterator[Metric]:
+        """The preload gauges of ``jobs`` (a copy taken earlier) or of the jobs now."""
+        jobs = list(self._preloads.values()) if jobs is None else jobs
         if not jobs:
             return
         fields: list[tuple[str, str, Callable[[PreloadProgress], int | None]]] = [
@@ -346,40 +358,39 @@ class Metrics:
             yield family
 
 
+class _Figures(NamedTuple):
+    """One reading of everything a scrape shows (plain data)."""
+
+    fuse: list[tuple[str, list[int], int, float, int]]
+    s3: list[tuple[str, list[int], int, float, int]]
+    status: dict[str, Any] | None
+    preloads: list[PreloadProgress]
+
+
 class _Collector:
     """The registry's one collector: FUSE and S3 requests, the file
     system's figures (``TierFS.status()``) and the preload jobs.
 
-    ``collect`` reads everything when called, which must be on the trio
-    loop (TierFS state and the FUSE table belong to it); ``freeze`` (on the
-    loop) reads it once for a scrape whose text is formatted in a thread,
-    and ``collect`` returns that reading until ``thaw``.
+    Reading the figures (``_read``) must happen on the trio loop (TierFS
+    state and the FUSE table belong to it); turning them into metric
+    families may happen anywhere.  ``collect`` does both when called (on the
+    loop); ``freeze`` (on the loop) reads the figures once for a scrape whose
+    families and text are made in a thread, and ``collect`` uses that
+    reading until ``thaw``.
     """
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._frozen: list[Metric] | None = None
+        self._frozen: _Figures | None = None
 
-    def _read(self) -> list[Metric]:
+    def _read(self) -> _Figures:
         m = self.metrics
-        families = [
-            *m.fuse_ops.families(
-                "tierfs_fuse",
-                "FUSE requests by operation: latency in seconds (_count: the requests)",
-                "FUSE requests answered with an error, by operation "
-                "(not counted: ENOENT and ENODATA, ordinary answers)",
-            ),
-            *m.s3_ops.families(
-                "tierfs_s3",
-                "S3 requests by operation: seconds from sending to the answer's head",
-                "S3 requests that failed, by operation: no answer, or an HTTP error "
-                "other than 404 and 416",
-            ),
-        ]
-        if m._fs is not None:
-            families += _status_families(m._fs.status(sections=False))
-        families += m.preload_families()
-        return families
+        return _Figures(
+            fuse=m.fuse_ops.rows(),
+            s3=m.s3_ops.rows(),
+            status=m._fs.status(sections=False) if m._fs is not None else None,
+            preloads=list(m._preloads.values()),
+        )
 
     def freeze(self) -> None:
         self._frozen = self._read()
@@ -388,7 +399,25 @@ class _Collector:
         self._frozen = None
 
     def collect(self) -> Iterable[Metric]:
-        return self._frozen if self._frozen is not None else self._read()
+        figures = self._frozen if self._frozen is not None else self._read()
+        m = self.metrics
+        yield from m.fuse_ops.families(
+            "tierfs_fuse",
+            "FUSE requests by operation: latency in seconds (_count: the requests)",
+            "FUSE requests answered with an error, by operation "
+            "(not counted: ENOENT and ENODATA, ordinary answers)",
+            figures.fuse,
+        )
+        yield from m.s3_ops.families(
+            "tierfs_s3",
+            "S3 requests by operation: seconds from sending to the answer's head",
+            "S3 requests that failed, by operation: no answer, or an HTTP error "
+            "other than 404 and 416",
+            figures.s3,
+        )
+        if figures.status is not None:
+            yield from _status_families(figures.status)
+        yield from m.preload_families(figures.preloads)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
