@@ -13,6 +13,7 @@ same PID) for systemd ``Type=notify``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -156,6 +157,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     location = locate(mountpoint)
     if location.mount_root != mountpoint:
         raise CliError(f"{mountpoint} is not a tierfs mount point")
+    if args.watch:
+        from tierfs.watch import watch_status  # rich: only for --watch
+
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the watch
+            watch_status(lambda: request(location.socket_path, "status"))
+        return 0
     status = request(location.socket_path, "status")
     if args.json:
         _print_json(status)
@@ -716,7 +723,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="per tier: capacity, used, watermarks, files; hit ratio")
     p.add_argument("mountpoint")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    shown.add_argument(
+        "--watch",
+        action="store_true",
+        help="a live table refreshed every second: tiers, hits, rates, queues, "
+        "FUSE and S3 requests, preloads (Ctrl-C to stop)",
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("where", help="per file: size, bytes on each tier, sync state")

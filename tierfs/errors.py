@@ -199,3 +199,10 @@ class ControlAccessDenied(ControlError):
     """The caller may not use this mount's control socket."""
 
     errno = _errno.EACCES
+
+
+class CannotListen(TierfsError):
+    """A configured listening address could not be bound (``[metrics] listen``:
+    the port is in use, the address is not on this host...)."""
+
+    errno = _errno.EADDRINUSE

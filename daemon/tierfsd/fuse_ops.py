@@ -2,8 +2,10 @@
 
 Each method converts pyfuse3 arguments, awaits ``TierFS`` and converts the
 result.  The ``_errno`` decorator is the one place that turns errors into
-errnos (it also counts requests, for ``TierFS.requests``): a TierfsError or OSError keeps its errno, anything else is a bug,
-logged with its traceback and answered with EIO.  Nothing escapes to
+errnos (it also counts requests, for ``TierFS.requests``, and records each
+request's latency and failure in the daemon's metrics, ``op_metrics``): a
+TierfsError or OSError keeps its errno, anything else is a bug, logged with
+its traceback and answered with EIO.  Nothing escapes to
 ``pyfuse3.main()``, which would end the mount.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,6 +22,7 @@ import pyfuse3
 
 from tierfs.core import Attributes, TierFS
 from tierfs.errors import EndpointUnreachable, TierfsError
+from tierfs.workers.metrics import LatencyTable, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -27,26 +31,36 @@ R = TypeVar("R")
 
 
 def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         ops: TierfsOperations = args[0]  # type: ignore[assignment]
         ops.fs.requests += 1
+        recorder = ops.op_metrics[name]
+        started = time.perf_counter()
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as exc:
+            recorder.failed(exc.errno)
             raise
         except TierfsError as exc:
+            recorder.failed(exc.errno)
             if isinstance(exc, EndpointUnreachable):  # the breaker logs the outage once
-                log.debug("%s: %s", fn.__name__, exc)
+                log.debug("%s: %s", name, exc)
             elif exc.errno == errno.EIO:
-                log.warning("%s: %s", fn.__name__, exc)
+                log.warning("%s: %s", name, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:
-            log.warning("%s: %s", fn.__name__, exc)
+            recorder.failed(exc.errno or errno.EIO)
+            log.warning("%s: %s", name, exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         except Exception:
-            log.exception("unexpected error in %s", fn.__name__)
+            recorder.failed(errno.EIO)
+            log.exception("unexpected error in %s", name)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            recorder.observe(time.perf_counter() - started)
 
     return wrapper
 
@@ -78,9 +92,12 @@ class TierfsOperations(pyfuse3.Operations):
     # still arrive as 1 MiB requests (libfuse negotiates max_pages).
     enable_writeback_cache = False
 
-    def __init__(self, fs: TierFS) -> None:
+    def __init__(self, fs: TierFS, metrics: Metrics | None = None) -> None:
         super().__init__()
         self.fs = fs
+        #: Per-operation latency and error recorders (the daemon's metrics;
+        #: a private registry when none is given).
+        self.op_metrics: LatencyTable = (metrics or Metrics()).fuse_ops
 
     # --- namespace -------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
 from tierfs.tiers.tier import Tier
+from tierfs.workers.metrics import Metrics, MetricsServer
 from tierfs.workers.mover import Mover
 from tierfs.workers.preload import Preloader
 from tierfs.workers.uploader import run_uploader
@@ -196,12 +197,20 @@ class Daemon:
         self.config = config
         self.mountpoint = mountpoint
         self.options = options
+        #: The one metrics registry; its parts go to the store, the FUSE
+        #: layer and TierFS.  Served over HTTP only with ``[metrics] listen``.
+        self.metrics = Metrics()
         self.store = open_store(
             config.backing,
             source=str(config.source),
             max_pool_connections=config.fetch.concurrency + 16,
+            request_observer=self.metrics.s3_request,
         )
         self.store.check()
+        self.metrics_server: MetricsServer | None = None
+        if config.metrics.enabled:  # a port in use fails here, before anything is opened
+            self.metrics_server = MetricsServer(self.metrics, config.metrics)
+            self.metrics_server.bind()
         self.meta = MetaDB(
             config.state.dir / "meta",
             self.store.url,
@@ -219,6 +228,7 @@ class Daemon:
             control_socket=str(sock_path),
             invalidate_kernel_cache=self._invalidate,
         )
+        self.metrics.watch(self.fs)
         self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
         self._fuse_stopped = trio.Event()
 
@@ -237,7 +247,7 @@ class Daemon:
 
     def mount(self) -> None:
         self._listen_sock: trio.socket.SocketType | None = self.control.bind()
-        ops = TierfsOperations(self.fs)
+        ops = TierfsOperations(self.fs, self.metrics)
         pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options))
 
     async def run(self, on_ready: Callable[[], None]) -> None:
@@ -251,6 +261,8 @@ class Daemon:
             await supervisor.start(nursery, "mover", Mover(self.fs).run)
             self.control.preloader = Preloader(self.fs)
             await supervisor.start(nursery, "preload", self.control.preloader.run)
+            if self.metrics_server is not None:
+                await supervisor.start(nursery, "metrics", self.metrics_server.serve)
             await supervisor.start(nursery, "control", self._serve_control)
             supervisor.start_soon(nursery, "signals", self._signals, nursery.cancel_scope)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
@@ -318,6 +330,8 @@ class Daemon:
             log.error("SIGHUP: policy not reloaded, the rules in force stay:\n%s", exc)
 
     def close(self, *, unmount: bool) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         try:
             self.fs.close()
         finally:

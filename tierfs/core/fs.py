@@ -126,6 +126,10 @@ class TierFS:
         self._nursery: trio.Nursery | None = None
         #: Runs every background task of the daemon (see ``supervisor``).
         self.supervisor = Supervisor()
+        #: Extra sections of ``status()``: name -> a function returning plain
+        #: JSON data (the daemon's metrics add FUSE and S3 request figures and
+        #: preload progress).  Called on the trio loop, at each ``status``.
+        self.status_sections: dict[str, Callable[[], object]] = {}
 
         # The parts, in dependency order (see the module docstring).
         self.journal = Journal(meta)
@@ -569,7 +573,9 @@ class TierFS:
         health["uploads_waiting"] = len(self.journal)
         return health
 
-    def status(self) -> dict[str, object]:
+    def status(self, *, sections: bool = True) -> dict[str, object]:
+        """What ``tierfs status`` shows; ``sections=False`` leaves out the
+        ``status_sections`` (the metrics collector reads those itself)."""
         tiers = []
         for tier in self.tiers:
             usage = self.meta.tier_usage(tier.index)
@@ -604,6 +610,7 @@ class TierFS:
             "mover": self.lifecycle.status.as_dict(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.blocks.files),
+            "queues": self._queue_depths(),
             "counters": {
                 "read_requests": stats.read_requests,
                 "read_bytes": stats.read_bytes,
@@ -619,13 +626,25 @@ class TierFS:
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,
                 "uploaded_bytes": self.sync.stats_uploaded_bytes,
+                "relocated_bytes": self.movement.relocated_bytes,
                 "stale_opens": self.namespace.stale_opens,
                 "damaged_dirty_blocks": self.damage.dirty_blocks,
                 "damaged_clean_blocks": self.damage.clean_blocks,
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),
+            **{name: section() for name, section in self.status_sections.items() if sections},
             "time": time.time(),
+        }
+
+    def _queue_depths(self) -> dict[str, int]:
+        """Work waiting or running now: journal entries owed to the bucket,
+        files queued for promotion, blocks being fetched."""
+        return {
+            "journal_entries": len(self.journal),
+            "uploads_running": len(self.journal.running),
+            "promotions_queued": self.lifecycle.promotion_send.statistics().current_buffer_used,
+            "fetches_in_flight": sum(len(cf.flights) for cf in self.blocks.files.values()),
         }
 
     # --- mutations (``writes``) ------------------------------------------------------------

@@ -16,6 +16,7 @@ from tierfs.store.base import (
     ListPage,
     ObjectInfo,
     ObjectStore,
+    RequestObserver,
     UploadInfo,
     abort_stale_uploads,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "ListPage",
     "ObjectInfo",
     "ObjectStore",
+    "RequestObserver",
     "UploadInfo",
     "abort_stale_uploads",
     "open_store",
@@ -41,6 +43,7 @@ def open_store(
     *,
     source: str = "backing.url",
     max_pool_connections: int | None = None,
+    request_observer: RequestObserver | None = None,
 ) -> ObjectStore:
     """Build the store for ``backing``: S3Store for ``s3://``, LocalStore for ``file://``.
 
@@ -49,7 +52,8 @@ def open_store(
     config file name, when the caller knows it) as the file.
     ``max_pool_connections`` sizes the S3 HTTP pool: give it at least the
     number of S3 calls that may run at once (fetch concurrency plus uploads);
-    None keeps S3Store's default.
+    None keeps S3Store's default.  ``request_observer`` is told about every
+    request sent to S3 (metrics); a ``file://`` store sends none.
     """
     from tierfs.errors import InvalidArgument
 
@@ -64,7 +68,11 @@ def open_store(
                 else {"max_pool_connections": max_pool_connections}
             )
             return S3Store(
-                backing.url, endpoint_url=backing.endpoint_url, region=backing.region, **pool
+                backing.url,
+                endpoint_url=backing.endpoint_url,
+                region=backing.region,
+                request_observer=request_observer,
+                **pool,
             )
         if scheme == "file":
             if backing.endpoint_url:

@@ -86,6 +86,25 @@ class UploadInfo:
     initiated: float
 
 
+class RequestObserver(Protocol):
+    """Told about every request a store sends (``S3Store(request_observer=...)``).
+
+    ``operation`` is the S3 API name (``GetObject``, ``HeadObject``...),
+    ``seconds`` the time from sending the request to its parsed answer head
+    (a GetObject body streams after that), ``failed`` whether it is counted
+    as an error (see :data:`ORDINARY_ERROR_STATUSES`).  Called from the
+    store's worker threads: it must be thread-safe and cheap, and it must
+    never raise.  Operation names are the only thing it learns: no keys.
+    """
+
+    def __call__(self, operation: str, seconds: float, failed: bool) -> None: ...
+
+
+#: HTTP answers that are ordinary replies rather than failures: a missing
+#: key (a lookup's "no") and a range past the object's end.
+ORDINARY_ERROR_STATUSES = frozenset({404, 416})
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """A bucket (or a local directory standing in for one)."""

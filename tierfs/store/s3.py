@@ -37,6 +37,12 @@ Invariants:
   endpoint is unreachable every call fails at once with
   EndpointUnreachable; its probe is a bare HeadBucket (no retries, the
   short timeouts), and any HTTP answer to it counts as "reachable".
+- Every request sent (retries and breaker probes included) is counted
+  once per S3 operation in ``calls`` (botocore ``before-call``) and, with a
+  ``request_observer``, reported with its latency and outcome
+  (``after-call`` / ``after-call-error``): the metrics' one source, since
+  this client is the one place requests are made.  The observer gets the
+  operation name only, never a key.
 - Path-style addressing is used whenever an ``endpoint_url`` is given
   (moto, MinIO, Ceph, s3rver have no virtual-host DNS).
 - Checksums: ``request_checksum_calculation``/``response_checksum_validation``
@@ -121,7 +127,13 @@ from tierfs.errors import (
     StoreError,
     StoreUnavailable,
 )
-from tierfs.store.base import ListPage, ObjectInfo, UploadInfo
+from tierfs.store.base import (
+    ORDINARY_ERROR_STATUSES,
+    ListPage,
+    ObjectInfo,
+    RequestObserver,
+    UploadInfo,
+)
 from tierfs.store.breaker import CircuitBreaker
 from tierfs.store.local import metadata_mtime, validate_metadata
 from tierfs.store.multipart import (
@@ -166,6 +178,9 @@ READ_TIMEOUT = 3.0
 UPLOAD_READ_TIMEOUT = 30.0
 #: Time budget of the retries of one foreground request (seconds).
 FOREGROUND_BUDGET = 5.0
+#: Keys this store adds to botocore's per-request context (request metrics).
+_SENT_AT = "tierfs_sent_at"
+_OPERATION = "tierfs_operation"
 #: Operations that get ``UPLOAD_READ_TIMEOUT``.
 UPLOAD_OPERATIONS = (
     "PutObject",
@@ -328,6 +343,7 @@ class S3Store:
         upload_read_timeout: float = UPLOAD_READ_TIMEOUT,
         upload_workers: int = DEFAULT_UPLOAD_WORKERS,
         circuit_breaker: bool = True,
+        request_observer: RequestObserver | None = None,
     ) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
@@ -375,6 +391,11 @@ class S3Store:
         self.calls: collections.Counter[str] = collections.Counter()
         self._calls_lock = threading.Lock()
         self.client.meta.events.register("before-call.s3", self._count_call)
+        #: Told about each request (operation, seconds, failed): metrics.
+        #: May be set later; None tells nobody.
+        self.request_observer = request_observer
+        self.client.meta.events.register("after-call.s3", self._request_answered)
+        self.client.meta.events.register("after-call-error.s3", self._request_unanswered)
         self.upload_read_timeout = upload_read_timeout
         for operation in UPLOAD_OPERATIONS:
             self.client.meta.events.register(
@@ -386,9 +407,35 @@ class S3Store:
         #: Over plain HTTP botocore signs each payload's SHA-256 already.
         self._send_md5 = str(self.client.meta.endpoint_url).startswith("https")
 
-    def _count_call(self, model: Any, **_: Any) -> None:
+    def _count_call(self, model: Any, context: dict[str, Any], **_: Any) -> None:
         with self._calls_lock:
             self.calls[model.name] += 1
+        context[_OPERATION] = model.name
+        context[_SENT_AT] = time.perf_counter()
+
+    def _request_answered(
+        self, http_response: Any, model: Any, context: dict[str, Any], **_: Any
+    ) -> None:
+        """botocore hook: an answer head arrived (any status)."""
+        if self.request_observer is None:
+            return
+        status = int(getattr(http_response, "status_code", 0) or 0)
+        failed = status >= 400 and status not in ORDINARY_ERROR_STATUSES
+        self._observe(model.name, context, failed)
+
+    def _request_unanswered(self, context: dict[str, Any], **_: Any) -> None:
+        """botocore hook: the request got no answer (connect error, timeout, reset)."""
+        self._observe(context.get(_OPERATION, "unknown"), context, True)
+
+    def _observe(self, operation: str, context: dict[str, Any], failed: bool) -> None:
+        observer = self.request_observer
+        sent = context.get(_SENT_AT)
+        if observer is None or sent is None:
+            return
+        try:
+            observer(operation, time.perf_counter() - sent, failed)
+        except Exception:  # metrics must never fail a request
+            log.exception("request observer failed")
 
     def _lengthen_read_timeout(self, context: dict[str, Any], **_: Any) -> None:
         """botocore hook: upload requests wait ``upload_read_timeout`` for their answer."""

@@ -1,0 +1,638 @@
+"""Prometheus metrics of one daemon: one registry, owned by one ``Metrics``.
+
+Composition, no globals.  The daemon builds ``Metrics`` first and hands its
+parts to whoever counts:
+
+* the S3 store gets ``Metrics.s3_request`` as its ``request_observer``
+  (``tierfs.store.RequestObserver``): one call per request sent, from the
+  store's threads, with the S3 operation name, latency and outcome, into
+  ``s3_ops`` (a ``LatencyTable`` with a lock);
+* the FUSE layer gets ``Metrics.fuse_ops`` (a ``LatencyTable`` without a
+  lock: the trio loop alone records and reads it), which the one errno
+  decorator of ``tierfsd.fuse_ops`` feeds: one latency observation per
+  request, one error count per failed reply;
+* ``Metrics.watch(fs)`` makes the collector export ``TierFS.status()`` too,
+  and adds the FUSE, S3 and preload figures to ``status`` as sections.
+  Block hits and misses, bytes fetched, uploaded and moved, queue depths,
+  dirty bytes and tier usage are counters and gauges the core keeps anyway:
+  they are read at scrape time, never counted twice on the read path, and a
+  scrape shows what ``tierfs status`` shows;
+* a preload worker reports its jobs with ``preload_progress`` and
+  ``preload_finished`` (on the trio loop; see there).
+
+The registry has one custom collector (``_Collector``) and nothing else:
+the request latencies are plain numbers per operation (``OperationStats``:
+a bisect and three additions, no lock on the FUSE path), turned into
+histogram families only when scraped.  A prometheus-client ``Histogram``
+costs 1.4 us per observation here (a lock, a Python loop over the buckets),
+and ``status`` could read its totals only by building every sample.
+Nothing uses prometheus-client's global default registry: two daemons (or
+two tests) in one process never share a series.
+
+Serving (``MetricsServer``): ``bind()`` runs at start-up, before the mount
+exists, so a port in use is a clear start-up error (``CannotListen``), not a
+crash later.  ``serve()`` answers HTTP/1.x ``GET /metrics`` on the trio loop
+(one request per connection, bounded head size and time).  Every figure is
+read on the loop, in one go (``_Collector.freeze``, plain copies): TierFS
+state and the FUSE table belong to the loop, so no locks and no half-done
+update; the metric families and the text are made from that copy in a
+thread (``Metrics.scrape``), which is most of a scrape's cost.
+
+What leaves the node: label values are S3 operation names, FUSE operation
+names, tier names and preload job ids (checked: no ``/``, so never a path).
+No path, key, bucket, endpoint or credential is ever a label or a value.
+
+Cost (measured, ``tests/bench/bench_metrics_overhead.py``; the README has
+the figures): on the FUSE path two ``perf_counter`` calls and one
+observation per request; per scrape a few ms, mostly in the thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import errno
+import itertools
+import logging
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
+
+from tierfs.config import MetricsConfig
+from tierfs.errors import CannotListen
+
+if TYPE_CHECKING:
+    from tierfs.core import TierFS
+
+log = logging.getLogger(__name__)
+
+#: Latency buckets (seconds) of FUSE requests: a cache hit answers in tens of
+#: microseconds, a cold read waits for S3.
+FUSE_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+#: Latency buckets (seconds) of S3 requests, to the answer's head.
+S3_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+#: Error replies that are ordinary answers, not failures: a name that does
+#: not exist, an extended attribute that is not set.
+ORDINARY_ERRNOS = frozenset({errno.ENOENT, errno.ENODATA})
+
+#: Preload job ids: short, and never a path.
+_JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: Finished preload jobs still shown (the oldest go first).
+FINISHED_PRELOADS_KEPT = 8
+
+#: HTTP: the request head is read within this many seconds, or dropped.
+REQUEST_TIMEOUT = 10.0
+#: HTTP: the longest request head accepted (bytes).
+MAX_REQUEST_HEAD = 8192
+#: HTTP: connections answered at once; more wait.
+MAX_CONNECTIONS = 4
+
+
+class OperationStats:
+    """Latency histogram, request and error counts of one operation.
+
+    Plain numbers, exported by the registry's collector at scrape time:
+    cheaper per request than a prometheus-client Histogram (no lock, one
+    bisect), and ``status`` reads them without building samples.
+    """
+
+    __slots__ = ("bounds", "buckets", "count", "errors", "seconds")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        #: Requests per bucket: ``buckets[i]`` took at most ``bounds[i]``
+        #: (and more than the bound before); the last one is +Inf.
+        self.buckets = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.seconds = 0.0
+        self.errors = 0
+
+    def observe(self, seconds: float) -> None:
+        """One request took ``seconds``."""
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.count += 1
+        self.seconds += seconds
+
+    def failed(self, err: int) -> None:
+        """The request was answered with ``err``: a failure unless it is one
+        of the ordinary answers in ``ORDINARY_ERRNOS``."""
+        if err not in ORDINARY_ERRNOS:
+            self.errors += 1
+
+
+class LatencyTable(dict[str, OperationStats]):
+    """operation name -> its ``OperationStats``, made on first use.
+
+    Without a lock it belongs to one thread (the FUSE table: the trio loop
+    records and reads it).  With ``lock`` every change and every reading
+    holds it (the S3 table: the store's threads record, the loop reads).
+    """
+
+    def __init__(self, bounds: tuple[float, ...], lock: threading.Lock | None = None) -> None:
+        super().__init__()
+        self.bounds = bounds
+        self.lock = lock
+        self._le = [floatToGoString(b) for b in bounds]  # the "le" label values
+
+    def __missing__(self, operation: str) -> OperationStats:
+        stats = self[operation] = OperationStats(self.bounds)
+        return stats
+
+    def record(self, operation: str, seconds: float, failed: bool) -> None:
+        """One request of ``operation`` (any thread when the table has a lock)."""
+        with self.lock or contextlib.nullcontext():
+            stats = self[operation]
+            stats.observe(seconds)
+            if failed:
+                stats.errors += 1
+
+    def _rows(self) -> list[tuple[str, list[int], int, float, int]]:
+        with self.lock or contextlib.nullcontext():
+            return [
+                (op, list(st.buckets), st.count, st.seconds, st.errors)
+                for op, st in sorted(self.items())
+            ]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per operation: requests, errors, seconds (total), for ``status``."""
+        return {
+            op: {"requests": count, "errors": errors, "seconds": seconds}
+            for op, _buckets, count, seconds, errors in self._rows()
+        }
+
+    def rows(self) -> list[tuple[str, list[int], int, float, int]]:
+        """A copy of the figures: (operation, buckets, count, seconds, errors)."""
+        return self._rows()
+
+    def families(
+        self,
+        prefix: str,
+        doc: str,
+        errors_doc: str,
+        rows: list[tuple[str, list[int], int, float, int]] | None = None,
+    ) -> list[Metric]:
+        """``<prefix>_request_seconds`` (histogram) and ``<prefix>_errors_total``
+        of ``rows`` (a copy taken earlier by ``rows()``) or of the figures now."""
+        latency = HistogramMetricFamily(f"{prefix}_request_seconds", doc, labels=["operation"])
+        errors = CounterMetricFamily(f"{prefix}_errors", errors_doc, labels=["operation"])
+        for op, buckets, count, seconds, failed in self._rows() if rows is None else rows:
+            cumulative = itertools.accumulate(buckets[:-1])
+            latency.add_metric(
+                [op], [*zip(self._le, cumulative, strict=True), ("+Inf", count)], seconds
+            )
+            errors.add_metric([op], failed)
+        return [latency, errors]
+
+
+@dataclass(frozen=True, slots=True)
+class PreloadProgress:
+    """Where one preload job stands (``Metrics.preload_progress``).
+
+    Totals are None while the job still lists what it will fetch.
+    """
+
+    job_id: str
+    files_done: int
+    bytes_done: int
+    files_total: int | None = None
+    bytes_total: int | None = None
+    files_failed: int = 0
+    files_skipped: int = 0
+    running: bool = True
+
+
+class Metrics:
+    """The daemon's one metrics registry and everything that feeds it."""
+
+    def __init__(self) -> None:
+        #: The one registry (never prometheus-client's global one).
+        self.registry = CollectorRegistry(auto_describe=False)
+        #: What the FUSE layer records into (see ``tierfsd.fuse_ops``): trio loop only.
+        self.fuse_ops = LatencyTable(FUSE_BUCKETS)
+        #: What the S3 store records into, from its threads (``s3_request``).
+        self.s3_ops = LatencyTable(S3_BUCKETS, threading.Lock())
+        self._preloads: dict[str, PreloadProgress] = {}
+        self._fs: TierFS | None = None
+        self._collector = _Collector(self)
+        self.registry.register(self._collector)
+        self._scrape_lock = trio.Lock()
+
+    # --- feeding -------------------------------------------------------------------
+
+    def s3_request(self, operation: str, seconds: float, failed: bool) -> None:
+        """The store's ``request_observer``: one request sent (any thread)."""
+        self.s3_ops.record(operation, seconds, failed)
+
+    def watch(self, fs: TierFS) -> None:
+        """Export ``fs``'s own figures, and add this object's to its ``status``."""
+        if self._fs is not None:
+            raise RuntimeError("Metrics.watch: already watching a file system")
+        self._fs = fs
+        fs.status_sections["fuse_requests"] = self.fuse_ops.summary
+        fs.status_sections["s3_requests"] = self.s3_ops.summary
+        fs.status_sections["preload_progress"] = self.preload_summary
+
+    def preload_progress(
+        self,
+        job_id: str,
+        *,
+        files_done: int,
+        bytes_done: int,
+        files_total: int | None = None,
+        bytes_total: int | None = None,
+        files_failed: int = 0,
+        files_skipped: int = 0,
+    ) -> None:
+        """Report where preload job ``job_id`` stands now; call it as often as
+        you like (it only stores the figures: a scrape reads them).
+
+        ``job_id`` names the job in the ``job_id`` label: 1-64 characters of
+        ``[A-Za-z0-9_.:-]`` (ValueError otherwise), never a path.  Totals may
+        stay None until the job knows them.  The series are
+        ``tierfs_preload_{files,bytes}_{done,total}``,
+        ``tierfs_preload_files_{failed,skipped}`` and ``tierfs_preload_running``
+        (1 while running, 0 once finished); ``tierfs status`` shows the same
+        under ``preload_progress``.
+        """
+        if not _JOB_ID.fullmatch(job_id):
+            raise ValueError(f"preload job id {job_id!r}: use 1-64 of [A-Za-z0-9_.:-]")
+        self._preloads.pop(job_id, None)  # keeps the dict in report order
+        self._preloads[job_id] = PreloadProgress(
+            job_id,
+            files_done=files_done,
+            bytes_done=bytes_done,
+            files_total=files_total,
+            bytes_total=bytes_total,
+            files_failed=files_failed,
+            files_skipped=files_skipped,
+        )
+
+    def preload_finished(self, job_id: str) -> None:
+        """Job ``job_id`` ended (done, failed or cancelled): its last figures
+        stay with ``running`` 0, among the ``FINISHED_PRELOADS_KEPT`` latest
+        finished jobs.  Unknown ids are ignored."""
+        progress = self._preloads.pop(job_id, None)
+        if progress is None:
+            return
+        self._preloads[job_id] = PreloadProgress(**{**asdict(progress), "running": False})
+        finished = [j for j, p in self._preloads.items() if not p.running]
+        for old in finished[:-FINISHED_PRELOADS_KEPT]:
+            del self._preloads[old]
+
+    # --- reading -------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of the registry (call on the trio loop)."""
+        return generate_latest(self.registry)
+
+    async def scrape(self) -> bytes:
+        """``exposition()`` for the HTTP endpoint: every figure is read here,
+        on the loop, in one go (a consistent reading); the text is formatted
+        in a thread, so that FUSE requests do not wait behind it."""
+        async with self._scrape_lock:
+            self._collector.freeze()
+            try:
+                return await trio.to_thread.run_sync(generate_latest, self.registry)
+            finally:
+                self._collector.thaw()
+
+    def preload_summary(self) -> list[dict[str, Any]]:
+        """The preload jobs, for ``status``."""
+        return [asdict(p) for p in self._preloads.values()]
+
+    def preload_families(self, jobs: list[PreloadProgress] | None = None) -> Iterator[Metric]:
+        """The preload gauges of ``jobs`` (a copy taken earlier) or of the jobs now."""
+        jobs = list(self._preloads.values()) if jobs is None else jobs
+        if not jobs:
+            return
+        fields: list[tuple[str, str, Callable[[PreloadProgress], int | None]]] = [
+            ("files_done", "files fetched or found resident", lambda p: p.files_done),
+            ("bytes_done", "bytes resident", lambda p: p.bytes_done),
+            ("files_total", "files to preload (once listed)", lambda p: p.files_total),
+            ("bytes_total", "bytes to preload (once listed)", lambda p: p.bytes_total),
+            ("files_failed", "files that failed", lambda p: p.files_failed),
+            ("files_skipped", "files already resident", lambda p: p.files_skipped),
+            ("running", "1 while the job runs, 0 once finished", lambda p: int(p.running)),
+        ]
+        for name, doc, get in fields:
+            family = GaugeMetricFamily(
+                f"tierfs_preload_{name}", f"Preload: {doc}", labels=["job_id"]
+            )
+            for job in jobs:
+                value = get(job)
+                if value is not None:
+                    family.add_metric([job.job_id], value)
+            yield family
+
+
+class _Figures(NamedTuple):
+    """One reading of everything a scrape shows (plain data)."""
+
+    fuse: list[tuple[str, list[int], int, float, int]]
+    s3: list[tuple[str, list[int], int, float, int]]
+    status: dict[str, Any] | None
+    preloads: list[PreloadProgress]
+
+
+class _Collector:
+    """The registry's one collector: FUSE and S3 requests, the file
+    system's figures (``TierFS.status()``) and the preload jobs.
+
+    Reading the figures (``_read``) must happen on the trio loop (TierFS
+    state and the FUSE table belong to it); turning them into metric
+    families may happen anywhere.  ``collect`` does both when called (on the
+    loop); ``freeze`` (on the loop) reads the figures once for a scrape whose
+    families and text are made in a thread, and ``collect`` uses that
+    reading until ``thaw``.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._frozen: _Figures | None = None
+
+    def _read(self) -> _Figures:
+        m = self.metrics
+        return _Figures(
+            fuse=m.fuse_ops.rows(),
+            s3=m.s3_ops.rows(),
+            status=m._fs.status(sections=False) if m._fs is not None else None,
+            preloads=list(m._preloads.values()),
+        )
+
+    def freeze(self) -> None:
+        self._frozen = self._read()
+
+    def thaw(self) -> None:
+        self._frozen = None
+
+    def collect(self) -> Iterable[Metric]:
+        figures = self._frozen if self._frozen is not None else self._read()
+        m = self.metrics
+        yield from m.fuse_ops.families(
+            "tierfs_fuse",
+            "FUSE requests by operation: latency in seconds (_count: the requests)",
+            "FUSE requests answered with an error, by operation "
+            "(not counted: ENOENT and ENODATA, ordinary answers)",
+            figures.fuse,
+        )
+        yield from m.s3_ops.families(
+            "tierfs_s3",
+            "S3 requests by operation: seconds from sending to the answer's head",
+            "S3 requests that failed, by operation: no answer, or an HTTP error "
+            "other than 404 and 416",
+            figures.s3,
+        )
+        if figures.status is not None:
+            yield from _status_families(figures.status)
+        yield from m.preload_families(figures.preloads)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _status_families(status: dict[str, Any]) -> Iterator[Metric]:
+    """Metric families of one ``TierFS.status()`` reply (see ``tierfs status --json``)."""
+    tiers: list[dict[str, Any]] = status["tiers"]
+    per_tier: list[tuple[str, str, str, type[Metric]]] = [
+        ("tierfs_tier_capacity_bytes", "Tier capacity in bytes", "capacity", GaugeMetricFamily),
+        ("tierfs_tier_used_bytes", "Bytes cached on the tier", "used", GaugeMetricFamily),
+        ("tierfs_tier_files", "Files with blocks on the tier", "files", GaugeMetricFamily),
+        (
+            "tierfs_tier_high_watermark_ratio",
+            "Usage above which the mover demotes",
+            "high_watermark",
+            GaugeMetricFamily,
+        ),
+        (
+            "tierfs_tier_low_watermark_ratio",
+            "Usage the mover brings the tier down to",
+            "low_watermark",
+            GaugeMetricFamily,
+        ),
+        (
+            "tierfs_cache_hit_blocks",
+            "Blocks read from the tier (cache hits)",
+            "hit_blocks",
+            CounterMetricFamily,
+        ),
+    ]
+    for name, doc, key, kind in per_tier:
+        family = kind(name, doc, labels=["tier"])
+        for tier in tiers:
+            family.add_metric([tier["name"]], tier[key])  # type: ignore[attr-defined]
+        yield family
+
+    c = status["counters"]
+    tier_hits = sum(t["hit_blocks"] for t in tiers)
+    yield _counter(
+        "tierfs_cache_memory_hit_blocks",
+        "Blocks read from the fetch buffers in memory (just fetched)",
+        c["hit_blocks"] - tier_hits,
+    )
+    yield _counter(
+        "tierfs_cache_miss_blocks", "Blocks not cached on any tier when read", c["miss_blocks"]
+    )
+    yield _counter("tierfs_read_requests", "Reads served", c["read_requests"])
+    yield _counter("tierfs_read_bytes", "Bytes read", c["read_bytes"])
+    yield _counter("tierfs_fetch_requests", "Ranged GETs of block runs", c["gets"])
+    yield _counter("tierfs_fetched_bytes", "Bytes fetched from the bucket", c["fetched_bytes"])
+    yield _counter("tierfs_uploaded_bytes", "Bytes uploaded to the bucket", c["uploaded_bytes"])
+    yield _counter(
+        "tierfs_relocated_bytes", "Bytes moved between tiers (any mover)", c["relocated_bytes"]
+    )
+    yield _counter("tierfs_evicted_bytes", "Bytes evicted from tiers", c["evicted_bytes"])
+    yield _counter("tierfs_evicted_files", "Files evicted from tiers", c["evicted_files"])
+    yield _counter(
+        "tierfs_verify_failures", "Blocks that failed their checksum", c["verify_failures"]
+    )
+    mover: dict[str, Any] = status.get("mover") or {}
+    for key, doc in (
+        ("bytes_moved", "Bytes the mover moved between tiers"),
+        ("files_moved", "Files the mover moved between tiers"),
+        ("bytes_dropped", "Bytes the mover dropped (clean copies)"),
+        ("files_dropped", "Files the mover dropped (clean copies)"),
+        ("bytes_fetched", "Bytes the mover fetched (pins)"),
+        ("promotions", "Files promoted to a faster tier"),
+        ("passes", "Mover passes"),
+    ):
+        if key in mover:
+            yield _counter(f"tierfs_mover_{key}", doc, mover[key])
+
+    queues: dict[str, int] = status["queues"]
+    yield _gauge(
+        "tierfs_journal_entries",
+        "Bucket mutations owed (uploads, copies, deletes) in the journal",
+        queues["journal_entries"],
+    )
+    yield _gauge("tierfs_uploads_running", "Journal entries running now", queues["uploads_running"])
+    yield _gauge(
+        "tierfs_promotions_queued", "Files queued for promotion", queues["promotions_queued"]
+    )
+    yield _gauge(
+        "tierfs_fetches_in_flight",
+        "Blocks being fetched from the bucket",
+        queues["fetches_in_flight"],
+    )
+    yield _gauge(
+        "tierfs_dirty_bytes", "Bytes written here and not yet uploaded", status["dirty_bytes"]
+    )
+    yield _gauge("tierfs_open_files", "Files open or in use", status["open_files"])
+    yield _gauge(
+        "tierfs_failed_files", "Files whose local changes are damaged", status["failed_files"]
+    )
+    yield _counter(
+        "tierfs_worker_restarts", "Background task restarts after errors", status["worker_restarts"]
+    )
+    endpoint: dict[str, Any] = status.get("endpoint") or {}
+    yield _gauge(
+        "tierfs_endpoint_reachable",
+        "1 while the bucket's endpoint answers, else 0",
+        1 if endpoint.get("state") == "reachable" else 0,
+    )
+    requests = CounterMetricFamily(
+        "tierfs_s3_requests",
+        "S3 requests sent, by operation (retries included)",
+        labels=["operation"],
+    )
+    for operation, count in sorted((status.get("store_calls") or {}).items()):
+        requests.add_metric([operation], count)
+    yield requests
+
+
+class MetricsServer:
+    """``GET /metrics`` over HTTP on the configured address, on the trio loop."""
+
+    def __init__(self, metrics: Metrics, config: MetricsConfig) -> None:
+        self.metrics = metrics
+        self.config = config
+        self._sock: socket.socket | None = None
+        self._limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) bound (after ``bind``)."""
+        if self._sock is None:
+            raise RuntimeError("MetricsServer: not bound")
+        host, port = self._sock.getsockname()[:2]
+        return str(host), int(port)
+
+    def bind(self) -> None:
+        """Bind the configured address now (synchronously, at start-up).
+
+        CannotListen with one sentence if it cannot be had (in use, not an
+        address of this host, a name that does not resolve).
+        """
+        where = self.config.listen
+        try:
+            infos = socket.getaddrinfo(self.config.host, self.config.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise CannotListen(f"[metrics] listen {where}: {exc.strerror}") from None
+        family, kind, proto, _name, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(16)
+        except OSError as exc:
+            sock.close()
+            reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise CannotListen(
+                f"[metrics] listen {where}: cannot listen there ({reason})", errno=exc.errno
+            ) from None
+        self._sock = sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Answer scrapes until cancelled.  A restart (supervisor) binds again."""
+        if self._sock is None:
+            self.bind()
+        assert self._sock is not None
+        sock, self._sock = self._sock, None
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        async with listener:
+            await trio.serve_listeners(self._connection, [listener], task_status=task_status)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        async with stream, self._limiter:
+            status, body, content_type = 408, b"request timeout\n", "text/plain"
+            head_only = False
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                request_line = await _read_request_line(stream)
+                status, body, content_type, head_only = await self._answer(request_line)
+            reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+            head = (
+                f"HTTP/1.1 {status} {reason.get(status, 'Request Timeout')}\r\n"
+                f"Content-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode("ascii")
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                with trio.move_on_after(REQUEST_TIMEOUT):
+                    await stream.send_all(head if head_only else head + body)
+
+    async def _answer(self, request_line: bytes | None) -> tuple[int, bytes, str, bool]:
+        """(status, body, content type, head only) for one request line."""
+        parts = request_line.split() if request_line else []
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return 400, b"bad request\n", "text/plain", False
+        method, target = parts[0], parts[1]
+        if method not in (b"GET", b"HEAD"):
+            return 405, b"only GET\n", "text/plain", False
+        if target.split(b"?", 1)[0] != b"/metrics":
+            return 404, b"tierfs: metrics are at /metrics\n", "text/plain", method == b"HEAD"
+        return 200, await self.metrics.scrape(), CONTENT_TYPE_LATEST, method == b"HEAD"
+
+
+async def _read_request_line(stream: trio.SocketStream) -> bytes | None:
+    """The request line, once the whole head has arrived; None if malformed."""
+    buf = bytearray()
+    while b"\r\n\r\n" not in buf and b"\n\n" not in buf:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return None
+        buf += chunk
+        if len(buf) > MAX_REQUEST_HEAD:
+            return None
+    return bytes(buf.split(b"\n", 1)[0]).rstrip(b"\r")
