@@ -152,28 +152,24 @@ def _requests_table(
 
 
 def _preload_table(status: Status) -> Table | None:
-    jobs = status.get("preload_progress") or []
+    """The preload jobs of ``status`` (``PreloadJob.snapshot`` each)."""
+    jobs = status.get("preloads") or []
     if not jobs:
         return None
     table = Table(title="preloads", title_justify="left", expand=False)
     for column in ("job", "files", "bytes", "failed", "state"):
         table.add_column(column, justify="left" if column in ("job", "state") else "right")
     for job in jobs:
-        files_total = job.get("files_total")
-        bytes_total = job.get("bytes_total")
-        files = f"{job['files_done']:,}" + (f"/{files_total:,}" if files_total is not None else "")
-        size = format_size(job["bytes_done"]) + (
-            f"/{format_size(bytes_total)}" if bytes_total is not None else ""
-        )
-        if bytes_total:
-            size += f" ({job['bytes_done'] / bytes_total:.0%})"
-        table.add_row(
-            job["job_id"],
-            files,
-            size,
-            f"{job.get('files_failed', 0):,}",
-            "running" if job.get("running") else "finished",
-        )
+        scanning = job["state"] == "scanning"
+        done = job["bytes_resident"] + job["bytes_fetched"]
+        files = f"{job['files_done']:,}"
+        size = format_size(done)
+        if not scanning:
+            files += f"/{job['files_total']:,}"
+            size += f"/{format_size(job['bytes_total'])}"
+            if job["bytes_total"]:
+                size += f" ({done / job['bytes_total']:.0%})"
+        table.add_row(job["id"], files, size, f"{job['files_failed']:,}", job["state"])
     return table
 
 

@@ -260,6 +260,7 @@ class Daemon:
             await supervisor.start(nursery, "uploader", run_uploader, self.fs)
             await supervisor.start(nursery, "mover", Mover(self.fs).run)
             self.control.preloader = Preloader(self.fs)
+            self.metrics.watch_preloads(self.control.preloader.status)
             await supervisor.start(nursery, "preload", self.control.preloader.run)
             if self.metrics_server is not None:
                 await supervisor.start(nursery, "metrics", self.metrics_server.serve)

@@ -166,8 +166,21 @@ def bench_scrape() -> None:
             metrics.fuse_ops[f"op{i}"].observe(seconds)
     for i in range(10):
         metrics.s3_request(f"Op{i}", 0.02, i % 3 == 0)
-    for i in range(2):
-        metrics.preload_progress(f"job-{i}", files_done=i, bytes_done=i, files_total=9)
+    jobs = [
+        {
+            "id": f"job-{i}",
+            "state": "fetching",
+            "files_done": i,
+            "files_total": 9,
+            "files_failed": 0,
+            "files_resident": 0,
+            "bytes_resident": 0,
+            "bytes_fetched": i,
+            "bytes_total": 9,
+        }
+        for i in range(2)
+    ]
+    metrics.watch_preloads(lambda: jobs)
     n = 200
     runs = []
     for _ in range(RUNS):

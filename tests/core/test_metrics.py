@@ -29,7 +29,8 @@ from tierfs.errors import CannotListen
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store
 from tierfs.watch import render_status
-from tierfs.workers.metrics import FINISHED_PRELOADS_KEPT, Metrics, MetricsServer
+from tierfs.workers.metrics import Metrics, MetricsServer
+from tierfs.workers.preload import Preloader
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -166,7 +167,7 @@ async def test_scrape_matches_status(make_fs: Any, s3_store: Any) -> None:
         )
     # The status sections come from the same registry.
     assert status["s3_requests"]["GetObject"]["requests"] >= 1
-    assert "fuse_requests" in status and "preload_progress" in status
+    assert "fuse_requests" in status and "s3_requests" in status
 
 
 async def test_s3_errors_are_counted_per_operation(
@@ -229,31 +230,32 @@ async def test_fuse_ops_are_timed_and_failures_counted(make_fs: Any, s3_store: A
     assert summary["readlink"]["errors"] == 1
 
 
-async def test_preload_progress_api(make_fs: Any) -> None:
+async def test_preload_jobs_are_exported_as_they_stand(make_fs: Any, s3_store: Any) -> None:
     mount, metrics = await watched(make_fs)
-    metrics.preload_progress("job-1", files_done=3, bytes_done=3000)
-    metrics.preload_progress(
-        "job-1", files_done=5, bytes_done=5000, files_total=10, bytes_total=10_000, files_failed=1
-    )
+    for i in range(3):
+        put(s3_store, f"ds/f{i}.bin", bytes([i]) * 1000)
+    preloader = Preloader(mount.fs)
+    metrics.watch_preloads(preloader.status)
+    assert not [
+        f
+        for f in text_string_to_metric_families(metrics.exposition().decode())
+        if f.name.startswith("tierfs_preload")
+    ]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(preloader.run)
+        spool = preloader.new_spool()
+        spool.add("ds")
+        job = preloader.start(spool, ["ds"], None)
+        with trio.fail_after(30):
+            await job.done.wait()
+        nursery.cancel_scope.cancel()
     samples = scrape(metrics)
-    assert value(samples, "tierfs_preload_files_done", job_id="job-1") == 5
-    assert value(samples, "tierfs_preload_bytes_total", job_id="job-1") == 10_000
-    assert value(samples, "tierfs_preload_files_failed", job_id="job-1") == 1
-    assert value(samples, "tierfs_preload_running", job_id="job-1") == 1
-    (shown,) = mount.fs.status()["preload_progress"]
-    assert shown["job_id"] == "job-1" and shown["files_done"] == 5 and shown["running"]
-
-    metrics.preload_finished("job-1")
-    assert value(scrape(metrics), "tierfs_preload_running", job_id="job-1") == 0
-    for i in range(FINISHED_PRELOADS_KEPT + 2):
-        metrics.preload_progress(f"old-{i}", files_done=1, bytes_done=1)
-        metrics.preload_finished(f"old-{i}")
-    jobs = [p["job_id"] for p in mount.fs.status()["preload_progress"]]
-    assert len(jobs) == FINISHED_PRELOADS_KEPT and "job-1" not in jobs
-
-    for bad in ("data/train", "", "x" * 65, "a b"):
-        with pytest.raises(ValueError):
-            metrics.preload_progress(bad, files_done=0, bytes_done=0)
+    assert value(samples, "tierfs_preload_files_done", job_id=job.id) == 3
+    assert value(samples, "tierfs_preload_files_total", job_id=job.id) == 3
+    assert value(samples, "tierfs_preload_bytes_done", job_id=job.id) == 3000
+    assert value(samples, "tierfs_preload_bytes_total", job_id=job.id) == 3000
+    assert value(samples, "tierfs_preload_running", job_id=job.id) == 0
+    assert ("tierfs_preload_running", (("job_id", job.id),)) in samples
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -319,10 +321,19 @@ async def test_watch_renders_rates_from_two_status_replies(make_fs: Any, s3_stor
         await ops.getattr(pyfuse3.ROOT_INODE)
     await mount.read_file("w.bin")
     await settle(mount)
-    metrics.preload_progress(
-        "job-7", files_done=1, bytes_done=MiB, files_total=2, bytes_total=2 * MiB
-    )
     now = mount.fs.status()
+    now["preloads"] = [  # as the control server adds them (``PreloadJob.snapshot``)
+        {
+            "id": "job-7",
+            "state": "fetching",
+            "files_done": 1,
+            "files_total": 2,
+            "files_failed": 0,
+            "bytes_resident": 0,
+            "bytes_fetched": MiB,
+            "bytes_total": 2 * MiB,
+        }
+    ]
     now["time"] = before["time"] + 2.0  # a fixed interval: 2 MiB read in 2 s
 
     console = Console(record=True, width=160, file=io.StringIO())
@@ -333,7 +344,7 @@ async def test_watch_renders_rates_from_two_status_replies(make_fs: Any, s3_stor
     assert read[1] == "1 MiB/s" and "misses 1.0/s" in read[2]
     assert table_row(text, "getattr")[1:3] == ["2.0/s", "0.0/s"]
     assert table_row(text, "GetObject")[4] == "2"
-    assert table_row(text, "job-7")[1:5] == ["1/2", "1 MiB/2 MiB (50%)", "0", "running"]
+    assert table_row(text, "job-7")[1:5] == ["1/2", "1 MiB/2 MiB (50%)", "0", "fetching"]
 
     # The first frame has no previous reply: totals, and "-" for rates.
     console = Console(record=True, width=160, file=io.StringIO())

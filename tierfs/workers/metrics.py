@@ -17,8 +17,7 @@ parts to whoever counts:
   dirty bytes and tier usage are counters and gauges the core keeps anyway:
   they are read at scrape time, never counted twice on the read path, and a
   scrape shows what ``tierfs status`` shows;
-* a preload worker reports its jobs with ``preload_progress`` and
-  ``preload_finished`` (on the trio loop; see there).
+* the preload worker's jobs are read at each scrape (``watch_preloads``).
 
 The registry has one custom collector (``_Collector``) and nothing else:
 the request latencies are plain numbers per operation (``OperationStats``:
@@ -54,11 +53,10 @@ import contextlib
 import errno
 import itertools
 import logging
-import re
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
@@ -108,10 +106,6 @@ S3_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 #: not exist, an extended attribute that is not set.
 ORDINARY_ERRNOS = frozenset({errno.ENOENT, errno.ENODATA})
 
-#: Preload job ids: short, and never a path.
-_JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-#: Finished preload jobs still shown (the oldest go first).
-FINISHED_PRELOADS_KEPT = 8
 
 #: HTTP: the request head is read within this many seconds, or dropped.
 REQUEST_TIMEOUT = 10.0
@@ -219,7 +213,7 @@ class LatencyTable(dict[str, OperationStats]):
 
 @dataclass(frozen=True, slots=True)
 class PreloadProgress:
-    """Where one preload job stands (``Metrics.preload_progress``).
+    """Where one preload job stands (from its ``PreloadJob.snapshot``).
 
     Totals are None while the job still lists what it will fetch.
     """
@@ -244,7 +238,7 @@ class Metrics:
         self.fuse_ops = LatencyTable(FUSE_BUCKETS)
         #: What the S3 store records into, from its threads (``s3_request``).
         self.s3_ops = LatencyTable(S3_BUCKETS, threading.Lock())
-        self._preloads: dict[str, PreloadProgress] = {}
+        self._preload_jobs: Callable[[], list[dict[str, Any]]] = list
         self._fs: TierFS | None = None
         self._collector = _Collector(self)
         self.registry.register(self._collector)
@@ -263,54 +257,18 @@ class Metrics:
         self._fs = fs
         fs.status_sections["fuse_requests"] = self.fuse_ops.summary
         fs.status_sections["s3_requests"] = self.s3_ops.summary
-        fs.status_sections["preload_progress"] = self.preload_summary
 
-    def preload_progress(
-        self,
-        job_id: str,
-        *,
-        files_done: int,
-        bytes_done: int,
-        files_total: int | None = None,
-        bytes_total: int | None = None,
-        files_failed: int = 0,
-        files_skipped: int = 0,
-    ) -> None:
-        """Report where preload job ``job_id`` stands now; call it as often as
-        you like (it only stores the figures: a scrape reads them).
-
-        ``job_id`` names the job in the ``job_id`` label: 1-64 characters of
-        ``[A-Za-z0-9_.:-]`` (ValueError otherwise), never a path.  Totals may
-        stay None until the job knows them.  The series are
+    def watch_preloads(self, jobs: Callable[[], list[dict[str, Any]]]) -> None:
+        """Export the preload jobs that ``jobs()`` describes at each scrape
+        (``Preloader.status``: the snapshots ``status`` shows too), as
         ``tierfs_preload_{files,bytes}_{done,total}``,
         ``tierfs_preload_files_{failed,skipped}`` and ``tierfs_preload_running``
-        (1 while running, 0 once finished); ``tierfs status`` shows the same
-        under ``preload_progress``.
-        """
-        if not _JOB_ID.fullmatch(job_id):
-            raise ValueError(f"preload job id {job_id!r}: use 1-64 of [A-Za-z0-9_.:-]")
-        self._preloads.pop(job_id, None)  # keeps the dict in report order
-        self._preloads[job_id] = PreloadProgress(
-            job_id,
-            files_done=files_done,
-            bytes_done=bytes_done,
-            files_total=files_total,
-            bytes_total=bytes_total,
-            files_failed=files_failed,
-            files_skipped=files_skipped,
-        )
+        (1 while running, 0 once finished), labelled by job id."""
+        self._preload_jobs = jobs
 
-    def preload_finished(self, job_id: str) -> None:
-        """Job ``job_id`` ended (done, failed or cancelled): its last figures
-        stay with ``running`` 0, among the ``FINISHED_PRELOADS_KEPT`` latest
-        finished jobs.  Unknown ids are ignored."""
-        progress = self._preloads.pop(job_id, None)
-        if progress is None:
-            return
-        self._preloads[job_id] = PreloadProgress(**{**asdict(progress), "running": False})
-        finished = [j for j, p in self._preloads.items() if not p.running]
-        for old in finished[:-FINISHED_PRELOADS_KEPT]:
-            del self._preloads[old]
+    def preload_progress(self) -> list[PreloadProgress]:
+        """The preload jobs now (read on the trio loop)."""
+        return [_progress_of(job) for job in self._preload_jobs()]
 
     # --- reading -------------------------------------------------------------------
 
@@ -329,13 +287,9 @@ class Metrics:
             finally:
                 self._collector.thaw()
 
-    def preload_summary(self) -> list[dict[str, Any]]:
-        """The preload jobs, for ``status``."""
-        return [asdict(p) for p in self._preloads.values()]
-
     def preload_families(self, jobs: list[PreloadProgress] | None = None) -> Iterator[Metric]:
         """The preload gauges of ``jobs`` (a copy taken earlier) or of the jobs now."""
-        jobs = list(self._preloads.values()) if jobs is None else jobs
+        jobs = self.preload_progress() if jobs is None else jobs
         if not jobs:
             return
         fields: list[tuple[str, str, Callable[[PreloadProgress], int | None]]] = [
@@ -389,7 +343,7 @@ class _Collector:
             fuse=m.fuse_ops.rows(),
             s3=m.s3_ops.rows(),
             status=m._fs.status(sections=False) if m._fs is not None else None,
-            preloads=list(m._preloads.values()),
+            preloads=m.preload_progress(),
         )
 
     def freeze(self) -> None:
@@ -418,6 +372,21 @@ class _Collector:
         if figures.status is not None:
             yield from _status_families(figures.status)
         yield from m.preload_families(figures.preloads)
+
+
+def _progress_of(job: dict[str, Any]) -> PreloadProgress:
+    """A preload snapshot (``PreloadJob.snapshot``) as the gauges show it."""
+    scanning = job["state"] == "scanning"
+    return PreloadProgress(
+        job_id=str(job["id"]),
+        files_done=int(job["files_done"]),
+        bytes_done=int(job["bytes_resident"]) + int(job["bytes_fetched"]),
+        files_total=None if scanning else int(job["files_total"]),
+        bytes_total=None if scanning else int(job["bytes_total"]),
+        files_failed=int(job["files_failed"]),
+        files_skipped=int(job["files_resident"]),
+        running=job["state"] in ("scanning", "fetching"),
+    )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
