@@ -55,6 +55,7 @@ from tierfs.meta import MetaDB
 from tierfs.store import open_store
 from tierfs.tiers.tier import Tier
 from tierfs.workers.mover import Mover
+from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader
 from tierfs.workers.uploader import run_uploader
 from tierfsd.fuse_ops import TierfsOperations
@@ -251,6 +252,8 @@ class Daemon:
             await supervisor.start(nursery, "mover", Mover(self.fs).run)
             self.control.preloader = Preloader(self.fs)
             await supervisor.start(nursery, "preload", self.control.preloader.run)
+            self.control.prefetcher = Prefetcher(self.fs)
+            await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
             await supervisor.start(nursery, "control", self._serve_control)
             supervisor.start_soon(nursery, "signals", self._signals, nursery.cancel_scope)
             nursery.start_soon(self._serve_fuse, nursery.cancel_scope)
