@@ -30,7 +30,8 @@ readers are at position 0.
 The window: the first ``window_files`` positions at or after ``low`` that
 were not opened (files behind the slowest recent reader, and files already
 opened, are never prefetched again), cut where their sizes add up to more
-than ``window_bytes`` (at least one file).  Several readers (a DataLoader's
+than ``window_bytes`` (at least one file), and looked for no further than
+``jump_files`` past ``high``.  Several readers (a DataLoader's
 workers) read neighbouring files at once: the window covers the files
 between them not opened yet and runs ahead of the furthest one.
 
@@ -305,7 +306,10 @@ class Prefetcher:
             return []
         members: list[int] = []
         nbytes = 0
-        for position in range(self.low, len(order)):
+        # Past ``high + jump_files`` the reader would be jumping: the scan
+        # stops there (an order read again without a new one does not scan
+        # every opened position at each open).
+        for position in range(self.low, min(len(order), self.high + self.jump_files + 1)):
             if order.opened[position]:
                 continue
             size = order.sizes[position]
