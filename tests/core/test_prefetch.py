@@ -216,6 +216,7 @@ async def test_missing_files_are_named_and_an_empty_order_stops(
     summary = await prefetcher.load_order(spool)
     assert summary["order_files"] == 3
     assert summary["missing"] == 2
+    assert summary["missing_named"][0].startswith("ds/nope.bin: No such file")
     assert [line.split(":")[0] for line in summary["missing_named"]] == ["ds/nope.bin", "ds"]
     await settled(prefetcher)
     assert resident(mount, paths) == [0, 1]
