@@ -357,13 +357,17 @@ class Prefetcher:
             with scope:
                 nbytes = await self.movement.fill(order.inos[position])
                 state = _FILLED if nbytes else _RESIDENT
-                if nbytes:
+                if nbytes and order is self._order:
                     self.prefetched_files += 1
                     self.prefetched_bytes += nbytes
         except TierfsError as exc:
             state = _FAILED
-            self.failed_files += 1
+            self.failed_files += order is self._order
             log.info("prefetch of inode %d failed: %s", order.inos[position], _reason(exc))
+        except Exception:
+            # A bug must not take the worker (and the order) down.
+            state = _FAILED
+            log.exception("prefetch of inode %d failed", order.inos[position])
         finally:
             if order is self._order:
                 order.fill_state[position] = state
