@@ -95,6 +95,12 @@ async def test_window_runs_ahead_of_a_reader_in_order(
         await settled(prefetcher)
         # The window is the next 3 files after the last one read.
         assert resident(mount, paths) == list(range(position + 4))
+    # Files read in this order are the first to leave the first tier; the
+    # window's files, not read yet, are not.
+    first_tier = mount.fs.space.trackers[0]
+    assert [first_tier.queue_of(_ino(mount, paths[p])) for p in range(6)] == ["first"] * 6
+    assert all(first_tier.queue_of(_ino(mount, paths[p])) != "first" for p in (6, 7, 8))
+    assert list(first_tier.victims(FILE_BYTES)) == [_ino(mount, paths[0])]
     status = prefetcher.status()
     assert status["hits"] == 6
     assert status["opens"] == 6
