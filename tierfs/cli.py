@@ -181,6 +181,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"mover:    {_mover_line(mover)}")
     for job in status.get("preloads", []):
         print(f"preload:  {_preload_line(job)}")
+    prefetch = status.get("prefetch")
+    if prefetch and prefetch["order_files"]:
+        print(f"prefetch: {_prefetch_line(prefetch)}")
     hit = status["hit_ratio"]
     counters = status["counters"]
     print(
@@ -539,6 +542,53 @@ def _prepend(first: str | None, rest: Iterator[str]) -> Iterator[str]:
     yield from rest
 
 
+# --- prefetch ------------------------------------------------------------------------------
+
+
+def cmd_prefetch(args: argparse.Namespace) -> int:
+    mount = locate(args.mountpoint)
+    if args.order == "-":
+        order_file: IO[str] = sys.stdin
+    else:
+        try:
+            order_file = open(args.order, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
+        except OSError as exc:
+            raise CliError(f"{args.order}: {exc.strerror}") from None
+    try:
+        result = request(
+            mount.socket_path, "prefetch", {}, more=_list_chunks(_list_lines(order_file))
+        )
+    finally:
+        if order_file is not sys.stdin:
+            order_file.close()
+    for line in result.get("missing_named", []):
+        print(f"tierfs prefetch: left out: {line}", file=sys.stderr)
+    if result["missing"] > len(result.get("missing_named", [])):
+        print(
+            f"tierfs prefetch: ... and {result['missing'] - len(result['missing_named'])} more",
+            file=sys.stderr,
+        )
+    if not result["order_files"]:
+        print(f"prefetch: no order on {mount.mount_root}; prefetching stopped")
+    else:
+        print(
+            f"prefetch: order of {result['order_files']} files on {mount.mount_root}; window "
+            f"{result['window_files']} files / {format_size(result['window_bytes'])}"
+            + (f"; {result['missing']} missing files left out" if result["missing"] else "")
+        )
+    return 1 if result["missing"] else 0
+
+
+def _prefetch_line(prefetch: dict[str, Any]) -> str:
+    return (
+        f"order of {prefetch['order_files']} files, cursor {prefetch['cursor']} "
+        f"(slowest {prefetch['slowest']}), window {prefetch['window']}/"
+        f"{prefetch['window_files']} files ({prefetch['in_flight']} fetching), prefetched "
+        f"{prefetch['files_prefetched']} files ({format_size(prefetch['bytes_prefetched'])}), "
+        f"hits {prefetch['hits']} of {prefetch['opens']} opens"
+    )
+
+
 # --- evict / pin / unpin ----------------------------------------------------------------------
 
 
@@ -811,6 +861,29 @@ def build_parser() -> argparse.ArgumentParser:
         '{"event": "summary", ...} line',
     )
     p.set_defaults(func=cmd_preload)
+
+    p = sub.add_parser(
+        "prefetch",
+        help="hand the daemon the order in which a job will read files",
+        description="Order-aware prefetch: the daemon keeps the next files of the order "
+        "resident ahead of the reader (by default the next 64 files or 2 GiB, whichever is "
+        "smaller), following the reader's position from its opens (several readers, e.g. a "
+        "DataLoader's workers, and jumps too). Files already read are the first to leave "
+        "the first tier under pressure. A new order replaces the previous one of the mount; "
+        "an empty order stops prefetching. A bad line (a '..' component, a NUL byte, an "
+        "absolute path outside the mount) rejects the whole order, and the previous one "
+        "stays; a missing file is named on stderr and left out, the rest goes on (exit "
+        "status 1). From Python: tierfs.client.set_order(MOUNTPOINT, paths).",
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the tierfs mount")
+    p.add_argument(
+        "--order",
+        metavar="FILE",
+        required=True,
+        help="the read order: one path per line ('-': stdin), relative to the mount root or "
+        "absolute inside the mount; blank lines are skipped. Streamed to the daemon",
+    )
+    p.set_defaults(func=cmd_prefetch)
 
     p = sub.add_parser(
         "pin",

@@ -56,6 +56,7 @@ from tierfs.store import open_store
 from tierfs.tiers.tier import Tier
 from tierfs.workers.metrics import Metrics, MetricsServer
 from tierfs.workers.mover import Mover
+from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader
 from tierfs.workers.uploader import run_uploader
 from tierfsd.fuse_ops import TierfsOperations
@@ -262,6 +263,8 @@ class Daemon:
             self.control.preloader = Preloader(self.fs)
             self.metrics.watch_preloads(self.control.preloader.status)
             await supervisor.start(nursery, "preload", self.control.preloader.run)
+            self.control.prefetcher = Prefetcher(self.fs)
+            await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
             if self.metrics_server is not None:
                 await supervisor.start(nursery, "metrics", self.metrics_server.serve)
             await supervisor.start(nursery, "control", self._serve_control)

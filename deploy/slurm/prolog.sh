@@ -1,8 +1,11 @@
 #!/bin/bash
 # Slurm Prolog: warm the tierfs cache with the job's dataset before it starts.
 #
-# PLANNED: `tierfs preload` is not implemented yet. Until it is, this script
-# logs that it skipped the preload and exits 0.
+# It runs `tierfs preload --ready-fraction X` on the job's dataset: the
+# prolog returns once X of the bytes are resident (default 0.3), and the rest
+# of the preload goes on in the tierfs daemon while the job starts
+# (`tierfs status MOUNT` shows it). The job's first files are then read from
+# local disk, not from S3.
 #
 # slurm.conf:
 #   Prolog=/etc/slurm/prolog.d/tierfs-prolog.sh
@@ -15,7 +18,9 @@
 #   SPANK_TIERFS_PRELOAD     set by a SPANK plugin (spank_job_control_setenv)
 #   SLURM_JOB_EXTRA          sbatch --extra=tierfs_preload=datasets/imagenet
 # Site settings: TIERFS (the CLI), TIERFS_MOUNT (the mount point),
-# TIERFS_PRELOAD_TIMEOUT (seconds).
+# TIERFS_READY_FRACTION (0 to 1, default 0.3; 1 waits for the whole dataset),
+# TIERFS_PRELOAD_TIMEOUT (seconds; on timeout the preload goes on in the
+# daemon only if the ready fraction was reached, else it is cancelled).
 #
 # A non-zero exit drains the node, so failures are logged (syslog tag
 # tierfs-prolog) and the script still exits 0: the job then reads lazily.
@@ -24,6 +29,7 @@ PATH=/usr/local/bin:/usr/bin:/bin
 TIERFS=${TIERFS:-/usr/local/bin/tierfs}
 MNT=${TIERFS_MOUNT:-/mnt/main}
 TIMEOUT=${TIERFS_PRELOAD_TIMEOUT:-1800}
+READY=${TIERFS_READY_FRACTION:-0.3}
 
 log() {
     logger -t tierfs-prolog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || true
@@ -37,7 +43,7 @@ fi
 [[ -n $paths ]] || exit 0
 
 if ! "$TIERFS" preload --help >/dev/null 2>&1; then
-    log "tierfs preload is not available yet (planned); not preloading $paths"
+    log "$TIERFS preload does not run; not preloading $paths"
     exit 0
 fi
 
@@ -57,9 +63,9 @@ for p in "${items[@]}"; do
 done
 ((${#args[@]} > 0)) || exit 0
 
-log "preloading ${args[*]}"
-if timeout "$TIMEOUT" "$TIERFS" preload "${args[@]}" >/dev/null; then
-    log "preload done"
+log "preloading ${args[*]} (returning at $READY resident)"
+if timeout "$TIMEOUT" "$TIERFS" preload --ready-fraction "$READY" "${args[@]}" >/dev/null; then
+    log "preload ready ($READY of the bytes resident; the rest goes on in the daemon)"
 else
     log "preload failed or timed out (exit $?); the job will read lazily"
 fi

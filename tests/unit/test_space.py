@@ -87,3 +87,30 @@ def test_punch_hole_frees_the_range(tmp_path: Path) -> None:
         assert os.pread(fd, MiB, MiB) == b"x" * MiB
     finally:
         os.close(fd)
+
+
+def test_demote_first_makes_a_read_file_the_first_victim(
+    parts: tuple[MetaDB, list[Tier], SpaceManager],
+) -> None:
+    """Order-aware prefetch's hint: a file read in this epoch leaves the first
+    tier before files opened more often and before newer ones, and counts as
+    not re-accessed; other tiers' ranking is not touched."""
+    _meta, _tiers, space = parts
+    first, second = space.trackers
+    for ino in (11, 12, 13):
+        first.on_insert(ino, 100)
+        second.on_insert(ino, 100)
+    for _ in range(3):
+        for ino in (11, 12, 13):
+            space.opened(ino)
+    space.demote_first(13)
+    assert first.queue_of(13) == "first"
+    assert list(first.victims(100)) == [13]
+    # Not re-accessed: the others (opened three times each) stay, 13 went alone.
+    assert sorted(first.inodes()) == [11, 12]
+    # The second tier ranks as before: 13 is not its first victim.
+    assert second.queue_of(13) != "first"
+    assert next(second.victims(100)) == 11
+    # A file not on the first tier is ignored (no entry is created).
+    space.demote_first(99)
+    assert 99 not in first

@@ -31,6 +31,7 @@ import trio
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
 from tierfs.errors import InvalidArgument, TierfsError
+from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import (
     BAD_LINES_NAMED,
     PathSpool,
@@ -124,8 +125,11 @@ class ControlServer:
             "policy_reload": self._policy_reload,
         }
         self._streaming: dict[str, StreamingHandler] = {"preload": self._preload}
+        self._streaming["prefetch"] = self._prefetch
         #: The preload worker (set by the daemon when it starts it).
         self.preloader: Preloader | None = None
+        #: The prefetch worker (set by the daemon when it starts it).
+        self.prefetcher: Prefetcher | None = None
 
     def bind(self) -> trio.socket.SocketType:
         """Create the socket (synchronously, before the mount is announced)."""
@@ -228,6 +232,7 @@ class ControlServer:
         status["mountpoint"] = str(self.mountpoint)
         status["pid"] = os.getpid()
         status["preloads"] = self.preloader.status() if self.preloader is not None else []
+        status["prefetch"] = self.prefetcher.status() if self.prefetcher is not None else None
         return status
 
     async def _preload(self, args: dict[str, Any], call: ControlCall) -> Any:
@@ -336,6 +341,54 @@ class ControlServer:
             spool.close()
             raise
         return spool
+
+    async def _prefetch(self, args: dict[str, Any], call: ControlCall) -> Any:
+        """Receive an order (the chunks the client streams, as for a preload
+        list), validate every line, then make it the mount's order: a bad
+        line rejects the whole order and the previous one stays; missing
+        files are named and left out; an empty order stops prefetching."""
+        prefetcher = self.prefetcher
+        if prefetcher is None:
+            raise InvalidArgument("this daemon runs no prefetch worker")
+        window: dict[str, int | None] = {}
+        for key in ("window_files", "window_bytes"):
+            value = args.get(key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidArgument(f"{key!r} must be a positive integer")
+            window[key] = value
+        spool = prefetcher.new_spool()
+        bad: list[str] = []
+        nbad = line = 0
+        try:
+            while True:
+                message = await call.receive()
+                if message is None:
+                    raise InvalidArgument("the client closed the connection before the order ended")
+                if message.get("end"):
+                    break
+                chunk = message.get("paths")
+                if not isinstance(chunk, list):
+                    raise InvalidArgument('an order chunk must be {"paths": [...]}')
+                for path in chunk:
+                    line += 1
+                    try:
+                        if not isinstance(path, str):
+                            raise InvalidArgument("is not a string")
+                        spool.add(normalize_path(path, str(self.mountpoint)))
+                    except InvalidArgument as exc:
+                        nbad += 1
+                        if len(bad) < BAD_LINES_NAMED:
+                            bad.append(f"line {line}: {path!r} {exc}")
+                await trio.sleep(0)
+            if nbad:
+                more = f" (and {nbad - len(bad)} more)" if nbad > len(bad) else ""
+                raise InvalidArgument(
+                    f"bad prefetch order, the previous order stays: {'; '.join(bad)}{more}"
+                )
+        except BaseException:
+            spool.close()
+            raise
+        return await prefetcher.load_order(spool, **window)
 
     async def _where(self, args: dict[str, Any]) -> Any:
         return await self._each_path("where", args, self.fs.where)

@@ -15,6 +15,7 @@ caller of ``pop`` (``TierFS.release``).  Methods are synchronous.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierfs.errors import InvalidArgument
@@ -45,6 +46,9 @@ class Handles:
         #: Inodes whose kernel page cache must not be kept at their next open.
         self.stale_page_cache: set[int] = set()
         self._next_fh = 1
+        #: Called with the inode number after every open (the prefetcher
+        #: follows the readers' position from them); synchronous, O(1).
+        self.open_observers: list[Callable[[int], None]] = []
 
     @staticmethod
     def writable_flags(flags: int) -> bool:
@@ -66,6 +70,8 @@ class Handles:
         self._next_fh += 1
         self.handles[fh] = Handle(cached.inode, cached, self.blocks.new_read_state(), writable)
         self.space.opened(ino)
+        for observer in self.open_observers:
+            observer(ino)
         # A write-only handle cannot be read or mmapped, so the kernel need
         # not keep its data: with direct I/O the bytes go from the writer's
         # buffer to us without a second copy in page cache (for a checkpoint,

@@ -298,6 +298,13 @@ class SpaceManager:
         for tracker in self.trackers:
             tracker.on_access(ino)
 
+    def demote_first(self, ino: int) -> None:
+        """A hint: ``ino`` was read in this epoch (order-aware prefetch) and
+        is not needed again soon.  It becomes the first candidate to leave
+        the first tier under pressure, as one not re-accessed (S3-FIFO: its
+        count is reset).  O(1); a file not on the first tier is ignored."""
+        self.trackers[0].demote_first(ino)
+
     def forget(self, ino: int) -> None:
         self.atimes.pop(ino, None)
         self._unflushed.pop(ino, None)

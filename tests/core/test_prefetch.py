@@ -1,0 +1,248 @@
+"""Order-aware prefetch over a real bucket (moto), no mount: the window of
+the ``Prefetcher`` follows the opens of ``TierFS`` (a reader in order, a
+reader that jumps, several readers), stays bounded, cancels fills it passed,
+and names missing files of an order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from tests.core.conftest import CoreMount, put
+from tierfs.config import FetchConfig
+from tierfs.meta import ROOT_INO
+from tierfs.workers.prefetch import Prefetcher, _InodeIndex
+
+MiB = 1024 * 1024
+FILE_BYTES = 3000
+
+
+def names(count: int) -> list[str]:
+    return [f"ds/{i:03d}.bin" for i in range(count)]
+
+
+def put_files(s3_store: Any, count: int) -> list[str]:
+    paths = names(count)
+    for i, path in enumerate(paths):
+        put(s3_store, path, bytes([i % 251]) * FILE_BYTES)
+    return paths
+
+
+async def start_prefetcher(
+    nursery: trio.Nursery, mount: CoreMount, paths: list[str], **kwargs: Any
+) -> Prefetcher:
+    prefetcher = Prefetcher(mount.fs, **kwargs)
+    await nursery.start(prefetcher.run)
+    spool = prefetcher.new_spool()
+    for path in paths:
+        spool.add(path)
+    await prefetcher.load_order(spool)
+    return prefetcher
+
+
+async def settled(prefetcher: Prefetcher) -> None:
+    """Wait until no fill runs and the window has nothing left to start."""
+    with trio.fail_after(20):
+        while True:
+            await trio.sleep(0.02)
+            order = prefetcher._order
+            assert order is not None
+            idle = [p for p in prefetcher.window() if order.fill_state[p] == 0]
+            if not prefetcher._in_flight and not idle:
+                return
+
+
+def resident(mount: CoreMount, paths: list[str]) -> list[int]:
+    """Positions of ``paths`` whose bytes are all on a local tier."""
+    out = []
+    for position, path in enumerate(paths):
+        if sum(mount.fs.meta.residency(_ino(mount, path)).values()) >= FILE_BYTES:
+            out.append(position)
+    return out
+
+
+def _ino(mount: CoreMount, path: str) -> int:
+    parent, _, name = path.rpartition("/")
+    dir_ino = mount.fs.meta.lookup(ROOT_INO, parent.encode())
+    assert dir_ino is not None
+    ino = mount.fs.meta.lookup(dir_ino, name.encode())
+    assert ino is not None
+    return ino
+
+
+async def open_file(mount: CoreMount, path: str) -> None:
+    """An open and a whole read, as a DataLoader worker does."""
+    await mount.read_file(path)
+
+
+async def test_window_runs_ahead_of_a_reader_in_order(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    paths = put_files(s3_store, 12)
+    mount = await make_fs()
+    prefetcher = await start_prefetcher(nursery, mount, paths, window_files=3)
+    # Before any open the reader is at the head: the first 3 files.
+    await settled(prefetcher)
+    assert resident(mount, paths) == [0, 1, 2]
+    for position in range(6):
+        gets_before = len(mount.store.gets)
+        await open_file(mount, paths[position])
+        # The file was resident at its open: no GET for it.
+        assert len(mount.store.gets) == gets_before
+        await settled(prefetcher)
+        # The window is the next 3 files after the last one read.
+        assert resident(mount, paths) == list(range(position + 4))
+    # Files read in this order are the first to leave the first tier; the
+    # window's files, not read yet, are not.
+    first_tier = mount.fs.space.trackers[0]
+    assert [first_tier.queue_of(_ino(mount, paths[p])) for p in range(6)] == ["first"] * 6
+    assert all(first_tier.queue_of(_ino(mount, paths[p])) != "first" for p in (6, 7, 8))
+    assert list(first_tier.victims(FILE_BYTES)) == [_ino(mount, paths[0])]
+    status = prefetcher.status()
+    assert status["hits"] == 6
+    assert status["opens"] == 6
+    assert status["files_prefetched"] == 9
+    assert status["cursor"] == 5
+
+
+async def test_window_is_bounded_in_bytes(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    paths = put_files(s3_store, 10)
+    mount = await make_fs()
+    prefetcher = await start_prefetcher(
+        nursery, mount, paths, window_files=8, window_bytes=2 * FILE_BYTES + 1
+    )
+    await settled(prefetcher)
+    assert resident(mount, paths) == [0, 1]
+
+
+async def test_a_reader_that_jumps_moves_the_window_and_it_stays_bounded(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    paths = put_files(s3_store, 40)
+    mount = await make_fs()
+    prefetcher = await start_prefetcher(nursery, mount, paths, window_files=3)
+    await settled(prefetcher)
+    await open_file(mount, paths[0])
+    await settled(prefetcher)
+    assert resident(mount, paths) == [0, 1, 2, 3]
+    # A jump forward (further than 4 windows): the window follows it.
+    await open_file(mount, paths[30])
+    await settled(prefetcher)
+    assert resident(mount, paths) == [0, 1, 2, 3, 30, 31, 32, 33]
+    assert prefetcher.status()["slowest"] == 30
+    # And back: files behind the new position are prefetched, none past the window.
+    await open_file(mount, paths[15])
+    await settled(prefetcher)
+    assert resident(mount, paths) == [0, 1, 2, 3, 15, 16, 17, 18, 30, 31, 32, 33]
+    # Prefetched and never opened: at most one window per position the reader held.
+    opened = {0, 30, 15}
+    assert len(set(resident(mount, paths)) - opened) <= 3 * 3
+
+
+async def test_several_readers_window_ahead_of_the_slowest_and_furthest(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    paths = put_files(s3_store, 20)
+    mount = await make_fs()
+    prefetcher = await start_prefetcher(nursery, mount, paths, window_files=4, readers_kept=3)
+    # Three readers at 0, 1 and 4 (a DataLoader's workers, in order).
+    for position in (0, 4, 1):
+        await open_file(mount, paths[position])
+    await settled(prefetcher)
+    # The window: the files between them not opened yet, then ahead of the furthest.
+    assert prefetcher.window() == [2, 3, 5, 6]
+    assert resident(mount, paths) == [0, 1, 2, 3, 4, 5, 6]
+    # The readers move on (5, 6, 7): 2 and 3 are behind the slowest recent
+    # reader now and are not prefetched again; the window runs from 8.
+    for position in (5, 6, 7):
+        await open_file(mount, paths[position])
+    await settled(prefetcher)
+    assert prefetcher.status()["slowest"] == 5
+    assert prefetcher.window() == [8, 9, 10, 11]
+    assert resident(mount, paths) == list(range(12))
+
+
+class GatedGets:
+    """Holds GETs of the keys in ``held`` until ``gate`` is set."""
+
+    def __init__(self, mount: CoreMount, held: set[str]) -> None:
+        self.inner = mount.store.get_range_into
+        self.held = held
+        self.started: list[str] = []
+        self.gate = threading.Event()
+        mount.store.get_range_into = self  # type: ignore[method-assign]
+
+    def __call__(
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+    ) -> int:
+        self.started.append(key)
+        if any(key.endswith(name) for name in self.held):
+            assert self.gate.wait(20)
+        return self.inner(key, start, bufs, etag)
+
+
+async def test_a_fill_the_reader_passed_is_cancelled(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    paths = put_files(s3_store, 12)
+    mount = await make_fs(fetch=FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4))
+    gets = GatedGets(mount, {paths[0]})
+    try:
+        prefetcher = await start_prefetcher(nursery, mount, paths, window_files=2, tasks=1)
+        with trio.fail_after(10):
+            while not any(k.endswith(paths[0]) for k in gets.started):
+                await trio.sleep(0.01)
+        assert list(prefetcher._in_flight) == [0]
+        # The reader starts at 3: 0 is behind it and not reached, its fill goes.
+        await open_file(mount, paths[3])
+        await settled(prefetcher)
+        status = prefetcher.status()
+        assert status["cancelled"] == 1
+        assert status["files_prefetched"] == 2  # 4 and 5, not 0
+        assert 0 not in prefetcher.window()
+    finally:
+        gets.gate.set()
+
+
+async def test_missing_files_are_named_and_an_empty_order_stops(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    paths = put_files(s3_store, 6)
+    mount = await make_fs()
+    prefetcher = Prefetcher(mount.fs, window_files=2)
+    await nursery.start(prefetcher.run)
+    spool = prefetcher.new_spool()
+    for path in [paths[0], "ds/nope.bin", paths[1], "ds", paths[2]]:
+        spool.add(path)
+    summary = await prefetcher.load_order(spool)
+    assert summary["order_files"] == 3
+    assert summary["missing"] == 2
+    assert summary["missing_named"][0].startswith("ds/nope.bin: No such file")
+    assert [line.split(":")[0] for line in summary["missing_named"]] == ["ds/nope.bin", "ds"]
+    await settled(prefetcher)
+    assert resident(mount, paths) == [0, 1]
+    # A new order replaces it; an empty one stops prefetching.
+    summary = await prefetcher.load_order(prefetcher.new_spool())
+    assert summary["order_files"] == 0
+    await open_file(mount, paths[3])
+    await trio.sleep(0.2)
+    assert resident(mount, paths) == [0, 1, 3]
+    assert prefetcher.status()["opens"] == 0
+
+
+def test_inode_index_holds_a_large_order_in_arrays() -> None:
+    count = 200_000
+    index = _InodeIndex(count)
+    for position in range(count):
+        index.add(7 * position + 3, position)
+    index.add(3, 99)  # listed twice: the first position stays
+    assert index.get(3) == 0
+    assert index.get(7 * 123_456 + 3) == 123_456
+    assert index.get(5) is None
+    # 16 bytes per slot, at most half full: no Python object per entry.
+    assert index._keys.itemsize * len(index._keys) <= 16 * 2 * count

@@ -1,0 +1,398 @@
+"""Order-aware prefetch: keep the next files of a known read order resident.
+
+A client (``tierfs prefetch MOUNTPOINT --order FILE``, or
+``tierfs.client.set_order`` from a DataLoader sampler) hands the daemon the
+order in which it will open files.  The ``Prefetcher`` follows the readers'
+position from their opens and keeps a bounded *window* of the next files
+resident ahead of them, through ``DataMovement.fill`` (background priority:
+demand reads go first and share in-flight fetches, see
+``tierfs.core.blockcache``).
+
+The order (``_Order``).  The paths arrive in chunks and are spooled to an
+unnamed temporary file in the state directory (``PathSpool``), then resolved
+one by one to inode numbers and sizes kept in ``array``s (16 bytes per
+entry), with an open-addressing index ino -> first position (``_InodeIndex``,
+16 bytes per slot, at most half full) and one state byte per position
+(``fill_state``, ``opened``): 50 to 80 bytes per entry in all, a
+1,000,000-entry order is ~52 MB of arrays, never a million Python strings.
+A file listed twice is followed at its
+first position.  A new order replaces the previous one (its in-flight fills
+are cancelled); an empty order stops prefetching.
+
+Following the readers.  Every open of a file in the order (``opened``, an
+observer of ``Handles.open``) marks its position opened and appends it to
+``recent`` (the last ``readers_kept`` positions).  ``low`` = the smallest
+recent position (the slowest recent reader), ``high`` the largest (the
+furthest).  An open further than ``jump_files`` from every recent position
+is a jump: ``recent`` starts again from it, so the window moves with the
+reader.  Opens of files not in the order do nothing.  Before any open the
+readers are at position 0.
+
+The window: the first ``window_files`` positions at or after ``low`` that
+were not opened (files behind the slowest recent reader, and files already
+opened, are never prefetched again), cut where their sizes add up to more
+than ``window_bytes`` (at least one file), and looked for no further than
+``jump_files`` past ``high``.  Several readers (a DataLoader's
+workers) read neighbouring files at once: the window covers the files
+between them not opened yet and runs ahead of the furthest one.
+
+Per position, ``fill_state``: IDLE --window--> FETCHING --fill returned
+bytes--> FILLED, --nothing to fetch--> RESIDENT, --error--> FAILED;
+FETCHING --left the window unopened (passed, or the reader jumped)--> the
+fill is cancelled --> IDLE; a fill whose file was opened goes on (the read
+shares its fetches).  At most ``tasks`` fills run at once, started in order;
+a fill is never started for a position outside the window, so the files
+made resident by prefetch and not opened yet never exceed the window.
+
+Eviction hint: a file opened in this order (read in this epoch) is the
+first candidate to leave the first tier (``SpaceManager.demote_first``),
+at its open (it is busy while open, so it stays while read) and again when
+the slowest reader passes it.  ``hits`` counts opens of files this
+prefetcher fetched (FILLED) and found resident at the open.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from array import array
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tierfs.core import TierFS
+from tierfs.errors import IsADirectory, TierfsError
+
+from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, _reason
+
+log = logging.getLogger(__name__)
+
+#: Default window: the next 64 files or 2 GiB, whichever is smaller.
+DEFAULT_WINDOW_FILES = 64
+DEFAULT_WINDOW_BYTES = 2 * 1024 * 1024 * 1024
+#: Recent open positions that define the readers' span (a DataLoader with
+#: 8 workers and prefetch_factor 2 has ~16 files open at once).
+DEFAULT_READERS_KEPT = 32
+
+_IDLE = 0
+_FETCHING = 1
+_FILLED = 2
+_RESIDENT = 3
+_FAILED = 4
+
+_HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+_U64 = (1 << 64) - 1
+
+
+class _InodeIndex:
+    """ino -> first position in the order: open addressing (linear probing)
+    over two ``array('q')``, at most half full; inode numbers are > 0 and
+    0 marks an empty slot."""
+
+    __slots__ = ("_keys", "_mask", "_shift", "_values")
+
+    def __init__(self, entries: int) -> None:
+        bits = max(4, (2 * max(1, entries) - 1).bit_length())
+        self._mask = (1 << bits) - 1
+        self._shift = 64 - bits
+        self._keys = array("q", bytes(8 << bits))
+        self._values = array("q", bytes(8 << bits))
+
+    def _slot(self, ino: int) -> int:
+        return ((ino * _HASH_MULTIPLIER) & _U64) >> self._shift
+
+    def add(self, ino: int, position: int) -> None:
+        """Record ``ino`` at ``position`` unless it is already there."""
+        slot = self._slot(ino)
+        keys = self._keys
+        while keys[slot]:
+            if keys[slot] == ino:
+                return
+            slot = (slot + 1) & self._mask
+        keys[slot] = ino
+        self._values[slot] = position
+
+    def get(self, ino: int) -> int | None:
+        slot = self._slot(ino)
+        keys = self._keys
+        while keys[slot]:
+            if keys[slot] == ino:
+                return self._values[slot]
+            slot = (slot + 1) & self._mask
+        return None
+
+
+class _Order:
+    """One order: inode numbers and sizes per position, and their states.
+    Built by ``append`` (while the paths are resolved, with yields to the
+    loop in between), then ``seal``ed."""
+
+    def __init__(self, capacity: int) -> None:
+        self.inos: array[int] = array("Q")
+        self.sizes: array[int] = array("Q")
+        self.index = _InodeIndex(capacity)
+        self.fill_state = bytearray()
+        self.opened = bytearray()
+
+    def append(self, ino: int, size: int) -> None:
+        self.index.add(ino, len(self.inos))
+        self.inos.append(ino)
+        self.sizes.append(size)
+
+    def seal(self) -> None:
+        self.fill_state = bytearray(len(self.inos))
+        self.opened = bytearray(len(self.inos))
+
+    def __len__(self) -> int:
+        return len(self.inos)
+
+
+class Prefetcher:
+    """The prefetch worker: one order per mount, followed from the opens."""
+
+    def __init__(
+        self,
+        fs: TierFS,
+        *,
+        window_files: int = DEFAULT_WINDOW_FILES,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
+        tasks: int | None = None,
+        readers_kept: int = DEFAULT_READERS_KEPT,
+    ) -> None:
+        self.fs = fs
+        self.movement = fs.movement
+        self.default_window = (window_files, window_bytes)
+        self.window_files = window_files
+        self.window_bytes = window_bytes
+        #: Fills at once: background fetches take at most half the fetch
+        #: slots anyway (``blockcache``); more tasks would only queue.
+        self.tasks = tasks or max(2, fs.config.fetch.concurrency // 2)
+        self.spool_dir = fs.config.state.dir / "prefetch"
+        self._order: _Order | None = None
+        self._recent: collections.deque[int] = collections.deque(maxlen=readers_kept)
+        self._demoted_to = 0
+        self._in_flight: dict[int, trio.CancelScope] = {}
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self.prefetched_files = 0
+        self.prefetched_bytes = 0
+        self.failed_files = 0
+        self.hits = 0
+        self.opens = 0
+        self.cancelled = 0
+        self.missing = 0
+
+    @property
+    def jump_files(self) -> int:
+        """An open this far from every recent position is a jump."""
+        return 4 * self.window_files
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        observers = self.fs.handles.open_observers
+        observers.append(self.opened)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                while True:
+                    await self._changed.wait()
+                    self._changed = trio.Event()
+                    self._schedule()
+        finally:
+            self._nursery = None
+            self._in_flight.clear()
+            observers.remove(self.opened)
+
+    def new_spool(self) -> PathSpool:
+        return PathSpool(Path(self.spool_dir))
+
+    async def load_order(
+        self,
+        spool: PathSpool,
+        *,
+        window_files: int | None = None,
+        window_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """Resolve the relpaths of ``spool`` (which it closes) and make them
+        the order, replacing the previous one; an empty spool stops
+        prefetching.  Missing files are named (up to ``BAD_LINES_NAMED``)
+        and left out; the rest goes on."""
+        order = _Order(spool.count)
+        missing: list[str] = []
+        nmissing = 0
+        try:
+            for count, relpath in enumerate(spool.lines()):
+                if count % SPOOL_BATCH == 0:
+                    await trio.sleep(0)
+                try:
+                    inode = await self.fs.namespace.resolve(relpath)
+                    if not inode.is_file:
+                        raise IsADirectory("is not a regular file")
+                except TierfsError as exc:
+                    nmissing += 1
+                    if len(missing) < BAD_LINES_NAMED:
+                        missing.append(f"{relpath or '/'}: {_reason(exc)}")
+                    continue
+                order.append(inode.ino, inode.size)
+        finally:
+            spool.close()
+        order.seal()
+        self._replace(order if len(order) else None, window_files, window_bytes)
+        self.missing = nmissing
+        summary = self.status()
+        summary["missing_named"] = missing
+        log.info("prefetch order: %d files, %d missing", len(order), nmissing)
+        return summary
+
+    def _replace(
+        self, order: _Order | None, window_files: int | None, window_bytes: int | None
+    ) -> None:
+        for scope in self._in_flight.values():
+            scope.cancel()
+        self._in_flight.clear()
+        self._order = order
+        self._recent.clear()
+        self._demoted_to = 0
+        self.window_files = max(1, window_files or self.default_window[0])
+        self.window_bytes = max(1, window_bytes or self.default_window[1])
+        self._reset_counters()
+        self._changed.set()
+
+    # --- following the readers ---------------------------------------------------------
+
+    def opened(self, ino: int) -> None:
+        """An open of ``ino`` (synchronous, from ``Handles.open``)."""
+        order = self._order
+        if order is None:
+            return
+        position = order.index.get(ino)
+        if position is None:
+            return
+        self.opens += 1
+        if order.fill_state[position] == _FILLED and self._resident(ino, order.sizes[position]):
+            self.hits += 1
+        order.opened[position] = 1
+        self.fs.space.demote_first(ino)
+        recent = self._recent
+        if recent and (
+            position > max(recent) + self.jump_files or position < min(recent) - self.jump_files
+        ):
+            recent.clear()
+            self._demoted_to = position
+        recent.append(position)
+        self._demote_passed(order)
+        self._changed.set()
+
+    def _resident(self, ino: int, size: int) -> bool:
+        return sum(self.fs.meta.residency(ino).values()) >= size
+
+    def _demote_passed(self, order: _Order) -> None:
+        """Files opened behind the slowest recent reader: first to go."""
+        low = self.low
+        for position in range(self._demoted_to, low):
+            if order.opened[position]:
+                self.fs.space.demote_first(order.inos[position])
+        self._demoted_to = max(self._demoted_to, low)
+
+    @property
+    def low(self) -> int:
+        return min(self._recent) if self._recent else 0
+
+    @property
+    def high(self) -> int:
+        return max(self._recent) if self._recent else 0
+
+    def window(self) -> list[int]:
+        """The positions that should be resident now (see the module docstring)."""
+        order = self._order
+        if order is None:
+            return []
+        members: list[int] = []
+        nbytes = 0
+        # Past ``high + jump_files`` the reader would be jumping: the scan
+        # stops there (an order read again without a new one does not scan
+        # every opened position at each open).
+        for position in range(self.low, min(len(order), self.high + self.jump_files + 1)):
+            if order.opened[position]:
+                continue
+            size = order.sizes[position]
+            if members and nbytes + size > self.window_bytes:
+                break
+            members.append(position)
+            nbytes += size
+            if len(members) >= self.window_files:
+                break
+        return members
+
+    def _schedule(self) -> None:
+        """Cancel fills that left the window, start the next ones in it."""
+        order = self._order
+        if order is None or self._nursery is None:
+            return
+        wanted = self.window()
+        keep = set(wanted)
+        # A fill a reader reached goes on (the read shares its fetches).
+        passed = [p for p in self._in_flight if p not in keep and not order.opened[p]]
+        for position in passed:
+            self._in_flight.pop(position).cancel()
+            self.cancelled += 1
+        for position in wanted:
+            if len(self._in_flight) >= self.tasks:
+                break
+            if order.fill_state[position] == _IDLE:
+                scope = trio.CancelScope()
+                order.fill_state[position] = _FETCHING
+                self._in_flight[position] = scope
+                self._nursery.start_soon(self._fill, order, position, scope)
+
+    async def _fill(self, order: _Order, position: int, scope: trio.CancelScope) -> None:
+        state = _IDLE
+        try:
+            with scope:
+                nbytes = await self.movement.fill(order.inos[position])
+                state = _FILLED if nbytes else _RESIDENT
+                if nbytes and order is self._order:
+                    self.prefetched_files += 1
+                    self.prefetched_bytes += nbytes
+        except TierfsError as exc:
+            state = _FAILED
+            self.failed_files += order is self._order
+            log.info("prefetch of inode %d failed: %s", order.inos[position], _reason(exc))
+        except Exception:
+            # A bug must not take the worker (and the order) down.
+            state = _FAILED
+            log.exception("prefetch of inode %d failed", order.inos[position])
+        finally:
+            if order is self._order:
+                order.fill_state[position] = state
+                if self._in_flight.get(position) is scope:
+                    del self._in_flight[position]
+                self._changed.set()
+
+    # --- status --------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        order = self._order
+        window = self.window()
+        return {
+            "order_files": len(order) if order is not None else 0,
+            "cursor": self.high,
+            "slowest": self.low,
+            "window_files": self.window_files,
+            "window_bytes": self.window_bytes,
+            "window": len(window),
+            "in_flight": len(self._in_flight),
+            "files_prefetched": self.prefetched_files,
+            "bytes_prefetched": self.prefetched_bytes,
+            "files_failed": self.failed_files,
+            "opens": self.opens,
+            "hits": self.hits,
+            "cancelled": self.cancelled,
+            "missing": self.missing,
+        }
