@@ -111,9 +111,7 @@ class Mover:
         if not self.lifecycle.needs_pass():
             return
         self.status.state = "planning"
-        log.warning("TIMING plan %.3f", time.monotonic())
         moves = await self.lifecycle.plan()
-        log.warning("TIMING planned %.3f", time.monotonic())
         self.status.passes += 1
         self.status.last_pass = time.time()
         if not moves:
@@ -178,7 +176,6 @@ class Mover:
             await self._throttled(nbytes)
 
         self.status.moving.append(current)
-        log.warning("TIMING start %s %.3f", move.relpath, time.monotonic())
         try:
             if move.dst_tier is None:
                 assert move.src_tier is not None
@@ -207,7 +204,6 @@ class Mover:
                 "mover: %s %s -> %s failed: %s", move.relpath, move.src_tier, move.dst_tier, exc
             )
         finally:
-            log.warning("TIMING end %s %.3f", move.relpath, time.monotonic())
             self.status.moving.remove(current)
 
     def _measure(self, nbytes: int, started: float) -> None:
