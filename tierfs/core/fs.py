@@ -263,6 +263,7 @@ class TierFS:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.blocks.start(nursery)
+            self.movement.start(nursery)
             self.supervisor.start_soon(nursery, "housekeeping", self._housekeep_periodically)
             self.supervisor.start_soon(nursery, "commit", self._commit_periodically)
             self.supervisor.start_soon(nursery, "orphan_cleanup", self._remove_orphan_cache_files)

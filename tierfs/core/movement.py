@@ -61,11 +61,15 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    the copy on ``dst`` is discarded, nothing changes.  Moved blocks are
    verified again on their first read from ``dst`` (DESIGN.md, read path 5).
 6. DELETE the old copy: if no block of the file is left on ``src`` and
-   nothing else uses the file, its ``src`` cache file is deleted (in a
-   thread: an unlink frees extents and may read the disk); otherwise the
-   moved ranges are punched out of it (``Tier.punch_hole``).  While the
-   unlink runs, ``src`` is the file's fenced tier: a block fetched or
-   written meanwhile goes elsewhere, never into the file being unlinked.
+   nothing else uses the file, its ``src`` cache file is deleted, in a
+   thread and in the background (``start``'s nursery): an unlink frees
+   extents and reads the disk (0.2-0.5 s for 256 MiB here), and the caller
+   need not wait for it to start its next move.  Until the unlink is done,
+   the task holds a reference to the file's CachedFile (so it counts as
+   busy) and ``src`` is the file's fenced tier: a block fetched or written
+   meanwhile goes elsewhere, never into the file being unlinked.  Otherwise
+   the moved ranges are punched out of it (``Tier.punch_hole``), before
+   ``relocate`` returns.
 
 Crash safety (kill -9 at any point; states as LMDB has them after the
 last commit, and the cache files):
@@ -229,6 +233,11 @@ class DataMovement:
         self.io_limiter = trio.CapacityLimiter(4)
         #: Bytes moved between tiers by ``relocate`` (for status).
         self.relocated_bytes = 0
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Delete old copies in ``nursery`` from now on (see step 6)."""
+        self._nursery = nursery
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -489,6 +498,15 @@ class DataMovement:
             return
         self.tiers[dst].remove_file(cf.ino)
 
+    async def _unlink_old_copy(self, cf: CachedFile, src: int) -> None:
+        try:
+            await trio.to_thread.run_sync(
+                self.tiers[src].remove_file, cf.ino, limiter=self.io_limiter
+            )
+        finally:
+            cf.fenced_tier = None
+            self.blocks.release(cf)
+
     async def _delete_old_copy(self, cf: CachedFile, src: int, moved: Iterable[int]) -> None:
         """After the switch: free the moved blocks' bytes on ``src``."""
         left_on_src = any(rec.tier == src for rec in cf.blocks.values())
@@ -497,12 +515,11 @@ class DataMovement:
             # block in the file while the thread unlinks it.
             self.blocks.close_cache_fds(cf, src)
             cf.fenced_tier = src
-            try:
-                await trio.to_thread.run_sync(
-                    self.tiers[src].remove_file, cf.ino, limiter=self.io_limiter
-                )
-            finally:
-                cf.fenced_tier = None
+            self.blocks.acquire(cf.inode)  # the unlink's own reference
+            if self._nursery is None:
+                await self._unlink_old_copy(cf, src)
+            else:
+                self._nursery.start_soon(self._unlink_old_copy, cf, src)
             return
         fd = self.tiers[src].open_file(cf.ino, create=False)
         if fd is None:
