@@ -56,8 +56,12 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    one copied), still no writer and no upload: every moved block's record
    is rewritten with ``tier = dst`` (digest, dirty and sealed flags carried
    over) and the per-tier accounting moves with it (``MetaTxn.add_block``),
-   in ONE LMDB write transaction, which is then committed (synced to disk
-   if a dirty block moved).  Otherwise the relocate fails with ``Busy``,
+   in ONE LMDB write transaction.  If a dirty block moved, it is committed
+   and synced at once; otherwise it joins the metadata group and reaches
+   the disk with the next group commit (``COMMIT_INTERVAL``, MetaDB "Group
+   commit"): a commit is an fdatasync, and one per file kept the event loop
+   busy when small files moved.  Step 6 never runs before that commit.
+   Otherwise the relocate fails with ``Busy``,
    the copy on ``dst`` is discarded, nothing changes.  Moved blocks are
    verified again on their first read from ``dst`` (DESIGN.md, read path 5).
 6. DELETE the old copy: if no block of the file is left on ``src`` and
@@ -67,9 +71,10 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    need not wait for it to start its next move.  Until the unlink is done,
    the task holds a reference to the file's CachedFile (so it counts as
    busy) and ``src`` is the file's fenced tier: a block fetched or written
-   meanwhile goes elsewhere, never into the file being unlinked.  Otherwise
-   the moved ranges are punched out of it (``Tier.punch_hole``), before
-   ``relocate`` returns.
+   meanwhile goes elsewhere, never into the file being unlinked.  The
+   unlink waits for the commit of the switch (step 5).  Otherwise the moved
+   ranges are punched out of it (``Tier.punch_hole``), before ``relocate``
+   returns, after committing the switch if no commit did yet.
 
 Crash safety (kill -9 at any point; states as LMDB has them after the
 last commit, and the cache files):
@@ -142,7 +147,11 @@ COPY_CHUNK = 8 * 1024 * 1024
 #: ``fetch.concurrency`` either way; this bounds the bookkeeping).
 FILL_BATCH = 64
 
-#: ``await throttle(nbytes)`` after each copied chunk: a caller's bandwidth cap.
+#: Seconds between two looks at whether the group commit that holds a
+#: switch has run (it runs every ``COMMIT_INTERVAL``, 0.2 s).
+SWITCH_COMMIT_POLL = 0.02
+
+#: ``await throttle(nbytes)`` before each copied chunk: a caller's bandwidth cap.
 Throttle = Callable[[int], Awaitable[None]]
 
 
@@ -403,7 +412,7 @@ class DataMovement:
                 or any(cf.blocks.get(b) is not rec for b, rec in moved)
             ):
                 raise Busy(f"inode {cf.ino} changed while it was relocated")
-            self._switch(cf, moved, dst)
+            switched_before = self._switch(cf, moved, dst)
             switched = True
         finally:
             self.space.release(dst, total)
@@ -415,7 +424,7 @@ class DataMovement:
                 self._discard_copy(cf, dst)
         nbytes = sum(rec.nbytes for _b, rec in moved)
         self.relocated_bytes += nbytes
-        await self._delete_old_copy(cf, src, [b for b, _rec in moved])
+        await self._delete_old_copy(cf, src, [b for b, _rec in moved], switched_before)
         return nbytes
 
     async def _copy_and_verify(
@@ -472,8 +481,11 @@ class DataMovement:
             dirty=True,
         )
 
-    def _switch(self, cf: CachedFile, moved: list[tuple[int, BlockRecord]], dst: int) -> None:
-        """Point the moved blocks at ``dst``: one LMDB transaction, committed."""
+    def _switch(self, cf: CachedFile, moved: list[tuple[int, BlockRecord]], dst: int) -> int:
+        """Point the moved blocks at ``dst``: one LMDB transaction (see step 5
+        for when it is committed).  Returns ``MetaDB.commits`` before it: the
+        switch is on disk once ``commits`` is past that."""
+        commits_before = self.meta.commits
         new = [(blockno, dataclasses.replace(rec, tier=dst)) for blockno, rec in moved]
         with self.meta.write() as tx:
             for blockno, rec in new:
@@ -488,8 +500,7 @@ class DataMovement:
             self.space.left(cf.ino, src)
         if any(rec.dirty for _b, rec in new):
             self.meta.sync()
-        else:
-            self.meta.commit()
+        return commits_before
 
     def _discard_copy(self, cf: CachedFile, dst: int) -> None:
         """The relocate failed: delete the ``dst`` cache file it created,
@@ -498,8 +509,10 @@ class DataMovement:
             return
         self.tiers[dst].remove_file(cf.ino)
 
-    async def _unlink_old_copy(self, cf: CachedFile, src: int) -> None:
+    async def _unlink_old_copy(self, cf: CachedFile, src: int, switched_before: int) -> None:
         try:
+            while self.meta.commits <= switched_before:  # the switch is not on disk yet
+                await trio.sleep(SWITCH_COMMIT_POLL)
             await trio.to_thread.run_sync(
                 self.tiers[src].remove_file, cf.ino, limiter=self.io_limiter
             )
@@ -507,7 +520,9 @@ class DataMovement:
             cf.fenced_tier = None
             self.blocks.release(cf)
 
-    async def _delete_old_copy(self, cf: CachedFile, src: int, moved: Iterable[int]) -> None:
+    async def _delete_old_copy(
+        self, cf: CachedFile, src: int, moved: Iterable[int], switched_before: int
+    ) -> None:
         """After the switch: free the moved blocks' bytes on ``src``."""
         left_on_src = any(rec.tier == src for rec in cf.blocks.values())
         if not left_on_src and cf.refs == 1 and not cf.flights and cf.fenced_tier is None:
@@ -517,10 +532,12 @@ class DataMovement:
             cf.fenced_tier = src
             self.blocks.acquire(cf.inode)  # the unlink's own reference
             if self._nursery is None:
-                await self._unlink_old_copy(cf, src)
+                await self._unlink_old_copy(cf, src, switched_before)
             else:
-                self._nursery.start_soon(self._unlink_old_copy, cf, src)
+                self._nursery.start_soon(self._unlink_old_copy, cf, src, switched_before)
             return
+        if self.meta.commits <= switched_before:
+            self.meta.commit()  # nothing is punched before the switch is on disk
         fd = self.tiers[src].open_file(cf.ino, create=False)
         if fd is None:
             return
