@@ -113,12 +113,12 @@ def request(
             raise ControlError(
                 f"cannot reach the tierfs daemon at {socket_path}: {exc.strerror or exc}"
             ) from None
-        sock.sendall(encode({"op": op, "args": args or {}}))
         try:
+            sock.sendall(encode({"op": op, "args": args or {}}))
             for message in more:
                 sock.sendall(encode(message))
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the daemon answered early (an error): read its reply
+            pass  # the daemon answered early (an error, a refusal): read its reply
         reader = sock.makefile("rb")
         for line in reader:
             message = decode(line)

@@ -184,6 +184,8 @@ class ControlServer:
         async with stream:
             refused = self._peer_refused(stream)
             if refused is not None:
+                with trio.move_on_after(1):  # read the request first: closing with
+                    await stream.receive_some(MAX_LINE)  # it unread would reset the reply
                 with contextlib.suppress(trio.BrokenResourceError):
                     await stream.send_all(
                         encode({"ok": False, "error": refused, "errno": errno.EACCES})
