@@ -254,7 +254,18 @@ class ControlServer:
             not isinstance(fraction, int | float) or not 0 <= fraction <= 1
         ):
             raise InvalidArgument("'ready_fraction' must be a number from 0 to 1")
-        spool = await self._receive_paths(preloader, paths, bool(args.get("from_list")), call)
+        spool = preloader.new_spool()
+        await self._receive_paths(
+            spool,
+            paths,
+            call,
+            stream=bool(args.get("from_list")),
+            noun="list",
+            rejected="preload list, nothing was fetched",
+        )
+        if not spool.count:
+            spool.close()
+            raise InvalidArgument("nothing to preload: no paths given")
         job = preloader.start(spool, [normalize_path(p, str(self.mountpoint)) for p in paths], tier)
         if detach:
             return job.snapshot()
@@ -296,11 +307,20 @@ class ControlServer:
         await call.send_event("progress", **job.snapshot())
 
     async def _receive_paths(
-        self, preloader: Preloader, paths: list[str], from_list: bool, call: ControlCall
-    ) -> PathSpool:
-        """Every path, validated, in a spool; InvalidArgument naming the bad
-        ones (up to ``BAD_LINES_NAMED``) if any was bad: nothing starts."""
-        spool = preloader.new_spool()
+        self,
+        spool: PathSpool,
+        paths: list[str],
+        call: ControlCall,
+        *,
+        stream: bool,
+        noun: str,
+        rejected: str,
+    ) -> None:
+        """Validate every path (``paths``, then, if ``stream``, the chunks the
+        client sends until ``{"end": true}``) into ``spool``.  Any bad one
+        raises InvalidArgument naming the bad ones (up to
+        ``BAD_LINES_NAMED``), ``rejected`` saying what that means; the spool
+        is closed whenever this raises.  ``noun``: "list", "order"."""
         bad: list[str] = []
         nbad = 0
 
@@ -319,30 +339,28 @@ class ControlServer:
             for path in paths:
                 add(path, "argument")
             line = 0
-            while from_list:
+            while stream:
                 message = await call.receive()
                 if message is None:
-                    raise InvalidArgument("the client closed the connection before the list ended")
+                    raise InvalidArgument(
+                        f"the client closed the connection before the {noun} ended"
+                    )
                 if message.get("end"):
                     break
                 chunk = message.get("paths")
                 if not isinstance(chunk, list):
-                    raise InvalidArgument('a list chunk must be {"paths": [...]}')
+                    article = "an" if noun[0] in "aeiou" else "a"
+                    raise InvalidArgument(f'{article} {noun} chunk must be {{"paths": [...]}}')
                 for path in chunk:
                     line += 1
                     add(path, f"line {line}:")
                 await trio.sleep(0)
             if nbad:
                 more = f" (and {nbad - len(bad)} more)" if nbad > len(bad) else ""
-                raise InvalidArgument(
-                    f"bad preload list, nothing was fetched: {'; '.join(bad)}{more}"
-                )
-            if not spool.count:
-                raise InvalidArgument("nothing to preload: no paths given")
+                raise InvalidArgument(f"bad {rejected}: {'; '.join(bad)}{more}")
         except BaseException:
             spool.close()
             raise
-        return spool
 
     async def _prefetch(self, args: dict[str, Any], call: ControlCall) -> Any:
         """Receive an order (the chunks the client streams, as for a preload
@@ -359,37 +377,14 @@ class ControlServer:
                 raise InvalidArgument(f"{key!r} must be a positive integer")
             window[key] = value
         spool = prefetcher.new_spool()
-        bad: list[str] = []
-        nbad = line = 0
-        try:
-            while True:
-                message = await call.receive()
-                if message is None:
-                    raise InvalidArgument("the client closed the connection before the order ended")
-                if message.get("end"):
-                    break
-                chunk = message.get("paths")
-                if not isinstance(chunk, list):
-                    raise InvalidArgument('an order chunk must be {"paths": [...]}')
-                for path in chunk:
-                    line += 1
-                    try:
-                        if not isinstance(path, str):
-                            raise InvalidArgument("is not a string")
-                        spool.add(normalize_path(path, str(self.mountpoint)))
-                    except InvalidArgument as exc:
-                        nbad += 1
-                        if len(bad) < BAD_LINES_NAMED:
-                            bad.append(f"line {line}: {path!r} {exc}")
-                await trio.sleep(0)
-            if nbad:
-                more = f" (and {nbad - len(bad)} more)" if nbad > len(bad) else ""
-                raise InvalidArgument(
-                    f"bad prefetch order, the previous order stays: {'; '.join(bad)}{more}"
-                )
-        except BaseException:
-            spool.close()
-            raise
+        await self._receive_paths(
+            spool,
+            [],
+            call,
+            stream=True,
+            noun="order",
+            rejected="prefetch order, the previous order stays",
+        )
         return await prefetcher.load_order(spool, **window)
 
     async def _where(self, args: dict[str, Any]) -> Any:

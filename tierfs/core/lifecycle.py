@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -430,22 +430,12 @@ class Lifecycle:
             raise InvalidArgument(f"no tier named {name!r}; the tiers are {known}")
         return index
 
-    async def files_below(
-        self, top: Inode, relpath: str, *, list_dirs: bool
-    ) -> AsyncIterator[tuple[Inode, str]]:
-        """Every regular file at or below ``top``, with its path
-        (``Namespace.walk``).  ``list_dirs``: list directories from the
-        bucket first (a pin must see every file; an evict only needs what
-        is cached)."""
-        async for item in self.namespace.walk(relpath, list_dirs=list_dirs, top=top):
-            yield item
-
     async def evict_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
         tier = self.tier_named(tier_name)
         top = await self.namespace.resolve(relpath)
         evicted = files = 0
         skipped: list[dict[str, str]] = []
-        async for inode, path in self.files_below(top, relpath, list_dirs=False):
+        async for inode, path in self.namespace.walk(relpath, list_dirs=False, top=top):
             residency = self.meta.residency(inode.ino)
             if not residency or (tier is not None and tier not in residency):
                 continue
@@ -471,7 +461,7 @@ class Lifecycle:
         top = await self.namespace.resolve(relpath)
         inos: list[int] = []
         total = 0
-        async for inode, _path in self.files_below(top, relpath, list_dirs=True):
+        async for inode, _path in self.namespace.walk(relpath, list_dirs=True, top=top):
             inos.append(inode.ino)
             total += inode.size
         capacity = self.tiers[tier].capacity
@@ -544,7 +534,7 @@ class Lifecycle:
         pinned = [0] * len(self.tiers)
         by_source: dict[str, int] = {}
         root = self.namespace.get(ROOT_INO)
-        async for inode, _path in self.files_below(root, "", list_dirs=False):
+        async for inode, _path in self.namespace.walk("", list_dirs=False, top=root):
             policy = self._cached(inode.ino)
             tier, match = policy.pinned, policy.match
             if tier is None:
