@@ -659,3 +659,25 @@ class BenchBase:
         fusermount_unmount(mp)
         if pid is not None:
             wait_pid_gone(pid, "tierfsd")
+
+
+def put_directory_markers(endpoint: str, keys: list[str]) -> None:
+    """Put empty ``prefix/`` objects (directory markers) into the bench bucket.
+
+    s3rver 3.7 leaves out of a delimited listing every common prefix that
+    holds only deeper prefixes (``small/`` when every key is
+    ``small/dNN/...``), so a mount would not see that directory; a marker
+    object makes s3rver list it.  s5cmd ``cp 'PREFIX/*'`` skips markers.
+    """
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.session.Session(
+        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
+    ).client(
+        "s3",
+        endpoint_url=endpoint,
+        config=Config(s3={"addressing_style": "path"}, proxies={}),
+    )
+    for key in keys:
+        client.put_object(Bucket=BUCKET, Key=key, Body=b"")

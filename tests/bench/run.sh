@@ -3,16 +3,19 @@
 #
 #   bash tests/bench/run.sh [read] [bench_read.py options]    # the read bench (default)
 #   bash tests/bench/run.sh write [bench_write.py options]    # the write bench
+#   bash tests/bench/run.sh preload [bench_preload.py options]  # preload vs s5cmd/rclone,
+#                                      # demand reads during a preload, order-aware
+#                                      # prefetch, daemon RSS for a long preload list
 #   bash tests/bench/run.sh eviction [bench_eviction.py options]  # eviction bookkeeping
 #                                                           # (pure Python: no root, no mount)
 #   bash tests/bench/run.sh lifecycle [bench_lifecycle.py options]  # the mover and the scan
 #                                      # scenario through real mounts (root; file:// backing,
 #                                      # so nothing but the project's venv is installed)
-#   bash tests/bench/run.sh [read|write] --help               # options of that bench
+#   bash tests/bench/run.sh [read|write|preload] --help       # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
 # mounts, kernel tuning).  Installs what is missing, then runs
-# tests/bench/bench_read.py or bench_write.py with the project's venv:
+# tests/bench/bench_read.py, bench_write.py or bench_preload.py with the project's venv:
 #   - the project and its venv: scripts/install.sh;
 #   - Debian: rclone, s3fs, nodejs, npm (node may already be there);
 #   - npm: s3rver, into tests/bench/.node (gitignored);
@@ -32,6 +35,7 @@ BENCH=bench_read.py
 case ${1:-} in
     read) shift ;;
     write) BENCH=bench_write.py; shift ;;
+    preload) BENCH=bench_preload.py; shift ;;
     eviction)
         # Needs only the project's venv: no root, no S3 server, no other tools.
         shift

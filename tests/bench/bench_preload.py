@@ -1,0 +1,924 @@
+#!/usr/bin/env python3
+"""Preload and prefetch benchmark (issue 13): tierfs against s5cmd and rclone on one local S3 server.
+
+Run it through ``bash tests/bench/run.sh preload`` (installs the peers), as
+root: ``drop_caches`` and FUSE mounts need it.  Not a test: never collected
+by pytest, never run in CI.  Shared pieces (s3rver, s5cmd, the rclone
+remote, unmounting, the idle wait) are in ``common.py``; the small-file
+plan is ``bench_write.small_plan``.
+
+Data set (uploaded once per run with s5cmd, to a disk-backed ``s3rver`` on
+127.0.0.1): ``small/``, ``--files`` (10,000) files of random sizes in
+[``--file-min``, ``--file-max``] (20-200 KiB) in ``--dirs`` directories;
+``big/big.bin``, one file of ``--big-size`` (1 GiB); for the latency case,
+``lat/`` (2 x ``--latency-reads`` more small files) and ``lat-big/range.bin``
+(``--range-file-size``, 512 MiB).  Every tierfs case runs on a fresh mount:
+empty state directory and tier, the page cache dropped, then ``--settle``
+seconds of quiet (see bench_read.py on why).  The daemon runs with its
+default ``[fetch]`` settings unless ``--concurrency`` or ``--block-size`` is
+given.  ``--repeat`` rounds (3); medians (of rounds, or of all reads) are
+printed.
+
+Cases (``--cases``, comma-separated):
+
+``copy``: wall time until the command exits, for each shape (``small/``
+    and ``big/``):
+
+    * ``tierfs preload MOUNT/PREFIX --json``: the CLI's run until it exits,
+      which is when every byte is resident on the tier (the daemon lists the
+      prefix itself, as s5cmd does).  Checked: the summary names no failure
+      and ``tierfs where`` of the prefix shows every byte cached;
+    * ``s5cmd cp 's3://bench/PREFIX/*' DIR/`` into a local directory on the
+      tier's filesystem (its default 256 workers);
+    * ``rclone copy bench:bench/PREFIX DIR`` (``--transfers``/``--checkers``
+      ``--rclone-transfers``, 16).
+
+    The peers' bytes land in the page cache and are not fsynced; tierfs
+    writes whole blocks with O_DIRECT and commits its block map, so the
+    comparison favours the peers a little.  Printed: files/s, MB/s, the
+    daemon's CPU seconds, and tierfs/peer ratios (target: preload >= 0.9x
+    s5cmd for both shapes).
+
+``latency``: demand reads during a preload, against the same reads idle.
+    One fresh mount per round; the files' directories are listed first, so
+    the timed reads need no LIST.  Each read is timed from ``open`` to the
+    last byte: a whole cold small file of ``lat/``, or one 1 MiB ``pread``
+    at an offset of ``lat-big/range.bin`` no read touched before (the range
+    reads alternate with the small ones).  Idle: ``--latency-reads`` of each
+    with nothing else running.  Then ``tierfs preload MOUNT/big`` starts;
+    once it fetches, the same number of reads of other cold files and
+    offsets.  A read counts only if the preload was still running when it
+    ended (the report says how many did).  The preload is then cancelled
+    with Ctrl-C (SIGINT to the CLI).  Printed: median and p90 of each kind;
+    target: median during <= 2x median idle.
+
+``epoch``: one epoch over the first ``--epoch-files`` files of ``small/``
+    in a shuffled order (``--seed`` and the round), read whole by
+    ``--readers`` (8) threads that take the next file of the order, as a
+    DataLoader's workers take the sampler's indices.  ``without``: a fresh
+    mount, plain reads.  ``with``: a fresh mount, and first
+    ``tierfs.client.set_order(MOUNT, order)`` (its time counts in the
+    epoch), then the same reads.  Target: with >= 2x faster.
+
+``rss``: the daemon's memory during a preload of a ``--rss-entries``
+    (1,000,000) line list.  What the list names: the files of ``small/``,
+    each listed ``rss-entries / files`` times, cycling through the data set
+    (line i names file i mod N).  So every line is a real file that goes
+    through all of the daemon's list handling (validation as it streams in,
+    the path spool, resolution through the namespace, the file spool, the
+    fetch pass with its duplicate bookkeeping), and the first pass over the
+    data set really fetches it (the fetch buffers count too).  What it does
+    not measure: the metadata of a million *distinct* files (LMDB pages of
+    a million inodes, which are mapped and count in RSS) nor the LIST of a
+    million keys: uploading a million objects to s3rver would take hours.
+    Sampled: VmRSS every 0.2 s, and VmHWM before and after, from
+    /proc/PID/status; growth = peak - the value right after the mount and
+    the listing of ``small/``.  Target: growth <= 100 MB.
+
+Quick run (a few minutes)::
+
+    bash tests/bench/run.sh preload --files 1000 --big-size 256MiB \\
+        --range-file-size 128MiB --epoch-files 1000 --rss-entries 100000 \\
+        --repeat 1 --settle 2
+
+Everything it mounts is unmounted in a ``finally``; it stops only the
+processes it started, by PID; all traffic goes to 127.0.0.1.  The work
+directory is removed at the end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_write import small_plan, small_pool
+from common import (
+    BUCKET,
+    REGION,
+    BenchBase,
+    BenchError,
+    add_server_arguments,
+    cpu_seconds,
+    fmt_size,
+    log,
+    parse_size,
+    put_directory_markers,
+    py_spy,
+    table,
+)
+
+CASES = ("copy", "latency", "epoch", "rss")
+SHAPES = ("small", "big")
+RANGE_READ = 1 << 20
+MOUNT_TIMEOUT = 60.0
+#: How long a preload may take to start fetching (listing the prefix first).
+PRELOAD_START_TIMEOUT = 120.0
+
+# Targets of issue 13: (what, numerator, denominator, comparison, bound).
+COPY_TARGET = 0.9  # tierfs preload MB/s >= 0.9 x s5cmd cp
+LATENCY_TARGET = 2.0  # median during a preload <= 2 x idle
+EPOCH_TARGET = 2.0  # epoch with order-aware prefetch >= 2 x faster
+RSS_TARGET_MB = 100.0  # daemon RSS growth for the long list
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[rank]
+
+
+def proc_status_kib(pid: int, field_name: str) -> int | None:
+    """A ``kB`` field (VmRSS, VmHWM) of /proc/PID/status, or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples a process's VmRSS every ``interval`` s in a thread; ``peak_kib``."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak_kib = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            value = proc_status_kib(self.pid, "VmRSS")
+            if value is not None:
+                self.peak_kib = max(self.peak_kib, value)
+                self.samples += 1
+            if self._stop.wait(self.interval):
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- results -------------------------------------------------------------------------------
+
+
+@dataclass
+class Copy:
+    seconds: float
+    files: int
+    nbytes: int
+    daemon_cpu: float = 0.0
+
+    @property
+    def files_per_s(self) -> float:
+        return self.files / self.seconds
+
+    @property
+    def mbps(self) -> float:
+        return self.nbytes / self.seconds / 1e6
+
+
+@dataclass
+class Results:
+    copies: dict[str, list[Copy]] = field(default_factory=dict)
+    #: "small idle", "small during", "range idle", "range during" -> seconds per read
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    #: "without", "with" -> epoch seconds
+    epochs: dict[str, list[float]] = field(default_factory=dict)
+    rss: list[dict[str, float]] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def add_copy(self, case: str, sample: Copy) -> None:
+        self.copies.setdefault(case, []).append(sample)
+        cpu = f", daemon CPU {sample.daemon_cpu:.1f}s" if sample.daemon_cpu else ""
+        log(
+            f"  {case}: {sample.seconds:.2f}s, {sample.files_per_s:,.0f} files/s, "
+            f"{sample.mbps:,.0f} MB/s{cpu}"
+        )
+
+    def copy_median(self, case: str) -> Copy | None:
+        samples = self.copies.get(case)
+        if not samples:
+            return None
+        return sorted(samples, key=lambda s: s.seconds)[len(samples) // 2]
+
+
+# --- the bench ------------------------------------------------------------------------------
+
+
+class PreloadBench(BenchBase):
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        super().__init__(args, work)
+        self.cases = set(args.cases)
+        self.results = Results()
+        self.src = work / "tier-fs" / "src"  # the data set, on the tiers' filesystem
+        self.tier = work / "tier-fs" / "nvme"
+        self.state = work / "tierfs-state"
+        self.small = small_plan(args.files, args.seed, args.file_min, args.file_max, args.dirs)
+        self.small_bytes = sum(size for _rel, size, _off in self.small)
+        self.latency_files = small_plan(
+            2 * args.latency_reads, args.seed + 1, args.file_min, args.file_max, 1
+        )
+
+    def check_prerequisites(self) -> None:
+        self.check_common_prerequisites({"rclone"} if "copy" in self.cases else set())
+
+    # --- the data set ---
+
+    def write_small(self, root: Path, plan: list[tuple[str, int, int]], seed: int) -> None:
+        pool = memoryview(small_pool(seed))
+        for rel, size, offset in plan:
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(pool[offset : offset + size])
+
+    @staticmethod
+    def write_random(path: Path, size: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        chunk = 16 << 20
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                n = min(chunk, left)
+                f.write(os.urandom(n))
+                left -= n
+
+    def upload(self) -> None:
+        a = self.args
+        self.run_quiet(self.s5cmd("mb", f"s3://{BUCKET}"))
+        parts: list[tuple[str, Path]] = []
+        if self.cases & {"copy", "epoch", "rss"}:
+            log(f"writing {a.files:,} small files ({self.small_bytes / 1e6:,.0f} MB)")
+            self.write_small(self.src / "small", self.small, a.seed)
+            parts.append(("small", self.src / "small"))
+        if self.cases & {"copy", "latency"}:
+            log(f"writing {fmt_size(a.big_size)} of random bytes")
+            self.write_random(self.src / "big" / "big.bin", a.big_size)
+            parts.append(("big", self.src / "big"))
+        if "latency" in self.cases:
+            self.write_small(self.src / "lat", self.latency_files, a.seed + 1)
+            self.write_random(self.src / "lat-big" / "range.bin", a.range_file_size)
+            parts += [("lat", self.src / "lat"), ("lat-big", self.src / "lat-big")]
+        for prefix, local in parts:
+            t0 = time.perf_counter()
+            self.run_quiet(self.s5cmd("cp", f"{local}/*", f"s3://{BUCKET}/{prefix}/"))
+            log(f"uploaded {prefix}/ in {time.perf_counter() - t0:.1f}s")
+        put_directory_markers(self.endpoint, [f"{prefix}/" for prefix, _local in parts])
+
+    # --- tierfs ---
+
+    def tierfs_config(self) -> Path:
+        a = self.args
+        lines = [
+            "[backing]",
+            f'url = "s3://{BUCKET}"',
+            f'endpoint_url = "{self.endpoint}"',
+            f'region = "{REGION}"',
+            "[state]",
+            f'dir = "{self.state}"',
+            "[[tiers]]",
+            'name = "nvme"',
+            f'path = "{self.tier}"',
+        ]
+        fetch = []
+        if a.block_size:
+            fetch.append(f'block_size = "{fmt_size(a.block_size)}"')
+        if a.concurrency:
+            fetch.append(f"concurrency = {a.concurrency}")
+        if fetch:
+            lines += ["[fetch]", *fetch]
+        cfg = self.work / "tierfs.toml"
+        cfg.write_text("\n".join([*lines, ""]))
+        return cfg
+
+    @contextlib.contextmanager
+    def tierfs_mount(self) -> Iterator[tuple[Path, int]]:
+        """A fresh mount: empty state directory and tier; yields (mountpoint, daemon PID)."""
+        for d in (self.state, self.tier):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+        mp = self.work / "mnt-tierfs"
+        mp.mkdir(exist_ok=True)
+        cmd = [self.tierfs_bin, "mount", str(self.tierfs_config()), str(mp)]
+        done = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=MOUNT_TIMEOUT
+        )
+        pid: int | None = None
+        try:
+            if done.returncode != 0:
+                raise BenchError(f"tierfs mount failed: {done.stderr.strip()}")
+            pid = int(self.tierfs_status(mp)["pid"])
+            yield mp, pid
+        finally:
+            self.unmount_tierfs(mp, pid)
+
+    def tierfs_status(self, mp: Path) -> dict[str, Any]:
+        status: dict[str, Any] = json.loads(
+            self.run_quiet([self.tierfs_bin, "status", str(mp), "--json"]).stdout
+        )
+        return status
+
+    def cached_bytes(self, path: Path) -> int:
+        (item,) = json.loads(self.run_quiet([self.tierfs_bin, "where", "--json", str(path)]).stdout)
+        return int(item["cached_bytes"])
+
+    def preload(self, path: Path, *extra: str) -> dict[str, Any]:
+        """``tierfs preload PATH --json EXTRA...`` until it exits; its summary line."""
+        done = self.run_quiet([self.tierfs_bin, "preload", str(path), "--json", *extra])
+        summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        if summary.get("files_failed"):
+            raise BenchError(f"tierfs preload of {path}: {summary['files_failed']} files failed")
+        return summary
+
+    # --- copy: preload against s5cmd cp and rclone copy ---
+
+    def shape(self, shape: str) -> tuple[int, int]:
+        """(files, bytes) of a shape."""
+        if shape == "small":
+            return len(self.small), self.small_bytes
+        return 1, self.args.big_size
+
+    def local_copy(self, case: str, shape: str, cmd: list[str], dest: Path) -> None:
+        files, nbytes = self.shape(shape)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        self.drop_caches()
+        t0 = time.perf_counter()
+        self.run_quiet(cmd)
+        dt = time.perf_counter() - t0
+        got = [p.stat().st_size for p in dest.rglob("*") if p.is_file()]
+        if len(got) != files or sum(got) != nbytes:
+            raise BenchError(
+                f"{case}: {len(got)} files of {sum(got)} bytes, not {files} of {nbytes}"
+            )
+        self.results.add_copy(case, Copy(dt, files, nbytes))
+        shutil.rmtree(dest, ignore_errors=True)
+
+    def case_s5cmd(self, shape: str) -> None:
+        dest = self.work / "tier-fs" / "dl-s5cmd"
+        cmd = self.s5cmd("cp", f"s3://{BUCKET}/{shape}/*", f"{dest}/")
+        self.local_copy(f"s5cmd cp {shape}", shape, cmd, dest)
+
+    def case_rclone(self, shape: str) -> None:
+        dest = self.work / "tier-fs" / "dl-rclone"
+        conf = self.work / "rclone.conf"
+        conf.touch()
+        self.rclone_remote_env()
+        n = str(self.args.rclone_transfers)
+        cmd = ["rclone", "copy", f"bench:{BUCKET}/{shape}", str(dest), "--config", str(conf)]
+        cmd += ["--transfers", n, "--checkers", n]
+        self.local_copy(f"rclone copy {shape}", shape, cmd, dest)
+
+    def case_tierfs_copy(self, shape: str, round_no: int) -> None:
+        files, nbytes = self.shape(shape)
+        spy = self.args.py_spy if round_no == 0 else None
+        with self.tierfs_mount() as (mp, pid):
+            self.drop_caches()
+            cpu0 = cpu_seconds(pid)
+            with py_spy(spy, pid, f"preload-{shape}"):
+                t0 = time.perf_counter()
+                summary = self.preload(mp / shape)
+                dt = time.perf_counter() - t0
+            cpu = cpu_seconds(pid) - cpu0
+            if summary["files_total"] != files or summary["bytes_total"] != nbytes:
+                raise BenchError(f"tierfs preload {shape}: summary {summary}")
+            cached = self.cached_bytes(mp / shape)
+            if cached != nbytes:
+                raise BenchError(f"tierfs preload {shape}: {cached} of {nbytes} bytes cached")
+            self.results.add_copy(f"tierfs preload {shape}", Copy(dt, files, nbytes, cpu))
+            if round_no == 0:
+                self.check_content(mp / shape, self.src / shape)
+
+    def check_content(self, mounted: Path, local: Path) -> None:
+        """A few files read back through the mount (from the tier) equal the source."""
+        sources = sorted(p for p in local.rglob("*") if p.is_file())
+        picks = random.Random(self.args.seed).sample(sources, min(5, len(sources)))
+        for src in picks:
+            through = mounted / src.relative_to(local)
+            done = subprocess.run(["cmp", str(src), str(through)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise BenchError(f"tierfs returned different bytes for {through}")
+        self.results.notes["content check (cmp after preload)"] = f"{len(picks)} files identical"
+
+    # --- latency: demand reads during a preload ---
+
+    @staticmethod
+    def timed_read(path: Path, offset: int | None) -> float:
+        """Seconds from open to the last byte: the whole file, or 1 MiB at ``offset``."""
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if offset is None:
+                while os.read(fd, 1 << 20):
+                    pass
+            else:
+                got = os.pread(fd, RANGE_READ, offset)
+                if len(got) != RANGE_READ:
+                    raise BenchError(f"short read of {path} at {offset}")
+        finally:
+            os.close(fd)
+        return time.perf_counter() - t0
+
+    def read_pairs(
+        self, mp: Path, files: list[str], offsets: list[int], still_running: Any
+    ) -> tuple[list[float], list[float], int]:
+        """Alternate small-file and range reads; only reads that ended while
+        ``still_running()`` count.  (small, range, reads not counted)."""
+        small: list[float] = []
+        ranged: list[float] = []
+        dropped = 0
+        for rel, offset in zip(files, offsets, strict=True):
+            for target, off, into in (
+                (mp / "lat" / rel, None, small),
+                (mp / "lat-big" / "range.bin", offset, ranged),
+            ):
+                seconds = self.timed_read(target, off)
+                if still_running():
+                    into.append(seconds)
+                else:
+                    dropped += 1
+        return small, ranged, dropped
+
+    def case_latency(self) -> None:
+        k = self.args.latency_reads
+        names = [rel for rel, _size, _off in self.latency_files]
+        span = self.args.range_file_size // (2 * k)
+        if span < 2 * RANGE_READ:
+            raise BenchError("--range-file-size is too small for 2 x --latency-reads cold ranges")
+        offsets = [(i * span) // RANGE_READ * RANGE_READ for i in range(2 * k)]
+        with self.tierfs_mount() as (mp, _pid):
+            # Listed first: the timed reads need no LIST, idle or not.
+            for d in ("lat", "lat-big", "big"):
+                for _ in (mp / d).rglob("*"):
+                    pass
+            self.drop_caches()
+            small, ranged, _ = self.read_pairs(mp, names[0::2], offsets[0::2], lambda: True)
+            self.results.latencies.setdefault("small idle", []).extend(small)
+            self.results.latencies.setdefault("range idle", []).extend(ranged)
+            proc = subprocess.Popen(
+                [self.tierfs_bin, "preload", str(mp / "big"), "--json"],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+            )
+            small: list[float] = []
+            ranged: list[float] = []
+            dropped = 0
+            try:
+                fetched0 = self.wait_preload_fetching(mp, proc)
+                if fetched0 is None:
+                    self.results.notes["latency"] = (
+                        "the preload ended before the reads could start: make --big-size larger"
+                    )
+                else:
+                    t0 = time.perf_counter()
+                    small, ranged, dropped = self.read_pairs(
+                        mp, names[1::2], offsets[1::2], lambda: proc.poll() is None
+                    )
+                    dt = time.perf_counter() - t0
+                    if proc.poll() is None:
+                        rate = (self.preload_fetched(mp) - fetched0) / dt / 1e6
+                        key = "latency: preload rate during the reads"
+                        self.results.notes[key] = self.results.notes.get(key, "") + (
+                            f"{rate:,.0f} MB/s; "
+                        )
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)  # Ctrl-C: the preload is cancelled
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            self.results.latencies.setdefault("small during", []).extend(small)
+            self.results.latencies.setdefault("range during", []).extend(ranged)
+            key = "latency: reads that ended after the preload (not counted)"
+            previous = int(self.results.notes.get(key, "0").split()[0])
+            self.results.notes[key] = f"{previous + dropped} of {2 * k * self.args.repeat}"
+            log(
+                f"  latency: idle small {1e3 * statistics.median(self.results.latencies['small idle']):.1f} ms, "
+                f"during {len(small)} small reads counted ({dropped} after the preload)"
+            )
+
+    def preload_fetched(self, mp: Path) -> int:
+        jobs = self.tierfs_status(mp)["preloads"]
+        return sum(int(j["bytes_fetched"]) for j in jobs if j["state"] == "fetching")
+
+    def wait_preload_fetching(self, mp: Path, proc: subprocess.Popen[bytes]) -> int | None:
+        """Wait until the preload fetches (bytes_fetched > 0); its bytes fetched
+        then, or None if it ended first (with success: it was too short)."""
+        deadline = time.monotonic() + PRELOAD_START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                if proc.returncode == 0:
+                    return None
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise BenchError(f"tierfs preload exited {proc.returncode}: {err.strip()}")
+            fetched = self.preload_fetched(mp)
+            if fetched:
+                return fetched
+            time.sleep(0.05)
+        raise BenchError("the preload did not start fetching")
+
+    # --- epoch: shuffled reads, with and without order-aware prefetch ---
+
+    def read_epoch(self, mp: Path, order: list[str]) -> None:
+        lock = threading.Lock()
+        position = iter(order)
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            buf = bytearray(1 << 20)
+            try:
+                while True:
+                    with lock:
+                        rel = next(position, None)
+                    if rel is None:
+                        return
+                    with open(mp / rel, "rb", buffering=0) as f:
+                        while f.readinto(buf):
+                            pass
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader) for _ in range(self.args.readers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise BenchError(f"epoch read failed: {errors[0]!r}")
+
+    def case_epoch(self, round_no: int) -> None:
+        import tierfs.client
+
+        files = [f"small/{rel}" for rel, _size, _off in self.small[: self.args.epoch_files]]
+        order = list(files)
+        random.Random(self.args.seed * 1000 + round_no).shuffle(order)
+        for variant in ("without", "with"):
+            with self.tierfs_mount() as (mp, _pid):
+                for _ in (mp / "small").rglob("*"):  # listed, as a Dataset's file list does
+                    pass
+                self.drop_caches()
+                t0 = time.perf_counter()
+                if variant == "with":
+                    tierfs.client.set_order(mp, order)
+                self.read_epoch(mp, order)
+                dt = time.perf_counter() - t0
+                self.results.epochs.setdefault(variant, []).append(dt)
+                note = ""
+                if variant == "with":
+                    p = self.tierfs_status(mp)["prefetch"] or {}
+                    note = (
+                        f", prefetched {p.get('files_prefetched', 0):,} files, hits "
+                        f"{p.get('hits', 0):,} of {p.get('opens', 0):,} opens"
+                    )
+                    self.results.notes[f"epoch with prefetch, round {round_no + 1}"] = note[2:]
+                log(f"  epoch {variant} prefetch: {dt:.2f}s ({len(order) / dt:,.0f} files/s{note})")
+
+    # --- rss: a long preload list ---
+
+    def case_rss(self) -> None:
+        entries = self.args.rss_entries
+        names = [f"small/{rel}" for rel, _size, _off in self.small]
+        with self.tierfs_mount() as (mp, pid):
+            listing = self.work / "preload-list.txt"
+            with listing.open("w") as f:
+                f.write(f"{mp}/{names[0]}\n")  # absolute: names the mount
+                for i in range(1, entries):
+                    f.write(f"{names[i % len(names)]}\n")
+            for _ in (mp / "small").rglob("*"):
+                pass
+            rss0 = proc_status_kib(pid, "VmRSS") or 0
+            hwm0 = proc_status_kib(pid, "VmHWM") or 0
+            t0 = time.perf_counter()
+            with RssSampler(pid) as sampler:
+                done = subprocess.run(
+                    [self.tierfs_bin, "preload", "--from-file", str(listing), "--json"],
+                    env=self.env,
+                    capture_output=True,
+                    text=True,
+                )
+            dt = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise BenchError(f"tierfs preload of the list: {done.stderr.strip()[-500:]}")
+            summary = json.loads(done.stdout.strip().splitlines()[-1])
+            if summary["files_total"] != entries:
+                raise BenchError(f"the list preload counted {summary['files_total']} entries")
+            hwm1 = proc_status_kib(pid, "VmHWM") or 0
+            peak = max(sampler.peak_kib, hwm1)
+            sample = {
+                "entries": entries,
+                "seconds": dt,
+                "rss_before_mb": rss0 * 1024 / 1e6,
+                "hwm_before_mb": hwm0 * 1024 / 1e6,
+                "peak_mb": peak * 1024 / 1e6,
+                "growth_mb": (peak - max(rss0, hwm0)) * 1024 / 1e6,
+                "samples": sampler.samples,
+            }
+            self.results.rss.append(sample)
+            log(
+                f"  rss: {entries:,} entries in {dt:.1f}s; RSS {sample['rss_before_mb']:.0f} MB "
+                f"before, peak {sample['peak_mb']:.0f} MB, growth {sample['growth_mb']:.1f} MB"
+            )
+
+    # --- the run ---
+
+    def run(self) -> None:
+        self.check_prerequisites()
+        with self.s3_server():
+            self.upload()
+            background: list[str] = []
+            for r in range(self.args.repeat):
+                log(f"round {r + 1} of {self.args.repeat}")
+                background.append(f"{100 * self.wait_idle():.0f}%")
+                self.results.notes["CPU busy with other work before each round"] = (
+                    ", ".join(background) + " (more than a few % means the figures are noisy)"
+                )
+                if "copy" in self.cases:
+                    for shape in SHAPES:
+                        self.case_s5cmd(shape)
+                        self.case_tierfs_copy(shape, r)
+                        self.case_rclone(shape)
+                if "latency" in self.cases:
+                    self.case_latency()
+                if "epoch" in self.cases:
+                    self.case_epoch(r)
+            if "rss" in self.cases:  # once: it is long, and its figure is a peak
+                self.case_rss()
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def report(res: Results, a: argparse.Namespace) -> str:
+    lines: list[str] = [
+        f"small/: {a.files:,} files of {fmt_size(a.file_min)}-{fmt_size(a.file_max)}; "
+        f"big/: one file of {fmt_size(a.big_size)}; {a.repeat} rounds (median); "
+        f"S3 server s3rver; {os.cpu_count()} CPUs; settle {a.settle:g}s; tierfs [fetch] "
+        f"block_size={fmt_size(a.block_size) if a.block_size else 'default'} "
+        f"concurrency={a.concurrency or 'default'}; rclone --transfers {a.rclone_transfers}",
+        "",
+    ]
+    if res.copies:
+        rows = []
+        for case, samples in res.copies.items():
+            m = res.copy_median(case)
+            assert m is not None
+            cpu = f"{m.daemon_cpu:.1f}" if m.daemon_cpu else ""
+            rows.append(
+                [
+                    case,
+                    f"{m.seconds:.2f}",
+                    f"{m.files_per_s:,.0f}",
+                    f"{m.mbps:,.0f}",
+                    cpu,
+                    str(len(samples)),
+                ]
+            )
+        lines += table(
+            ["copy (until the command exits)", "s", "files/s", "MB/s", "daemon CPU s", "n"], rows
+        )
+        lines.append("")
+        rows = []
+        for shape in SHAPES:
+            t = res.copy_median(f"tierfs preload {shape}")
+            for peer, target in (("s5cmd cp", COPY_TARGET), ("rclone copy", None)):
+                p = res.copy_median(f"{peer} {shape}")
+                if t is None or p is None:
+                    continue
+                ratio = p.seconds / t.seconds
+                rows.append(
+                    [
+                        f"tierfs preload {shape}",
+                        f"{peer} {shape}",
+                        f"{ratio:.2f}",
+                        f">= {target:g}" if target else "info",
+                        verdict(ratio >= target) if target else "",
+                    ]
+                )
+        lines += table(["case", "vs", "speed ratio", "target", "result"], rows, left={0, 1})
+        lines.append("")
+    if res.latencies:
+        rows = []
+        for kind in ("small", "range"):
+            idle = res.latencies.get(f"{kind} idle", [])
+            during = res.latencies.get(f"{kind} during", [])
+            for what, values in (("idle", idle), ("during preload", during)):
+                if values:
+                    rows.append(
+                        [
+                            f"{'small file' if kind == 'small' else '1 MiB range'} {what}",
+                            f"{1e3 * statistics.median(values):.1f}",
+                            f"{1e3 * percentile(values, 0.9):.1f}",
+                            str(len(values)),
+                        ]
+                    )
+        lines += table(["demand read", "median ms", "p90 ms", "reads"], rows)
+        rows = []
+        for kind in ("small", "range"):
+            idle = res.latencies.get(f"{kind} idle", [])
+            during = res.latencies.get(f"{kind} during", [])
+            if idle and during:
+                ratio = statistics.median(during) / statistics.median(idle)
+                rows.append(
+                    [
+                        f"{kind} during / idle (median)",
+                        f"{ratio:.2f}",
+                        f"<= {LATENCY_TARGET:g}",
+                        verdict(ratio <= LATENCY_TARGET),
+                    ]
+                )
+        lines.append("")
+        lines += table(["latency", "ratio", "target", "result"], rows)
+        lines.append("")
+    if res.epochs:
+        rows = []
+        for variant in ("without", "with"):
+            values = res.epochs.get(variant, [])
+            if values:
+                med = statistics.median(values)
+                rows.append(
+                    [
+                        f"epoch {variant} prefetch",
+                        f"{med:.2f}",
+                        f"{a.epoch_files / med:,.0f}",
+                        str(len(values)),
+                    ]
+                )
+        lines += table([f"epoch ({a.readers} readers, shuffled, cold)", "s", "files/s", "n"], rows)
+        if res.epochs.get("without") and res.epochs.get("with"):
+            ratio = statistics.median(res.epochs["without"]) / statistics.median(res.epochs["with"])
+            lines.append(
+                f"speed-up with prefetch: {ratio:.2f} (target >= {EPOCH_TARGET:g}) "
+                f"{verdict(ratio >= EPOCH_TARGET)}"
+            )
+        lines.append("")
+    for sample in res.rss:
+        lines.append(
+            f"daemon RSS during a {int(sample['entries']):,}-entry preload list "
+            f"({sample['seconds']:.0f}s): {sample['rss_before_mb']:.0f} MB before, peak "
+            f"{sample['peak_mb']:.0f} MB, growth {sample['growth_mb']:.1f} MB (target <= "
+            f"{RSS_TARGET_MB:g} MB) {verdict(sample['growth_mb'] <= RSS_TARGET_MB)}"
+        )
+        lines.append("")
+    for k, v in res.notes.items():
+        lines.append(f"{k}: {v}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench_preload.py",
+        description="Preload and prefetch benchmark (issue 13): tierfs preload vs s5cmd cp and "
+        "rclone copy, demand-read latency during a preload, a shuffled epoch with and without "
+        "order-aware prefetch, daemon RSS during a long preload list. See the module docstring.",
+    )
+    p.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        type=lambda s: [c for c in s.split(",") if c],
+        help=f"cases to run ({','.join(CASES)})",
+    )
+    p.add_argument("--files", type=int, default=10_000, help="small files (10000)")
+    p.add_argument("--file-min", type=parse_size, default=parse_size("20KiB"))
+    p.add_argument("--file-max", type=parse_size, default=parse_size("200KiB"))
+    p.add_argument("--dirs", type=int, default=10, help="directories of the small files (10)")
+    p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--big-size", type=parse_size, default=parse_size("1GiB"), help="(1GiB)")
+    p.add_argument(
+        "--latency-reads", type=int, default=20, help="reads of each kind, idle and during (20)"
+    )
+    p.add_argument(
+        "--range-file-size",
+        type=parse_size,
+        default=parse_size("512MiB"),
+        help="the cold big file of the 1 MiB range reads (512MiB)",
+    )
+    p.add_argument("--epoch-files", type=int, default=10_000, help="files in the epoch (10000)")
+    p.add_argument("--readers", type=int, default=8, help="reader threads of the epoch (8)")
+    p.add_argument(
+        "--rss-entries", type=int, default=1_000_000, help="lines of the preload list (1000000)"
+    )
+    p.add_argument("--rclone-transfers", type=int, default=16, help="rclone copy --transfers (16)")
+    p.add_argument("--block-size", type=parse_size, default=None, help="tierfs [fetch] block_size")
+    p.add_argument("--concurrency", type=int, default=None, help="tierfs [fetch] concurrency")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported (3)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds to wait after dropping the page cache (10; see bench_read.py)",
+    )
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=120.0,
+        help="before each round, wait up to this many seconds for other work to stop (120)",
+    )
+    add_server_arguments(p)
+    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    p.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="record py-spy profiles of the first preloads here",
+    )
+    args = p.parse_args(argv)
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        p.error(f"unknown case: {', '.join(bad)}")
+    if args.repeat < 1 or args.files < 1 or args.latency_reads < 1:
+        p.error("--repeat, --files and --latency-reads must be at least 1")
+    if args.epoch_files > args.files:
+        p.error("--epoch-files must not exceed --files")
+    if args.rclone_serve:
+        p.error("--rclone-serve: this bench runs on s3rver only")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="tierfs-bench-preload-", dir=args.workdir))
+    log(f"work directory {work}")
+    bench: PreloadBench | None = None
+    code = 0
+    try:
+        bench = PreloadBench(args, work)
+        bench.run()
+    except BenchError as exc:
+        log(f"ERROR: {exc}")
+        code = 2
+    except KeyboardInterrupt:
+        log("interrupted")
+        code = 130
+    finally:
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    if bench is not None:
+        res = bench.results
+        if res.copies or res.latencies or res.epochs or res.rss:
+            if code:
+                print("(incomplete run)")
+            print(report(res, args))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "args": {k: str(v) for k, v in vars(args).items()},
+                        "copies": {c: [s.__dict__ for s in v] for c, v in res.copies.items()},
+                        "latencies": res.latencies,
+                        "epochs": res.epochs,
+                        "rss": res.rss,
+                        "notes": res.notes,
+                    },
+                    indent=2,
+                )
+            )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Real mount: a demand read during a long preload is served promptly (issue 13, item 2).
+
+The S3 behind the mount is slow but real: the moto server behind the fault
+proxy, which holds every response ``DELAY`` seconds, and paces the GETs of
+the preloaded prefix: each waits for the next tick of ``PACE`` seconds (the
+proxy's request holds, opened one tick at a time by ``Pacer``), as a large
+ranged GET from a far-away bucket takes long.  So the preload of ``bulk/``
+(``PRELOADED`` files) lasts minutes, while a GET of another prefix takes
+``DELAY``.  The daemon runs with ``[fetch] concurrency = 2``: background
+fetches (preload, prefetch) may hold one of the two fetch slots, so the
+other stays free for demand reads.
+
+The assertion: the median latency of reading a cold small file of ``lat/``
+while the preload runs is at most twice the median of the same reads
+(other cold files of the same size) with nothing running.  It fails if
+preload fetches competed with demand reads for the fetch slots: the
+preload's four fetch tasks would then hold both slots and queue for them
+ahead of the read, which would wait at least one ``PACE`` tick (checked:
+this assertion fails when ``BlockCache.fill`` starts its fetches as demand).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults import FaultProxy
+from tests.fuse.conftest import MountFactory, daemon_env, tierfs_command, wait_until
+
+pytestmark = pytest.mark.fuse
+
+KiB = 1024
+
+#: Seconds the proxy holds every response.
+DELAY = 0.1
+#: Seconds between two openings of the held GETs of the preloaded prefix.
+PACE = 1.0
+#: Files of the preload: far more than the test waits for.
+PRELOADED = 60
+#: Cold small files read idle, and as many during the preload.
+READS = 7
+SMALL = 64 * KiB
+
+
+class Pacer:
+    """Holds the proxy's matching requests and lets them through once every
+    ``period`` seconds (those waiting then go; later ones wait for the next
+    tick), until ``stop``."""
+
+    def __init__(self, proxy: FaultProxy, match: Any, period: float) -> None:
+        self.proxy = proxy
+        self.match = match
+        self.period = period
+        self.ticks = 0
+        self._gate = proxy.hold_requests(match)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.period):
+            previous, self._gate = self._gate, self.proxy.hold_requests(self.match)
+            previous.set()
+            self.ticks += 1
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+        self._gate.set()
+
+
+def timed_read(path: Path) -> float:
+    """Seconds from open to the last byte of ``path``."""
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 20):
+            pass
+    return time.perf_counter() - t0
+
+
+def preload_fetching(status: dict[str, Any]) -> bool:
+    return any(j["state"] == "fetching" for j in status["preloads"])
+
+
+def test_demand_read_during_a_long_preload_stays_within_twice_idle(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    small = {f"lat/f{i:02d}.bin": os.urandom(SMALL) for i in range(2 * READS)}
+    bulk = {f"bulk/f{i:03d}.bin": os.urandom(SMALL) for i in range(PRELOADED)}
+    m = mount(
+        {**small, **bulk},
+        nvme="256MiB",
+        block_size="1MiB",
+        list_ttl="600s",
+        revalidate_ttl="600s",
+        endpoint_url=fault_proxy.endpoint,
+        do_mount=False,
+    )
+    config = m.config_path.read_text()
+    assert "concurrency = 8" in config
+    m.config_path.write_text(config.replace("concurrency = 8", "concurrency = 2"))
+    m.mount()
+    # Listed before S3 slows down: the timed reads need no LIST.
+    names = sorted(os.listdir(m.path / "lat"))
+    assert len(names) == 2 * READS
+    fault_proxy.delay = DELAY
+    bulk_get = f"GET /{m.bucket}/{m.key('bulk/')}"
+    pacer = Pacer(fault_proxy, lambda line: line.startswith(bulk_get), PACE)
+    preload: subprocess.Popen[str] | None = None
+    try:
+        idle = [timed_read(m.path / "lat" / name) for name in names[0::2]]
+        preload = subprocess.Popen(
+            [*tierfs_command(), "preload", str(m.path / "bulk"), "--json"],
+            env=daemon_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert wait_until(lambda: preload_fetching(m.status()), timeout=20, interval=0.05), (
+            "the preload did not start fetching"
+        )
+        during = [timed_read(m.path / "lat" / name) for name in names[1::2]]
+        preload_ran_throughout = preload.poll() is None
+        (job,) = m.status()["preloads"]
+    finally:
+        pacer.stop()
+        fault_proxy.delay = 0.0
+        if preload is not None:
+            if preload.poll() is None:
+                preload.send_signal(signal.SIGINT)  # Ctrl-C: the preload is cancelled
+            try:
+                preload.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                preload.kill()
+                preload.wait()
+
+    for name in names:  # the bytes the reads got are the bucket's
+        assert (m.path / "lat" / name).read_bytes() == small[f"lat/{name}"]
+    idle_median, during_median = statistics.median(idle), statistics.median(during)
+    print(
+        f"\ncold {SMALL // KiB} KiB reads, S3 delay {DELAY}s, preload GETs paced every {PACE}s: "
+        f"idle median {1e3 * idle_median:.0f} ms {[round(1e3 * s) for s in idle]}, during the "
+        f"preload {1e3 * during_median:.0f} ms {[round(1e3 * s) for s in during]}; the preload "
+        f"had fetched {job['files_done']} files, {fault_proxy.held} GETs held"
+    )
+    # Each read fetched from the bucket (cold): at least the proxy's delay.
+    assert min(idle + during) >= DELAY
+    assert during_median <= 2 * idle_median, (
+        f"demand reads during the preload: median {during_median:.3f}s, idle {idle_median:.3f}s"
+    )
+    # The comparison above means something only if the preload was slow and
+    # ran during every read.
+    assert fault_proxy.held > 0
+    assert preload_ran_throughout, "the preload ended before the last read"
+    assert job["state"] == "fetching" and job["files_done"] < PRELOADED
