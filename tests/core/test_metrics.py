@@ -23,13 +23,15 @@ from rich.console import Console
 from tierfsd.fuse_ops import TierfsOperations
 
 from tests.core.conftest import CoreMount, MiB, put
+from tests.core.test_prefetch import FILE_BYTES, put_files, settled
 from tests.faults import FaultProxy
 from tierfs.config import MetricsConfig
 from tierfs.errors import CannotListen
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store
 from tierfs.watch import render_status
-from tierfs.workers.metrics import Metrics, MetricsServer
+from tierfs.workers.metrics import PREFETCH_COUNTERS, PREFETCH_GAUGES, Metrics, MetricsServer
+from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -256,6 +258,53 @@ async def test_preload_jobs_are_exported_as_they_stand(make_fs: Any, s3_store: A
     assert value(samples, "tierfs_preload_bytes_total", job_id=job.id) == 3000
     assert value(samples, "tierfs_preload_running", job_id=job.id) == 0
     assert ("tierfs_preload_running", (("job_id", job.id),)) in samples
+
+
+def prefetch_series(samples: Samples) -> list[str]:
+    return sorted({name for name, _labels in samples if name.startswith("tierfs_prefetch")})
+
+
+async def test_prefetcher_figures_are_exported_as_status_shows_them(
+    make_fs: Any, s3_store: Any
+) -> None:
+    mount, metrics = await watched(make_fs)
+    paths = put_files(s3_store, 12)
+    assert prefetch_series(scrape(metrics)) == []  # no prefetcher, no series
+    async with trio.open_nursery() as nursery:
+        prefetcher = Prefetcher(mount.fs, window_files=4)
+        await nursery.start(prefetcher.run)
+        spool = prefetcher.new_spool()
+        for path in [*paths, "ds/missing.bin"]:
+            spool.add(path)
+        await prefetcher.load_order(spool)
+        await settled(prefetcher)
+        for path in paths[:3]:  # a reader in order: the window was resident
+            await mount.read_file(path)
+        await settled(prefetcher)
+        await mount.read_file(paths[8])  # the window has not reached it: a miss
+        # No await from here on: the scrape and status see the same moment.
+        samples = scrape(metrics)
+        status = mount.fs.status()["prefetch"]
+        assert status == prefetcher.status()
+        for key, name, _doc in PREFETCH_GAUGES:
+            assert value(samples, name) == status[key], name
+        for key, name, _doc in PREFETCH_COUNTERS:
+            assert value(samples, f"{name}_total") == status[key], name
+        assert value(samples, "tierfs_prefetch_order_files") == 12
+        assert value(samples, "tierfs_prefetch_order_missing_files") == 1
+        assert value(samples, "tierfs_prefetch_window_max_files") == 4
+        assert value(samples, "tierfs_prefetch_opens_total") == 4
+        assert value(samples, "tierfs_prefetch_hits_total") == 3
+        assert value(samples, "tierfs_prefetch_cursor") == 8
+        assert value(samples, "tierfs_prefetch_files_total") >= 7
+        assert (
+            value(samples, "tierfs_prefetch_bytes_total")
+            == value(samples, "tierfs_prefetch_files_total") * FILE_BYTES
+        )
+        nursery.cancel_scope.cancel()
+    # The prefetcher stopped: its section and its series are gone.
+    assert "prefetch" not in mount.fs.status()
+    assert prefetch_series(scrape(metrics)) == []
 
 
 def _get(url: str) -> tuple[int, str, str]:

@@ -2,7 +2,9 @@
 
 A read and a write through the mount, then a scrape parsed with
 prometheus-client's parser: the series are there, agree with ``tierfs status``,
-and carry no path, bucket or mount point.  Without ``[metrics]`` the daemon
+and carry no path, bucket or mount point.  The prefetcher's figures
+(``tierfs_prefetch_*``) after ``tierfs prefetch --order`` and a reader in
+that order match ``tierfs status``.  Without ``[metrics]`` the daemon
 listens on no TCP port; with a port already taken, ``tierfs mount`` fails at
 once with the reason.
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
-from tests.fuse.conftest import MountFactory, daemon_env, run_tierfs, tierfs_command
+from tests.fuse.conftest import MountFactory, daemon_env, run_tierfs, tierfs_command, wait_until
 
 MiB = 1024 * 1024
 
@@ -151,3 +153,43 @@ def test_status_watch_refreshes_a_table(mount: MountFactory) -> None:
     assert proc.returncode == 0, err
     assert "nvme" in out and "hdd" in out
     assert "FUSE requests" in out and "read" in out and "GetObject" in out
+
+
+def test_prefetcher_figures_in_a_scrape_match_status(mount: MountFactory, tmp_path: Path) -> None:
+    """``tierfs prefetch --order``, a reader in that order, then a scrape: the
+    ``tierfs_prefetch_*`` series carry what ``tierfs status`` shows."""
+    port = free_port()
+    files = {f"ds/{i:02d}.bin": os.urandom(3000) for i in range(10)}
+    m = mount(files, extra_config=metrics_config(port))
+    _text, samples = scrape(port)
+    assert value(samples, "tierfs_prefetch_order_files") == 0  # the prefetcher runs, no order
+    order = tmp_path / "order.txt"
+    order.write_text("".join(f"{name}\n" for name in sorted(files)))
+    done = run_tierfs("prefetch", str(m.path), "--order", str(order))
+    assert done.returncode == 0, done.stderr
+
+    def settled() -> bool:
+        prefetch = m.status()["prefetch"]
+        return prefetch["in_flight"] == 0 and prefetch["files_prefetched"] == 10
+
+    assert wait_until(settled, timeout=30)  # the default window holds all 10 files
+    for name in sorted(files)[:4]:
+        assert (m.path / name).read_bytes() == files[name]
+    assert wait_until(lambda: m.status()["prefetch"]["opens"] == 4, timeout=10)
+    status = m.status()["prefetch"]
+    _text, samples = scrape(port)
+    for key, name in (
+        ("order_files", "tierfs_prefetch_order_files"),
+        ("window_files", "tierfs_prefetch_window_max_files"),
+        ("window_bytes", "tierfs_prefetch_window_max_bytes"),
+        ("cursor", "tierfs_prefetch_cursor"),
+        ("in_flight", "tierfs_prefetch_fills_in_flight"),
+        ("files_prefetched", "tierfs_prefetch_files_total"),
+        ("bytes_prefetched", "tierfs_prefetch_bytes_total"),
+        ("opens", "tierfs_prefetch_opens_total"),
+        ("hits", "tierfs_prefetch_hits_total"),
+    ):
+        assert value(samples, name) == status[key], name
+    assert value(samples, "tierfs_prefetch_order_files") == 10
+    assert value(samples, "tierfs_prefetch_hits_total") == 4
+    assert value(samples, "tierfs_prefetch_bytes_total") == 10 * 3000

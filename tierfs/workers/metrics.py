@@ -17,7 +17,12 @@ parts to whoever counts:
   dirty bytes and tier usage are counters and gauges the core keeps anyway:
   they are read at scrape time, never counted twice on the read path, and a
   scrape shows what ``tierfs status`` shows;
-* the preload worker's jobs are read at each scrape (``watch_preloads``).
+* the preload worker's jobs are read at each scrape (``watch_preloads``);
+* the prefetcher's figures (``Prefetcher.status``: window, files and bytes
+  prefetched, opens, hits, cancelled fills...) are read at each scrape from
+  the file system's status section that the prefetcher keeps while it runs
+  (``tierfs.workers.prefetch.STATUS_SECTION``), so a scrape shows what
+  ``tierfs status`` shows; no prefetcher, no ``tierfs_prefetch_*`` series.
 
 The registry has one custom collector (``_Collector``) and nothing else:
 the request latencies are plain numbers per operation (``OperationStats``:
@@ -72,6 +77,7 @@ from prometheus_client.utils import floatToGoString
 
 from tierfs.config import MetricsConfig
 from tierfs.errors import CannotListen
+from tierfs.workers.prefetch import STATUS_SECTION as PREFETCH_SECTION
 
 if TYPE_CHECKING:
     from tierfs.core import TierFS
@@ -319,6 +325,7 @@ class _Figures(NamedTuple):
     s3: list[tuple[str, list[int], int, float, int]]
     status: dict[str, Any] | None
     preloads: list[PreloadProgress]
+    prefetch: dict[str, Any] | None
 
 
 class _Collector:
@@ -339,11 +346,14 @@ class _Collector:
 
     def _read(self) -> _Figures:
         m = self.metrics
+        section = m._fs.status_sections.get(PREFETCH_SECTION) if m._fs is not None else None
+        prefetch = section() if section is not None else None
         return _Figures(
             fuse=m.fuse_ops.rows(),
             s3=m.s3_ops.rows(),
             status=m._fs.status(sections=False) if m._fs is not None else None,
             preloads=m.preload_progress(),
+            prefetch=prefetch if isinstance(prefetch, dict) else None,
         )
 
     def freeze(self) -> None:
@@ -372,6 +382,8 @@ class _Collector:
         if figures.status is not None:
             yield from _status_families(figures.status)
         yield from m.preload_families(figures.preloads)
+        if figures.prefetch is not None:
+            yield from _prefetch_families(figures.prefetch)
 
 
 def _progress_of(job: dict[str, Any]) -> PreloadProgress:
@@ -387,6 +399,40 @@ def _progress_of(job: dict[str, Any]) -> PreloadProgress:
         files_skipped=int(job["files_resident"]),
         running=job["state"] in ("scanning", "fetching"),
     )
+
+
+#: Prefetcher figures (``Prefetcher.status`` keys) exported as gauges.
+PREFETCH_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("order_files", "tierfs_prefetch_order_files", "Files in the prefetch order (0: no order)"),
+    ("cursor", "tierfs_prefetch_cursor", "Order position of the furthest recent reader"),
+    ("slowest", "tierfs_prefetch_slowest", "Order position of the slowest recent reader"),
+    ("window", "tierfs_prefetch_window_files", "Files in the prefetch window now"),
+    ("window_files", "tierfs_prefetch_window_max_files", "Most files the window holds"),
+    ("window_bytes", "tierfs_prefetch_window_max_bytes", "Most bytes the window holds"),
+    ("in_flight", "tierfs_prefetch_fills_in_flight", "Prefetch fills running now"),
+    ("missing", "tierfs_prefetch_order_missing_files", "Files of the order that do not exist"),
+)
+#: Prefetcher counters (they start again from 0 with each new order).
+PREFETCH_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("files_prefetched", "tierfs_prefetch_files", "Files the prefetcher fetched"),
+    ("bytes_prefetched", "tierfs_prefetch_bytes", "Bytes the prefetcher fetched"),
+    ("files_failed", "tierfs_prefetch_failed_files", "Prefetch fills that failed"),
+    ("opens", "tierfs_prefetch_opens", "Opens of files in the order"),
+    ("hits", "tierfs_prefetch_hits", "Opens of files the prefetcher had made resident"),
+    (
+        "cancelled",
+        "tierfs_prefetch_cancelled_fills",
+        "Prefetch fills cancelled because their file left the window unopened",
+    ),
+)
+
+
+def _prefetch_families(prefetch: dict[str, Any]) -> Iterator[Metric]:
+    """The prefetcher's figures (a ``Prefetcher.status()`` reply)."""
+    for key, name, doc in PREFETCH_GAUGES:
+        yield _gauge(name, doc, prefetch[key])
+    for key, name, doc in PREFETCH_COUNTERS:
+        yield _counter(name, f"{doc} (since the current order was set)", prefetch[key])
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -49,6 +49,12 @@ first candidate to leave the first tier (``SpaceManager.demote_first``),
 at its open (it is busy while open, so it stays while read) and again when
 the slowest reader passes it.  ``hits`` counts opens of files this
 prefetcher fetched (FILLED) and found resident at the open.
+
+Figures: ``status()`` (files prefetched, hits, opens, cancelled fills,
+window...; the counters start again with each new order).  While ``run``
+runs, it is also the file system's status section ``STATUS_SECTION``, which
+``tierfs status`` shows and the metrics collector exports
+(``tierfs.workers.metrics``: ``tierfs_prefetch_*``).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ DEFAULT_WINDOW_BYTES = 2 * 1024 * 1024 * 1024
 #: Recent open positions that define the readers' span (a DataLoader with
 #: 8 workers and prefetch_factor 2 has ~16 files open at once).
 DEFAULT_READERS_KEPT = 32
+#: The name of the prefetcher's section of ``TierFS.status()`` (while it runs).
+STATUS_SECTION = "prefetch"
 
 _IDLE = 0
 _FETCHING = 1
@@ -196,6 +204,8 @@ class Prefetcher:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         observers = self.fs.handles.open_observers
         observers.append(self.opened)
+        sections = self.fs.status_sections
+        sections[STATUS_SECTION] = self.status
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -208,6 +218,8 @@ class Prefetcher:
             self._nursery = None
             self._in_flight.clear()
             observers.remove(self.opened)
+            if sections.get(STATUS_SECTION) == self.status:
+                del sections[STATUS_SECTION]
 
     def new_spool(self) -> PathSpool:
         return PathSpool(Path(self.spool_dir))
