@@ -45,7 +45,9 @@ Cases (``--cases``, comma-separated):
     last byte: a whole cold small file of ``lat/``, or one 1 MiB ``pread``
     at an offset of ``lat-big/range.bin`` no read touched before (the range
     reads alternate with the small ones).  Idle: ``--latency-reads`` of each
-    with nothing else running.  Then ``tierfs preload MOUNT/big`` starts;
+    with nothing else running.  Then ``tierfs preload MOUNT/big MOUNT/small``
+    starts (``small/`` too when another case uploaded it, so that the
+    preload outlasts the reads: the big file first, then the small files);
     once it fetches, the same number of reads of other cold files and
     offsets.  A read counts only if the preload was still running when it
     ended (the report says how many did).  The preload is then cancelled
@@ -245,6 +247,11 @@ class PreloadBench(BenchBase):
             2 * args.latency_reads, args.seed + 1, args.file_min, args.file_max, 1
         )
 
+    @property
+    def has_small(self) -> bool:
+        """Is ``small/`` in the bucket?"""
+        return bool(self.cases & {"copy", "epoch", "rss"})
+
     def check_prerequisites(self) -> None:
         self.check_common_prerequisites({"rclone"} if "copy" in self.cases else set())
 
@@ -272,7 +279,7 @@ class PreloadBench(BenchBase):
         a = self.args
         self.run_quiet(self.s5cmd("mb", f"s3://{BUCKET}"))
         parts: list[tuple[str, Path]] = []
-        if self.cases & {"copy", "epoch", "rss"}:
+        if self.has_small:
             log(f"writing {a.files:,} small files ({self.small_bytes / 1e6:,.0f} MB)")
             self.write_small(self.src / "small", self.small, a.seed)
             parts.append(("small", self.src / "small"))
@@ -292,12 +299,12 @@ class PreloadBench(BenchBase):
 
     # --- tierfs ---
 
-    def tierfs_config(self) -> Path:
+    def tierfs_config(self, endpoint: str | None = None) -> Path:
         a = self.args
         lines = [
             "[backing]",
             f'url = "s3://{BUCKET}"',
-            f'endpoint_url = "{self.endpoint}"',
+            f'endpoint_url = "{endpoint or self.endpoint}"',
             f'region = "{REGION}"',
             "[state]",
             f'dir = "{self.state}"',
@@ -317,14 +324,15 @@ class PreloadBench(BenchBase):
         return cfg
 
     @contextlib.contextmanager
-    def tierfs_mount(self) -> Iterator[tuple[Path, int]]:
-        """A fresh mount: empty state directory and tier; yields (mountpoint, daemon PID)."""
+    def tierfs_mount(self, endpoint: str | None = None) -> Iterator[tuple[Path, int]]:
+        """A fresh mount (of ``endpoint``, default s3rver): empty state
+        directory and tier; yields (mountpoint, daemon PID)."""
         for d in (self.state, self.tier):
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
         mp = self.work / "mnt-tierfs"
         mp.mkdir(exist_ok=True)
-        cmd = [self.tierfs_bin, "mount", str(self.tierfs_config()), str(mp)]
+        cmd = [self.tierfs_bin, "mount", str(self.tierfs_config(endpoint)), str(mp)]
         done = subprocess.run(
             cmd, env=self.env, capture_output=True, text=True, timeout=MOUNT_TIMEOUT
         )
@@ -423,7 +431,9 @@ class PreloadBench(BenchBase):
             done = subprocess.run(["cmp", str(src), str(through)], capture_output=True, text=True)
             if done.returncode != 0:
                 raise BenchError(f"tierfs returned different bytes for {through}")
-        self.results.notes["content check (cmp after preload)"] = f"{len(picks)} files identical"
+        self.results.notes[f"content check of {local.name}/ (cmp after preload)"] = (
+            f"{len(picks)} files identical"
+        )
 
     # --- latency: demand reads during a preload ---
 
@@ -473,15 +483,16 @@ class PreloadBench(BenchBase):
         offsets = [(i * span) // RANGE_READ * RANGE_READ for i in range(2 * k)]
         with self.tierfs_mount() as (mp, _pid):
             # Listed first: the timed reads need no LIST, idle or not.
-            for d in ("lat", "lat-big", "big"):
+            for d in ("lat", "lat-big", "big", *(("small",) if self.has_small else ())):
                 for _ in (mp / d).rglob("*"):
                     pass
             self.drop_caches()
             small, ranged, _ = self.read_pairs(mp, names[0::2], offsets[0::2], lambda: True)
             self.results.latencies.setdefault("small idle", []).extend(small)
             self.results.latencies.setdefault("range idle", []).extend(ranged)
+            targets = [str(mp / "big")] + ([str(mp / "small")] if self.has_small else [])
             proc = subprocess.Popen(
-                [self.tierfs_bin, "preload", str(mp / "big"), "--json"],
+                [self.tierfs_bin, "preload", *targets, "--json"],
                 env=self.env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -576,31 +587,51 @@ class PreloadBench(BenchBase):
             raise BenchError(f"epoch read failed: {errors[0]!r}")
 
     def case_epoch(self, round_no: int) -> None:
-        import tierfs.client
-
         files = [f"small/{rel}" for rel, _size, _off in self.small[: self.args.epoch_files]]
         order = list(files)
         random.Random(self.args.seed * 1000 + round_no).shuffle(order)
-        for variant in ("without", "with"):
-            with self.tierfs_mount() as (mp, _pid):
-                for _ in (mp / "small").rglob("*"):  # listed, as a Dataset's file list does
-                    pass
-                self.drop_caches()
-                t0 = time.perf_counter()
-                if variant == "with":
-                    tierfs.client.set_order(mp, order)
-                self.read_epoch(mp, order)
-                dt = time.perf_counter() - t0
-                self.results.epochs.setdefault(variant, []).append(dt)
-                note = ""
-                if variant == "with":
-                    p = self.tierfs_status(mp)["prefetch"] or {}
-                    note = (
-                        f", prefetched {p.get('files_prefetched', 0):,} files, hits "
-                        f"{p.get('hits', 0):,} of {p.get('opens', 0):,} opens"
-                    )
-                    self.results.notes[f"epoch with prefetch, round {round_no + 1}"] = note[2:]
-                log(f"  epoch {variant} prefetch: {dt:.2f}s ({len(order) / dt:,.0f} files/s{note})")
+        with self.slow_endpoint() as endpoint:
+            for variant in ("without", "with"):
+                self.epoch_variant(variant, order, endpoint, round_no)
+
+    @contextlib.contextmanager
+    def slow_endpoint(self) -> Iterator[str | None]:
+        """With ``--s3-delay``: a FaultProxy holding every s3rver response that
+        long; yields its endpoint (None: s3rver directly)."""
+        if not self.args.s3_delay:
+            yield None
+            return
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.faults import FaultProxy
+
+        with FaultProxy("127.0.0.1", self.port) as proxy:
+            proxy.delay = self.args.s3_delay
+            yield proxy.endpoint
+
+    def epoch_variant(
+        self, variant: str, order: list[str], endpoint: str | None, round_no: int
+    ) -> None:
+        import tierfs.client
+
+        with self.tierfs_mount(endpoint) as (mp, _pid):
+            for _ in (mp / "small").rglob("*"):  # listed, as a Dataset's file list does
+                pass
+            self.drop_caches()
+            t0 = time.perf_counter()
+            if variant == "with":
+                tierfs.client.set_order(mp, order)
+            self.read_epoch(mp, order)
+            dt = time.perf_counter() - t0
+            self.results.epochs.setdefault(variant, []).append(dt)
+            note = ""
+            if variant == "with":
+                p = self.tierfs_status(mp)["prefetch"] or {}
+                note = (
+                    f", prefetched {p.get('files_prefetched', 0):,} files, hits "
+                    f"{p.get('hits', 0):,} of {p.get('opens', 0):,} opens"
+                )
+                self.results.notes[f"epoch with prefetch, round {round_no + 1}"] = note[2:]
+            log(f"  epoch {variant} prefetch: {dt:.2f}s ({len(order) / dt:,.0f} files/s{note})")
 
     # --- rss: a long preload list ---
 
@@ -776,7 +807,10 @@ def report(res: Results, a: argparse.Namespace) -> str:
                         str(len(values)),
                     ]
                 )
-        lines += table([f"epoch ({a.readers} readers, shuffled, cold)", "s", "files/s", "n"], rows)
+        delay = f", S3 delay {a.s3_delay:g}s" if a.s3_delay else ""
+        lines += table(
+            [f"epoch ({a.readers} readers, shuffled, cold{delay})", "s", "files/s", "n"], rows
+        )
         if res.epochs.get("without") and res.epochs.get("with"):
             ratio = statistics.median(res.epochs["without"]) / statistics.median(res.epochs["with"])
             lines.append(
@@ -827,6 +861,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--epoch-files", type=int, default=10_000, help="files in the epoch (10000)")
     p.add_argument("--readers", type=int, default=8, help="reader threads of the epoch (8)")
+    p.add_argument(
+        "--s3-delay",
+        type=float,
+        default=0.0,
+        help="epoch case: reach s3rver through a proxy that holds every response this many "
+        "seconds, as a far-away bucket would (0: directly)",
+    )
     p.add_argument(
         "--rss-entries", type=int, default=1_000_000, help="lines of the preload list (1000000)"
     )
