@@ -103,7 +103,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -694,15 +694,24 @@ class PreloadBench(BenchBase):
                 )
                 if "copy" in self.cases:
                     for shape in SHAPES:
-                        self.case_s5cmd(shape)
-                        self.case_tierfs_copy(shape, r)
-                        self.case_rclone(shape)
+                        self.attempt(f"s5cmd cp {shape}", self.case_s5cmd, shape)
+                        self.attempt(f"tierfs preload {shape}", self.case_tierfs_copy, shape, r)
+                        self.attempt(f"rclone copy {shape}", self.case_rclone, shape)
                 if "latency" in self.cases:
-                    self.case_latency()
+                    self.attempt("latency", self.case_latency)
                 if "epoch" in self.cases:
-                    self.case_epoch(r)
+                    self.attempt("epoch", self.case_epoch, r)
             if "rss" in self.cases:  # once: it is long, and its figure is a peak
-                self.case_rss()
+                self.attempt("rss", self.case_rss)
+
+    def attempt(self, case: str, run: Callable[..., None], *args: Any) -> None:
+        """Run one case; a failure is reported (ERROR in the notes) and the
+        other cases go on."""
+        try:
+            run(*args)
+        except (BenchError, subprocess.SubprocessError, OSError) as exc:
+            log(f"  {case}: ERROR: {exc}")
+            self.results.notes[f"ERROR in {case}"] = str(exc)[:400]
 
 
 # --- report ---------------------------------------------------------------------------------
