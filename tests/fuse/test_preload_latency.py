@@ -5,7 +5,7 @@ proxy, which holds every response ``DELAY`` seconds, and paces the GETs of
 the preloaded prefix: each waits for the next tick of ``PACE`` seconds (the
 proxy's request holds, opened one tick at a time by ``Pacer``), as a large
 ranged GET from a far-away bucket takes long.  So the preload of ``bulk/``
-(``PRELOADED`` files) lasts minutes, while a GET of another prefix takes
+(``PRELOADED`` files, one per tick) would last a minute, while a GET of another prefix takes
 ``DELAY``.  The daemon runs with ``[fetch] concurrency = 2``: background
 fetches (preload, prefetch) may hold one of the two fetch slots, so the
 other stays free for demand reads.
