@@ -39,6 +39,14 @@ Cases (``--cases``, comma-separated):
     daemon's CPU seconds, and tierfs/peer ratios (target: preload >= 0.9x
     s5cmd for both shapes).
 
+    Seen on this machine kind: s3rver answers the delimited LIST of
+    ``small/`` with 10,000 keys beneath in about 3.3 s (it walks every key
+    under the prefix, whatever ``--dirs``), more than tierfs's 3 s read
+    timeout of foreground requests (``tierfs.store.s3.READ_TIMEOUT``): the
+    preload of the 10,000-file shape then fails on that LIST (reported as
+    an ERROR; the other cases go on).  s5cmd and rclone wait longer.  A
+    real bucket answers a LIST page in tens of milliseconds.
+
 ``latency``: demand reads during a preload, against the same reads idle.
     One fresh mount per round; the files' directories are listed first, so
     the timed reads need no LIST.  Each read is timed from ``open`` to the
