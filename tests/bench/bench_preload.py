@@ -146,6 +146,11 @@ EPOCH_TARGET = 2.0  # epoch with order-aware prefetch >= 2 x faster
 RSS_TARGET_MB = 100.0  # daemon RSS growth for the long list
 
 
+def fmt_rate(value: float) -> str:
+    """Files per second: whole numbers, or two decimals below 10 (one big file)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2f}"
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, nearest rank."""
     ordered = sorted(values)
@@ -227,7 +232,7 @@ class Results:
         self.copies.setdefault(case, []).append(sample)
         cpu = f", daemon CPU {sample.daemon_cpu:.1f}s" if sample.daemon_cpu else ""
         log(
-            f"  {case}: {sample.seconds:.2f}s, {sample.files_per_s:,.0f} files/s, "
+            f"  {case}: {sample.seconds:.2f}s, {fmt_rate(sample.files_per_s)} files/s, "
             f"{sample.mbps:,.0f} MB/s{cpu}"
         )
 
@@ -748,7 +753,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
                 [
                     case,
                     f"{m.seconds:.2f}",
-                    f"{m.files_per_s:,.0f}",
+                    fmt_rate(m.files_per_s),
                     f"{m.mbps:,.0f}",
                     cpu,
                     str(len(samples)),
