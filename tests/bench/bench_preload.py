@@ -881,7 +881,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=parse_size("512MiB"),
         help="the cold big file of the 1 MiB range reads (512MiB)",
     )
-    p.add_argument("--epoch-files", type=int, default=10_000, help="files in the epoch (10000)")
+    p.add_argument(
+        "--epoch-files", type=int, default=None, help="files in the epoch (all of --files)"
+    )
     p.add_argument("--readers", type=int, default=8, help="reader threads of the epoch (8)")
     p.add_argument(
         "--s3-delay",
@@ -925,8 +927,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown case: {', '.join(bad)}")
     if args.repeat < 1 or args.files < 1 or args.latency_reads < 1:
         p.error("--repeat, --files and --latency-reads must be at least 1")
-    if args.epoch_files > args.files:
-        p.error("--epoch-files must not exceed --files")
+    if args.epoch_files is None:
+        args.epoch_files = args.files
+    if not 1 <= args.epoch_files <= args.files:
+        p.error("--epoch-files must be from 1 to --files")
     if args.rclone_serve:
         p.error("--rclone-serve: this bench runs on s3rver only")
     return args
