@@ -23,7 +23,7 @@ from tests.faults import FaultProxy
 from tierfs.errors import EndpointUnreachable, StoreError, StoreUnavailable
 from tierfs.store.breaker import CircuitBreaker, breaker_of
 from tierfs.store.retry import RetryPolicy, classify, run_with_retry
-from tierfs.store.s3 import READ_TIMEOUT, S3Store
+from tierfs.store.s3 import LIST_READ_TIMEOUT, READ_TIMEOUT, S3Store
 
 
 class FakeClock:
@@ -406,9 +406,10 @@ def test_a_timeout_weighs_more_and_silences_foreground_requests_only() -> None:
     breaker.before_attempt("head", "s3://b/k", foreground=True)
 
 
-def test_uploads_get_the_longer_read_timeout(proxied: S3Store) -> None:
+def test_uploads_and_lists_get_longer_read_timeouts(proxied: S3Store) -> None:
     """The request that goes on the wire carries the per-request read timeout
-    that botocore's HTTP session applies (``context["read_timeout"]``)."""
+    that botocore's HTTP session applies (``context["read_timeout"]``): uploads
+    and LISTs wait longer for their answer than other requests."""
     sent: dict[str, Any] = {}
 
     def spy(request: Any, event_name: str, **_: Any) -> None:
@@ -417,5 +418,7 @@ def test_uploads_get_the_longer_read_timeout(proxied: S3Store) -> None:
     proxied.client.meta.events.register("before-send.s3.*", spy)
     proxied.put("up", b"y")
     proxied.head("up")
+    list(proxied.list_pages(""))
     assert sent["PutObject"] == proxied.upload_read_timeout
+    assert sent["ListObjectsV2"] == LIST_READ_TIMEOUT > READ_TIMEOUT
     assert sent["HeadObject"] is None  # the client's READ_TIMEOUT applies
