@@ -263,7 +263,9 @@ class TierfsOperations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        opened, attrs = await self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        opened, attrs = await self.fs.create(
+            parent_inode, name, mode, flags, ctx.uid, ctx.gid, caller=caller_of(ctx)
+        )
         info = pyfuse3.FileInfo(
             fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io
         )

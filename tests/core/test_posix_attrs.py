@@ -299,3 +299,14 @@ async def test_setxattr_and_removexattr_change_ctime(make_fs: Any) -> None:
     assert (await fs.getattr(ino)).ctime_ns > after_set
     mount = await mount.remount()
     assert (await mount.fs.getattr(ino)).ctime_ns > after_set
+
+
+async def test_a_write_through_the_creating_handle_clears_setuid(make_fs: Any) -> None:
+    mount = await make_fs()
+    opened, attrs = await mount.fs.create(
+        ROOT_INO, b"made", 0o4755, os.O_WRONLY, 2000, 2000, caller=OTHER
+    )
+    assert await mode_of(mount, attrs.ino) == 0o4755
+    await mount.fs.write(opened.fh, 0, b"x")
+    await mount.fs.release(opened.fh)
+    assert await mode_of(mount, attrs.ino) == 0o755

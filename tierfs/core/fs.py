@@ -682,9 +682,17 @@ class TierFS:
     # --- mutations (``writes``) ------------------------------------------------------------
 
     async def create(
-        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        flags: int,
+        uid: int,
+        gid: int,
+        *,
+        caller: Caller | None = None,
     ) -> tuple[OpenResult, Attributes]:
-        return await self.writes.create(parent, name, mode, flags, uid, gid)
+        return await self.writes.create(parent, name, mode, flags, uid, gid, caller=caller)
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
         return await self.writes.mkdir(parent, name, mode, uid, gid)

@@ -235,7 +235,15 @@ class FileWrites:
     # --- creating ----------------------------------------------------------------------------
 
     async def create(
-        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        flags: int,
+        uid: int,
+        gid: int,
+        *,
+        caller: Caller | None = None,
     ) -> tuple[OpenResult, Attributes]:
         check_name(name)
         check_not_reserved(parent, name)
@@ -246,7 +254,7 @@ class FileWrites:
         with self.journal.write() as w:
             self._link_new(w, inode)
             w.ensure_upload(inode.ino)
-        opened = self.handles.open(inode, flags)
+        opened = self.handles.open(inode, flags, caller=caller)
         return opened, self.attributes(self.namespace.get(inode.ino))
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
