@@ -21,6 +21,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from tierfs.core import Attributes, TierFS
+from tierfs.core.posix_attrs import Caller
 from tierfs.errors import EndpointUnreachable, TierfsError
 from tierfs.workers.metrics import LatencyTable, Metrics
 
@@ -85,6 +86,10 @@ def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
     return entry
 
 
+def caller_of(ctx: Any) -> Caller:
+    return Caller(uid=ctx.uid, gid=ctx.gid, pid=ctx.pid)
+
+
 class TierfsOperations(pyfuse3.Operations):
     # No kernel writeback cache: with it, FUSE never takes a regular file's
     # size from us again (it trusts its own i_size), so an object that grew
@@ -112,9 +117,9 @@ class TierfsOperations(pyfuse3.Operations):
         return entry_attributes(await self.fs.getattr(inode))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
-        # Inodes live in LMDB with stable numbers; the kernel's references
-        # need no bookkeeping until unlink-while-open exists (write path).
-        return None
+        # Inodes live in LMDB with stable numbers; only removed ones that the
+        # kernel still held are remembered until it forgets them.
+        self.fs.forget([ino for ino, _nlookup in inode_list])
 
     @_errno
     async def readlink(self, inode: int, ctx: Any) -> bytes:
@@ -161,7 +166,7 @@ class TierfsOperations(pyfuse3.Operations):
 
     @_errno
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        result = await self.fs.open(inode, flags)
+        result = await self.fs.open(inode, flags, caller_of(ctx))
         return pyfuse3.FileInfo(
             fh=result.fh, keep_cache=result.keep_cache, direct_io=result.direct_io
         )
@@ -208,6 +213,7 @@ class TierfsOperations(pyfuse3.Operations):
             size=attr.st_size if fields.update_size else None,
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            caller=caller_of(ctx),
         )
         return entry_attributes(attrs)
 
@@ -257,7 +263,9 @@ class TierfsOperations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        opened, attrs = await self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        opened, attrs = await self.fs.create(
+            parent_inode, name, mode, flags, ctx.uid, ctx.gid, caller=caller_of(ctx)
+        )
         info = pyfuse3.FileInfo(
             fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io
         )

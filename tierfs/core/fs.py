@@ -64,6 +64,7 @@ from .journal import Entry, Journal
 from .lifecycle import Lifecycle
 from .movement import DataMovement
 from .namespace import Identity, Namespace
+from .posix_attrs import AccessTimes, Caller, UnlinkedInodes
 from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
 from .space import SpaceManager
 from .store_threads import StoreThreads
@@ -174,6 +175,10 @@ class TierFS:
             spawn=self._spawn,
         )
         self.handles = Handles(self.blocks, self.space, self.journal)
+        #: POSIX atime, relatime, batched (see ``posix_attrs``).
+        self.access_times = AccessTimes(meta)
+        #: Removed inodes the kernel may still hold: getattr shows nlink 0.
+        self.unlinked = UnlinkedInodes()
         self.sync = Sync(
             config,
             meta,
@@ -200,6 +205,8 @@ class TierFS:
             self.sync,
             control_xattr=self.control_xattr,
             write_through=self._write_through,
+            access_times=self.access_times,
+            unlinked=self.unlinked,
         )
         self.movement = DataMovement(
             meta,
@@ -313,6 +320,7 @@ class TierFS:
         while True:
             await trio.sleep(_ATIME_FLUSH_SECONDS)
             self.space.flush_atimes()
+            self.access_times.flush()
             self.blocks.buffers.trim()
 
     async def _remove_orphan_cache_files(self) -> None:
@@ -336,14 +344,28 @@ class TierFS:
 
     def close(self) -> None:
         self.space.flush_atimes()
+        self.access_times.flush()
 
     # --- attributes ------------------------------------------------------------------
 
     def attributes(self, inode: Inode) -> Attributes:
-        return attributes_of(inode, self.config)
+        return attributes_of(
+            inode,
+            self.config,
+            unlinked=inode.ino in self.unlinked,
+            atime_ns=self.access_times.atime_of(inode),
+        )
 
     async def getattr(self, ino: int) -> Attributes:
+        gone = self.unlinked.get(ino)
+        if gone is not None:  # removed, still held by the kernel: nlink 0
+            return self.attributes(self.blocks.live_inode(ino) or gone)
         return self.attributes(self.namespace.get(ino))
+
+    def forget(self, inos: list[int]) -> None:
+        """The kernel dropped these inodes (FUSE forget)."""
+        for ino in inos:
+            self.unlinked.forget(ino)
 
     async def lookup(self, parent: int, name: bytes) -> Attributes:
         return self.attributes(await self.namespace.lookup(parent, name))
@@ -355,6 +377,7 @@ class TierFS:
         if not inode.is_dir:
             raise NotADirectory(f"inode {ino} is not a directory")
         await self.namespace.ensure_listed(inode)
+        self.access_times.accessed(inode)  # reading a directory is an access
         return ino
 
     async def readdir(self, ino: int, after_cookie: int, limit: int = 256) -> list[DirEntry]:
@@ -372,7 +395,9 @@ class TierFS:
 
     # --- files ---------------------------------------------------------------------------
 
-    async def open(self, ino: int, flags: int) -> OpenResult:
+    async def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
+        """``caller``: who opens (FUSE context); its writes clear setuid and
+        setgid as the kernel's rules say (``posix_attrs``)."""
         inode = self.namespace.get(ino)
         if inode.is_dir:
             raise IsADirectory(f"inode {ino} is a directory")
@@ -385,15 +410,21 @@ class TierFS:
             # The kernel still holds the old size: reads past it would stop
             # short.  Attributes only: the pages go with keep_cache=False.
             await self.invalidate_kernel_cache(ino, False)
-        result = self.handles.open(inode, flags, keep_cache=not changed)
-        if flags & os.O_TRUNC and self.handles.writable_flags(flags) and inode.size:
-            await self.writes.truncate(self.handles.get(result.fh).cached.inode, 0)
+        result = self.handles.open(inode, flags, keep_cache=not changed, caller=caller)
+        if flags & os.O_TRUNC and self.handles.writable_flags(flags):
+            # The kernel leaves O_TRUNC to us (atomic O_TRUNC), with its
+            # setuid/setgid clearing.
+            handle = self.handles.get(result.fh)
+            if inode.size:
+                await self.writes.truncate(handle.cached.inode, 0)
+            self.writes.drop_privileges(handle)
         return result
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         """A memoryview is lent until the caller's next ``await`` (BlockCache.read)."""
         handle = self.handles.get(fh)
         self.space.touch(handle.cached.ino)
+        self.access_times.accessed(handle.cached.inode)
         return await self.blocks.read(handle.cached, offset, size, handle.read_state)
 
     async def release(self, fh: int) -> None:
@@ -651,9 +682,17 @@ class TierFS:
     # --- mutations (``writes``) ------------------------------------------------------------
 
     async def create(
-        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        flags: int,
+        uid: int,
+        gid: int,
+        *,
+        caller: Caller | None = None,
     ) -> tuple[OpenResult, Attributes]:
-        return await self.writes.create(parent, name, mode, flags, uid, gid)
+        return await self.writes.create(parent, name, mode, flags, uid, gid, caller=caller)
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
         return await self.writes.mkdir(parent, name, mode, uid, gid)
@@ -699,9 +738,17 @@ class TierFS:
         size: int | None = None,
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
+        caller: Caller | None = None,
     ) -> Attributes:
         return await self.writes.setattr(
-            ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns
+            ino,
+            mode=mode,
+            uid=uid,
+            gid=gid,
+            size=size,
+            atime_ns=atime_ns,
+            mtime_ns=mtime_ns,
+            caller=caller,
         )
 
     async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:

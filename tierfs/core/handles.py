@@ -23,6 +23,7 @@ from tierfs.meta import Inode
 
 from .blockcache import BlockCache, CachedFile, ReadState
 from .journal import Journal
+from .posix_attrs import Caller
 from .results import OpenResult
 from .space import SpaceManager
 
@@ -33,6 +34,9 @@ class Handle:
     cached: CachedFile
     read_state: ReadState
     writable: bool
+    #: Who opened it (None: unknown, as for the core's own callers): its
+    #: writes clear setuid/setgid by the kernel's rules (``posix_attrs``).
+    caller: Caller | None = None
 
 
 class Handles:
@@ -57,7 +61,9 @@ class Handles:
     def open_for_writing(self, ino: int) -> bool:
         return ino in self.writers
 
-    def open(self, inode: Inode, flags: int, *, keep_cache: bool = True) -> OpenResult:
+    def open(
+        self, inode: Inode, flags: int, *, keep_cache: bool = True, caller: Caller | None = None
+    ) -> OpenResult:
         ino = inode.ino
         keep_cache = keep_cache and ino not in self.stale_page_cache
         self.stale_page_cache.discard(ino)
@@ -68,7 +74,9 @@ class Handles:
             self.journal.hold(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(cached.inode, cached, self.blocks.new_read_state(), writable)
+        self.handles[fh] = Handle(
+            cached.inode, cached, self.blocks.new_read_state(), writable, caller
+        )
         self.space.opened(ino)
         for observer in self.open_observers:
             observer(ino)

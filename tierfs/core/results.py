@@ -49,18 +49,31 @@ class FsStats:
     name_max: int = 255
 
 
-def attributes_of(inode: Inode, config: Config) -> Attributes:
-    """The attributes the kernel sees for ``inode``, cached for ``list_ttl``."""
+def attributes_of(
+    inode: Inode, config: Config, *, unlinked: bool = False, atime_ns: int | None = None
+) -> Attributes:
+    """The attributes the kernel sees for ``inode``, cached for ``list_ttl``.
+
+    nlink: 0 once ``unlinked`` (removed from the namespace while still open
+    or referenced), 2 + its subdirectories for a directory (as on ext4; a
+    directory never listed knows none yet), else 1 (no hard links).
+    ``atime_ns``: an access time newer than the record's (``core.atime``)."""
+    if unlinked:
+        nlink = 0
+    elif inode.is_dir:
+        nlink = 2 + inode.nsubdirs
+    else:
+        nlink = 1
     return Attributes(
         ino=inode.ino,
         mode=inode.mode,
-        nlink=2 if inode.is_dir else 1,
+        nlink=nlink,
         uid=inode.uid,
         gid=inode.gid,
         size=inode.size,
         blksize=config.fetch.block_size,
         mtime_ns=inode.mtime_ns,
         ctime_ns=inode.ctime_ns,
-        atime_ns=inode.mtime_ns,
+        atime_ns=inode.atime_ns if atime_ns is None else atime_ns,
         timeout=config.namespace.list_ttl,
     )

@@ -91,9 +91,17 @@ from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.tiers.tier import Tier
 
 from .blockcache import BlockCache, CachedFile
-from .handles import Handles
+from .handles import Handle, Handles
 from .journal import Journal, JournalWriter
 from .namespace import NAME_MAX, Namespace
+from .posix_attrs import (
+    AccessTimes,
+    Caller,
+    UnlinkedInodes,
+    inherit_group,
+    mode_after_chown,
+    mode_after_write,
+)
 from .results import Attributes, OpenResult, attributes_of
 from .shadow import SHADOW_ROOT
 from .space import SpaceManager
@@ -140,6 +148,8 @@ class FileWrites:
         *,
         control_xattr: bytes,
         write_through: Callable[[int], bool] | None = None,
+        access_times: AccessTimes | None = None,
+        unlinked: UnlinkedInodes | None = None,
     ) -> None:
         self.config = config
         #: Does a close or fsync of this inode wait for the bucket (``write``
@@ -158,9 +168,17 @@ class FileWrites:
         self.control_xattr = control_xattr
         #: Unlinked files still in use: deleted when the last user lets go.
         self._orphans = journal.orphans
+        self.access_times = access_times if access_times is not None else AccessTimes(meta)
+        #: Removed inodes the kernel may still hold (``posix_attrs``).
+        self.unlinked = unlinked if unlinked is not None else UnlinkedInodes()
 
     def attributes(self, inode: Inode) -> Attributes:
-        return attributes_of(inode, self.config)
+        return attributes_of(
+            inode,
+            self.config,
+            unlinked=inode.ino in self.unlinked,
+            atime_ns=self.access_times.atime_of(inode),
+        )
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -175,6 +193,7 @@ class FileWrites:
         return inode
 
     def _new_inode(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        mode, gid = inherit_group(self.namespace.get(parent), mode, gid)
         now = time.time_ns()
         return Inode(
             ino=0,
@@ -216,7 +235,15 @@ class FileWrites:
     # --- creating ----------------------------------------------------------------------------
 
     async def create(
-        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        flags: int,
+        uid: int,
+        gid: int,
+        *,
+        caller: Caller | None = None,
     ) -> tuple[OpenResult, Attributes]:
         check_name(name)
         check_not_reserved(parent, name)
@@ -227,7 +254,7 @@ class FileWrites:
         with self.journal.write() as w:
             self._link_new(w, inode)
             w.ensure_upload(inode.ino)
-        opened = self.handles.open(inode, flags)
+        opened = self.handles.open(inode, flags, caller=caller)
         return opened, self.attributes(self.namespace.get(inode.ino))
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
@@ -303,6 +330,7 @@ class FileWrites:
             self._queue_removal(w, inode, key)
             if not busy:
                 tiers = w.tx.delete_inode(inode.ino)
+        self.unlinked.add(inode)
         if busy:
             self._orphans.add(inode.ino)  # deleted when the last handle closes
         else:
@@ -343,6 +371,7 @@ class FileWrites:
             w.tx.unlink(parent, name)
             w.tx.delete_inode(inode.ino)
             w.append({"op": "delete", "key": key + "/", "shadow_ino": inode.ino})
+        self.unlinked.add(inode)
 
     # --- rename ----------------------------------------------------------------------------------
 
@@ -412,6 +441,8 @@ class FileWrites:
                 self._queue_dir_move(w, inode, old_key, new_key)
             else:
                 self._queue_file_move(w, inode, old_key, new_key)
+        if target is not None:
+            self.unlinked.add(target)
         if target is not None and not target.is_dir:
             if target_busy:
                 self._orphans.add(target.ino)
@@ -498,7 +529,21 @@ class FileWrites:
         written = await self.blocks.write(cf, offset, data)
         self.sync.content_changed_locally(cf.ino)
         cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
+        self.drop_privileges(handle)
         return written
+
+    def drop_privileges(self, handle: Handle) -> None:
+        """A write or truncation through ``handle``: clear setuid/setgid as
+        the kernel does for a caller without CAP_FSETID (``posix_attrs``).
+        The mode is committed with the file's next commit (close, fsync)."""
+        inode = handle.cached.inode
+        if handle.caller is None or not inode.mode & (stat.S_ISUID | stat.S_ISGID):
+            return
+        mode = mode_after_write(inode.mode, inode.gid, handle.caller)
+        if mode != inode.mode:
+            inode.mode = mode
+            inode.ctime_ns = time.time_ns()
+            handle.cached.inode_dirty = True
 
     async def truncate(self, inode: Inode, size: int) -> None:
         if inode.is_dir:
@@ -560,11 +605,19 @@ class FileWrites:
         size: int | None = None,
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
+        caller: Caller | None = None,
     ) -> Attributes:
+        """``caller``: who asks (FUSE context).  A truncation by a caller
+        without CAP_FSETID, and any chown of a non-directory, clear
+        setuid/setgid by the kernel's rules (``posix_attrs``)."""
         inode = self.namespace.get(ino)
         if size is not None and size != inode.size:
             await self.truncate(inode, size)
             inode = self.namespace.get(ino)
+        if size is not None and mode is None and caller is not None and inode.is_file:
+            cleared = mode_after_write(inode.mode, inode.gid, caller)
+            if cleared != inode.mode:
+                mode = cleared
         if mode is None and uid is None and gid is None and mtime_ns is None and atime_ns is None:
             return self.attributes(inode)
         if mode is not None:
@@ -573,8 +626,13 @@ class FileWrites:
             inode.uid = uid
         if gid is not None:
             inode.gid = gid
+        if uid is not None or gid is not None:
+            inode.mode = mode_after_chown(inode.mode)
         if mtime_ns is not None:
             inode.mtime_ns = mtime_ns
+        if atime_ns is not None:
+            inode.atime_ns = atime_ns
+            self.access_times.discard(ino)
         inode.ctime_ns = time.time_ns()
         with self.journal.write() as w:
             w.tx.put_inode(inode)
@@ -602,12 +660,18 @@ class FileWrites:
             raise NotSupported("only user.* extended attributes are supported")
         if len(value) > XATTR_VALUE_MAX:
             raise InvalidArgument("extended attribute value too large")
+        inode = self.namespace.get(ino)
+        inode.ctime_ns = time.time_ns()  # an attribute of the inode changed
         with self.meta.write() as tx:
             tx.set_xattr(ino, name, value)
+            tx.put_inode(inode)
 
     async def removexattr(self, ino: int, name: bytes) -> None:
-        self.namespace.get(ino)
+        inode = self.namespace.get(ino)
         with self.meta.write() as tx:
             removed = tx.remove_xattr(ino, name)
+            if removed:
+                inode.ctime_ns = time.time_ns()
+                tx.put_inode(inode)
         if not removed:
             raise NoData(name.decode(errors="replace"))

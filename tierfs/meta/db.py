@@ -46,6 +46,10 @@ ONE write transaction, so they hold after every commit and after a crash):
   (the caller's duty: write, then ``add_block``).  The reverse is allowed: a
   cache file may hold bytes that no record mentions (a crash between write and
   commit); they are never served and are freed when the file is dropped.
+* ``nsubdirs`` of a directory inode is the number of its dentries that
+  name directories: ``MetaTxn.link``/``unlink`` and the listing's merge and
+  sweep keep it (so ``MetaTxn.unlink`` rewrites the parent's record: a
+  caller holding that parent's Inode reads it again before writing it).
 * Inode numbers are never reused: ``next_ino`` only grows, and a start after
   an unclean stop skips ``INO_CRASH_GAP`` numbers (see "Group commit").
 * A namespace change and the journal entries that carry it to the bucket
@@ -131,7 +135,9 @@ from tierfs.meta.records import (
     encode_dentry,
     encode_inode,
     ino_key,
+    patch_atime,
     patch_attrs,
+    raw_is_v2,
     raw_mode,
     raw_validated_at,
     residency_key,
@@ -139,7 +145,10 @@ from tierfs.meta.records import (
     unpack_residency_key,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: Older schemas this tierfs upgrades in place when it opens their state
+#: directory (see ``_upgrade_from_2``).
+UPGRADABLE_SCHEMAS = (2,)
 #: ``validated_at`` of an inode whose attributes a listing has not settled.
 PROVISIONAL = -1.0
 #: Inode numbers skipped after an unclean stop; see "Group commit".
@@ -271,6 +280,10 @@ class MetaDB:
                 txn.put(b"open", b"1", db=self._meta)
                 return
             version = U64.unpack(raw)[0]
+            if version in UPGRADABLE_SCHEMAS:
+                self._upgrade_from_2(txn)
+                txn.put(b"schema", U64.pack(SCHEMA_VERSION), db=self._meta)
+                version = SCHEMA_VERSION
             if version != SCHEMA_VERSION:
                 raise SchemaMismatch(
                     f"state directory {path} has metadata schema {version}, this tierfs "
@@ -288,6 +301,33 @@ class MetaDB:
                 next_ino = U64.unpack(txn.get(b"next_ino", db=self._meta))[0]
                 txn.put(b"next_ino", U64.pack(next_ino + INO_CRASH_GAP), db=self._meta)
             txn.put(b"open", b"1", db=self._meta)
+
+    def _upgrade_from_2(self, txn: lmdb.Transaction) -> None:
+        """Schema 2 -> 3: inode records gained ``atime_ns`` and ``nsubdirs``.
+
+        File records stay in format 2 (read with atime = mtime) until they
+        are next written.  Every directory record is rewritten in format 3
+        with its subdirectory count, taken from its dentries, so that a
+        count is exact from the first mount of this version: one pass over
+        the inodes (mode and parent of each) in this one transaction.
+        """
+        subdirs: dict[int, int] = {}
+        dirs: list[int] = []
+        for key, raw in txn.cursor(db=self._inodes):
+            if not stat.S_ISDIR(raw_mode(raw)):
+                continue
+            ino = U64.unpack(key)[0]
+            dirs.append(ino)
+            inode = decode_inode(ino, raw)
+            if ino == ROOT_INO:
+                continue
+            linked = txn.get(dentry_key(inode.parent, inode.name), db=self._dentries)
+            if linked is not None and decode_dentry(linked)[0] == ino:
+                subdirs[inode.parent] = subdirs.get(inode.parent, 0) + 1
+        for ino in dirs:
+            inode = self._get_inode_txn(txn, ino)
+            inode.nsubdirs = subdirs.get(ino, 0)
+            txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
 
     def close(self) -> None:
         """Commit, mark the state directory cleanly closed, flush, close."""
@@ -450,6 +490,8 @@ class MetaDB:
                         # A file became a directory (or the reverse): replace.
                         self._remove_subtree(txn, ino, result)
                         self._unlink_dentry(txn, dir_ino, entry.name, cookie)
+                        if inode.is_dir:
+                            parent.nsubdirs = max(0, parent.nsubdirs - 1)
                         raw = None
                     else:
                         txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
@@ -511,6 +553,8 @@ class MetaDB:
                         validated_at=PROVISIONAL,
                     )
                     result.unsettled.append((entry.name, ino))
+                    if entry.is_dir:
+                        parent.nsubdirs += 1
                     txn.put(ino_key(ino), encode_inode(inode), db=self._inodes)
                     txn.put(dkey, encode_dentry(ino, cookie, gen), db=self._dentries)
                     txn.put(dirseq_key(dir_ino, cookie), entry.name, db=self._dirseq)
@@ -630,12 +674,17 @@ class MetaDB:
                     stale.append((key[8:], ino, cookie))
         with self.write() as w:
             txn = w.txn
+            swept_dirs = 0
             for name, ino, cookie in stale:
                 if self._holds_local_data(txn, ino, prefix + name.decode(), protects):
                     continue
+                raw = txn.get(ino_key(ino), db=self._inodes)
+                if raw is not None and stat.S_ISDIR(raw_mode(raw)):
+                    swept_dirs += 1
                 self._remove_subtree(txn, ino, result)
                 self._unlink_dentry(txn, dir_ino, name, cookie)
             parent = self._get_inode_txn(txn, dir_ino)
+            parent.nsubdirs = max(0, parent.nsubdirs - swept_dirs)
             parent.listed_at = now
             txn.put(ino_key(dir_ino), encode_inode(parent), db=self._inodes)
         return result
@@ -841,6 +890,24 @@ class MetaDB:
         with self._read() as txn:
             return {U64.unpack(k)[0]: _F64.unpack(v)[0] for k, v in txn.cursor(db=self._atimes)}
 
+    def write_posix_atimes(self, atimes: dict[int, int]) -> None:
+        """Store the POSIX access times (ino -> atime_ns) of many inodes in
+        one write block (``core.atime`` batches them); inodes gone meanwhile
+        are skipped.  A format 3 record is patched in place."""
+        with self.write() as w:
+            txn = w.txn
+            for ino, atime_ns in atimes.items():
+                key = ino_key(ino)
+                raw = txn.get(key, db=self._inodes)
+                if raw is None:
+                    continue
+                if raw_is_v2(raw):
+                    inode = decode_inode(ino, raw)
+                    inode.atime_ns = atime_ns
+                    txn.put(key, encode_inode(inode), db=self._inodes)
+                else:
+                    txn.put(key, patch_atime(raw, atime_ns), db=self._inodes)
+
     # --- extended attributes ----------------------------------------------------------------
 
     def get_xattr(self, ino: int, name: bytes) -> bytes | None:
@@ -958,9 +1025,14 @@ class MetaTxn:
 
     def link(self, parent: Inode, name: bytes, ino: int) -> None:
         """Add the dentry ``name`` -> ino under ``parent`` (whose inode record,
-        with its bumped cookie counter, is written too)."""
+        with its bumped cookie counter and, for a directory ``ino``, its
+        subdirectory count, is written too).  ``ino``'s record is written
+        before."""
         cookie = parent.next_cookie
         parent.next_cookie += 1
+        child = self.txn.get(ino_key(ino), db=self.db._inodes)
+        if child is not None and stat.S_ISDIR(raw_mode(child)):
+            parent.nsubdirs += 1
         gen = parent.list_gen
         self.txn.put(
             dentry_key(parent.ino, name), encode_dentry(ino, cookie, gen), db=self.db._dentries
@@ -984,11 +1056,20 @@ class MetaTxn:
             self.txn.put(key, encode_dentry(ino, cookie, parent.list_gen), db=self.db._dentries)
 
     def unlink(self, parent: int, name: bytes) -> int | None:
+        """Remove the dentry; for a directory, also count it out of the
+        parent's record (read and written here).  The child's record must
+        still exist."""
         raw = self.txn.get(dentry_key(parent, name), db=self.db._dentries)
         if raw is None:
             return None
         ino, cookie, _gen = decode_dentry(raw)
         self.db._unlink_dentry(self.txn, parent, name, cookie)
+        child = self.txn.get(ino_key(ino), db=self.db._inodes)
+        if child is not None and stat.S_ISDIR(raw_mode(child)):
+            parent_inode = self.get_inode(parent)
+            if parent_inode is not None:
+                parent_inode.nsubdirs = max(0, parent_inode.nsubdirs - 1)
+                self.put_inode(parent_inode)
         return ino
 
     def children(self, parent: int) -> list[tuple[bytes, int]]:

@@ -4,6 +4,14 @@ Integers are big-endian so that composite keys sort numerically: the dentry
 key ``(parent, name)`` sorts by parent then name bytes, the block key
 ``(ino, blockno)`` by inode then block.  Every value starts with a format byte
 so that a later schema can read an older value or refuse it cleanly.
+
+Inode records: format 2 (schema 2) has no atime and no subdirectory count;
+format 3 (schema 3) appends ``atime_ns`` and ``nsubdirs`` to the fixed head,
+so every field before them sits at the same offset in both formats
+(``patch_attrs`` works on either).  A format 2 record decodes with atime =
+mtime; ``MetaDB`` rewrites every directory record to format 3 with its
+count when it upgrades a schema 2 state directory, so a format 2 record
+met later is always a file or a symlink, whose count is 0.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import struct
 from dataclasses import dataclass
 
 ROOT_INO = 1
+#: ``Inode.atime_ns`` default: the new inode's atime is its mtime.
+ATIME_FROM_MTIME = -(1 << 63)
 
 
 class SyncState(enum.IntEnum):
@@ -38,6 +48,12 @@ class Inode:
     file the origin is the object at the file's own path; during a pending
     rename it is the old key until the server-side copy completes.
     ``validated_at`` is when LIST or HEAD last confirmed that ETag.
+    ``atime_ns`` is the POSIX access time (set by utimensat, moved forward
+    by reads in the relatime way, see ``core.atime``); a record that never
+    had one starts with atime = mtime.  ``nsubdirs`` (directories) counts
+    the subdirectories linked under it, so that nlink = 2 + nsubdirs as on
+    ext4; it changes with every dentry of a directory linked or unlinked
+    (``MetaTxn.link``/``unlink``, the listing merge and sweep).
     ``listed_at`` (directories) is when the last complete listing finished;
     0 means never listed.  ``list_gen`` counts listings (for the sweep of
     names that vanished), ``next_cookie`` numbers dentries for readdir.
@@ -61,6 +77,12 @@ class Inode:
     list_gen: int = 0
     next_cookie: int = 1
     symlink_target: bytes = b""
+    atime_ns: int = ATIME_FROM_MTIME
+    nsubdirs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.atime_ns == ATIME_FROM_MTIME:
+            self.atime_ns = self.mtime_ns
 
     @property
     def is_dir(self) -> bool:
@@ -71,8 +93,11 @@ class Inode:
         return stat.S_ISREG(self.mode)
 
 
-_INODE_FORMAT = 2
-_INODE_HEAD = struct.Struct(">BBIIIQqqQddQQQHHHH")
+_INODE_FORMAT = 3
+_INODE_FORMAT_V2 = 2  # no atime_ns, no nsubdirs (schema 2)
+_INODE_HEAD_V2 = struct.Struct(">BBIIIQqqQddQQQHHHH")
+_INODE_HEAD = struct.Struct(_INODE_HEAD_V2.format + "qQ")  # + atime_ns, nsubdirs
+_ATIME_AT = _INODE_HEAD_V2.size
 
 
 def encode_inode(inode: Inode) -> bytes:
@@ -98,6 +123,8 @@ def encode_inode(inode: Inode) -> bytes:
             len(inode.name),
             len(inode.symlink_target),
             len(origin),
+            inode.atime_ns,
+            inode.nsubdirs,
         )
         + etag
         + inode.name
@@ -128,7 +155,7 @@ def patch_attrs(raw: bytes, mode: int, uid: int, gid: int, validated_at: float) 
     """An encoded inode with new mode, uid, gid and validated_at (the rest
     unchanged): a listing settles thousands of inodes, a full decode and
     encode of each would double its cost."""
-    if raw[0] != _INODE_FORMAT:
+    if raw[0] not in (_INODE_FORMAT, _INODE_FORMAT_V2):
         raise ValueError(f"unknown inode record format {raw[0]}")
     out = bytearray(raw)
     _OWNER.pack_into(out, _MODE_AT, mode, uid, gid)
@@ -136,9 +163,36 @@ def patch_attrs(raw: bytes, mode: int, uid: int, gid: int, validated_at: float) 
     return bytes(out)
 
 
+def raw_is_v2(raw: bytes) -> bool:
+    """Is this an inode record of schema 2 (no atime, no subdirectory count)?"""
+    return raw[0] == _INODE_FORMAT_V2
+
+
+def patch_atime(raw: bytes, atime_ns: int) -> bytes:
+    """A format 3 inode record with a new ``atime_ns`` (the rest unchanged):
+    the batched access-time write-back touches nothing else."""
+    if raw[0] != _INODE_FORMAT:
+        raise ValueError(f"inode record format {raw[0]} has no atime field")
+    out = bytearray(raw)
+    struct.pack_into(">q", out, _ATIME_AT, atime_ns)
+    return bytes(out)
+
+
 def decode_inode(ino: int, raw: bytes) -> Inode:
+    fmt = raw[0]
+    if fmt == _INODE_FORMAT:
+        head = _INODE_HEAD
+    elif fmt == _INODE_FORMAT_V2:
+        head = _INODE_HEAD_V2
+    else:
+        raise ValueError(f"inode {ino}: unknown record format {fmt}")
+    fields = head.unpack_from(raw)
+    if fmt == _INODE_FORMAT:
+        atime_ns, nsubdirs = fields[-2:]
+    else:
+        atime_ns, nsubdirs = ATIME_FROM_MTIME, 0
     (
-        fmt,
+        _fmt,
         state,
         mode,
         uid,
@@ -156,10 +210,8 @@ def decode_inode(ino: int, raw: bytes) -> Inode:
         name_len,
         target_len,
         origin_len,
-    ) = _INODE_HEAD.unpack_from(raw)
-    if fmt != _INODE_FORMAT:
-        raise ValueError(f"inode {ino}: unknown record format {fmt}")
-    pos = _INODE_HEAD.size
+    ) = fields[: len(fields) - (2 if fmt == _INODE_FORMAT else 0)]
+    pos = head.size
     etag = bytes(raw[pos : pos + etag_len]).decode()
     pos += etag_len
     name = bytes(raw[pos : pos + name_len])
@@ -186,6 +238,8 @@ def decode_inode(ino: int, raw: bytes) -> Inode:
         list_gen=list_gen,
         next_cookie=next_cookie,
         symlink_target=target,
+        atime_ns=atime_ns,
+        nsubdirs=nsubdirs,
     )
 
 
