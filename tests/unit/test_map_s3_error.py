@@ -16,7 +16,10 @@ WHERE = {"op": "GetObject", "bucket": "b", "key": "k", "endpoint": "http://127.0
 
 @pytest.mark.parametrize(
     "exc",
-    [TruncatedBody(got=10, expected=20), EndpointConnectionError(endpoint_url="http://127.0.0.1:1")],
+    [
+        TruncatedBody(got=10, expected=20),
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:1"),
+    ],
 )
 def test_connection_failures_are_unavailable(exc: BaseException) -> None:
     mapped = map_s3_error(exc, **WHERE)
