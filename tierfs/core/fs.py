@@ -500,7 +500,8 @@ class TierFS:
         pin = self.lifecycle.pinned_tier(inode.ino)
         open_file = self.blocks.files.get(inode.ino)
         damaged = self.meta.failed_blocks(inode.ino)
-        if damaged:
+        refused = self.sync.refusal_of(inode.ino)
+        if damaged or refused:
             state = "failed"
         elif self.journal.uploading(inode.ino):
             state = "uploading"
@@ -518,6 +519,8 @@ class TierFS:
             "tiers": {t.name: residency.get(t.index, 0) for t in self.tiers},
             "state": state,
             "damaged_blocks": damaged,
+            "failed_reason": refused
+            or (f"{len(damaged)} damaged block(s) of local changes" if damaged else None),
             "pinned": pin is not None,
             "pin_tier": self.tiers[pin].name if pin is not None else None,
             "fetching_blocks": len(open_file.flights) if open_file else 0,
@@ -539,7 +542,7 @@ class TierFS:
                 dirty += inode.size
             if self.lifecycle.pinned_tier(inode.ino) is not None:
                 pinned += 1
-            if self.meta.failed_blocks(inode.ino):
+            if self.meta.failed_blocks(inode.ino) or self.sync.refusal_of(inode.ino):
                 failed += 1
         return {
             "path": relpath,
@@ -605,7 +608,8 @@ class TierFS:
             "uploading": len(self.journal.running),
             "last_sync_error": self.sync.last_sync_error,
             "endpoint": self._endpoint_status(),
-            "failed_files": len(self.meta.failed_files()),
+            "failed_files": len(self.meta.failed_files()) + len(self.journal.refused),
+            "failed": self.sync.refused_files(),
             "worker_restarts": self.supervisor.restarts,
             "workers": self.supervisor.status(),
             "mover": self.lifecycle.status.as_dict(),
