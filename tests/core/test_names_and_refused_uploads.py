@@ -171,7 +171,7 @@ async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_n
     assert refuse.injected == 1
 
     # Each flush gives it one attempt: it fails again, quickly.
-    with trio.fail_after(10), pytest.raises(StoreError, match="bad.bin"):
+    with trio.fail_after(10), pytest.raises(StoreError, match=r"bad\.bin"):
         await fs.flush_path("")
     assert refuse.injected == 2
 
@@ -196,7 +196,7 @@ async def test_a_refused_entry_is_dropped_by_removing_its_file_and_survives_a_re
 
     # Kept across a remount (the journal is durable), retried once there.
     mount = await mount.remount()
-    with trio.fail_after(10), pytest.raises(StoreError, match="bad.bin"):
+    with trio.fail_after(10), pytest.raises(StoreError, match=r"bad\.bin"):
         await mount.fs.flush_path("")
     assert (await mount.fs.where("bad.bin"))["state"] == "failed"
 
