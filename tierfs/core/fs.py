@@ -685,7 +685,13 @@ class TierFS:
         await self.writes.rename(old_parent, old_name, new_parent, new_name, flags)
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
-        return await self.writes.write(fh, offset, data)
+        written = await self.writes.write(fh, offset, data)
+        handle = self.handles.get(fh)
+        if self.handles.wrote_around_page_cache(handle):
+            # Pages a buffered reader re-read while this write was on its
+            # way hold old bytes (see ``handles``): drop them before replying.
+            await self.invalidate_kernel_cache(handle.cached.ino, True)
+        return written
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         await self.writes.fsync(fh, datasync)

@@ -1,0 +1,250 @@
+"""Real mount: issue 14, section 1 (names and keys too long, a flush never held
+up by a file the bucket refuses) and section 3, first bullet (buffered
+readers beside an O_DIRECT writer).  Errnos are asserted exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fuse.conftest import MountFactory
+
+pytestmark = pytest.mark.fuse
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def errno_of(fn: Callable[[], Any]) -> int | None:
+    """The errno ``fn()`` fails with; None if it succeeds."""
+    try:
+        fn()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+# --- 3: buffered readers beside an O_DIRECT writer ------------------------------------------
+
+#: One direct write: aligned, and large enough for the daemon's direct path too.
+CHUNK = 256 * KiB
+SLOTS = 4
+ROUNDS = 300
+
+
+def _pattern(gen: int, size: int) -> bytes:
+    return gen.to_bytes(8, "little") * (size // 8)
+
+
+def _gen_of(data: bytes) -> int:
+    return int.from_bytes(data[:8], "little")
+
+
+# Linux native AIO through raw syscalls (x86_64 numbers), as an asynchronous
+# O_DIRECT writer (fio, databases) submits its writes: several in flight at once.
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+SYS_io_setup, SYS_io_destroy, SYS_io_getevents, SYS_io_submit = 206, 207, 208, 209
+IOCB_CMD_PREAD, IOCB_CMD_PWRITE = 0, 1
+
+
+class IoCb(ctypes.Structure):
+    _fields_ = [
+        ("aio_data", ctypes.c_uint64),
+        ("aio_key", ctypes.c_uint32),
+        ("aio_rw_flags", ctypes.c_int32),
+        ("aio_lio_opcode", ctypes.c_uint16),
+        ("aio_reqprio", ctypes.c_int16),
+        ("aio_fildes", ctypes.c_uint32),
+        ("aio_buf", ctypes.c_uint64),
+        ("aio_nbytes", ctypes.c_uint64),
+        ("aio_offset", ctypes.c_int64),
+        ("aio_reserved2", ctypes.c_uint64),
+        ("aio_flags", ctypes.c_uint32),
+        ("aio_resfd", ctypes.c_uint32),
+    ]
+
+
+class IoEvent(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_uint64),
+        ("obj", ctypes.c_uint64),
+        ("res", ctypes.c_int64),
+        ("res2", ctypes.c_int64),
+    ]
+
+
+def _check(ret):
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return ret
+
+
+class Aio:
+    def __init__(self, depth):
+        self.ctx = ctypes.c_ulong(0)
+        _check(_libc.syscall(SYS_io_setup, ctypes.c_long(depth), ctypes.byref(self.ctx)))
+
+    def submit(self, cbs):
+        arr = (ctypes.POINTER(IoCb) * len(cbs))(*[ctypes.pointer(c) for c in cbs])
+        return _check(_libc.syscall(SYS_io_submit, self.ctx, ctypes.c_long(len(cbs)), arr))
+
+    def wait(self, n):
+        events = (IoEvent * n)()
+        got = _check(
+            _libc.syscall(
+                SYS_io_getevents, self.ctx, ctypes.c_long(n), ctypes.c_long(n), events, None
+            )
+        )
+        return list(events[:got])
+
+    def close(self):
+        _libc.syscall(SYS_io_destroy, self.ctx)
+
+
+def _race_direct_writer_with_buffered_readers(
+    path: Path,
+    readers: int,
+    *,
+    writer_flags: int = os.O_RDWR | os.O_DIRECT,
+    asynchronous: bool = False,
+) -> dict[str, Any]:
+    """An O_DIRECT writer rewrites ``SLOTS`` chunks of ``path`` in turn; after
+    each write it reads the chunk back through its direct fd and through a
+    buffered fd, while ``readers`` threads read the file buffered in a loop.
+
+    Returns the stale reads seen: through the direct fd (``direct_stale``,
+    which must never happen) and through the buffered fd after the write
+    completed (``buffered_stale``), plus how many reads the readers made."""
+    size = CHUNK * SLOTS
+    with open(path, "wb") as f:
+        f.write(_pattern(0, CHUNK) * SLOTS)
+    stop = threading.Event()
+    reads = [0] * readers
+
+    def reader(index: int) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while not stop.is_set():
+                for off in range(0, size, 128 * KiB):
+                    os.pread(fd, 128 * KiB, off)
+                reads[index] += 1
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(readers)]
+    for t in threads:
+        t.start()
+    direct_stale: list[tuple[int, int]] = []
+    buffered_stale: list[tuple[int, ...]] = []
+    wbuf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT wants
+    rbuf = mmap.mmap(-1, CHUNK)
+    dfd = os.open(path, writer_flags)
+    rdfd = os.open(path, os.O_RDONLY | os.O_DIRECT)  # reads what the daemon holds
+    bfd = os.open(path, os.O_RDONLY)
+    try:
+        if asynchronous:
+            _aio_rounds(dfd, rdfd, bfd, buffered_stale)
+        for gen in range(1, 0 if asynchronous else ROUNDS + 1):
+            off = (gen % SLOTS) * CHUNK
+            wbuf.seek(0)
+            wbuf.write(_pattern(gen, CHUNK))
+            assert os.pwritev(dfd, [wbuf], off) == CHUNK
+            assert os.preadv(rdfd, [rbuf], off) == CHUNK
+            if rbuf[:CHUNK] != _pattern(gen, CHUNK):
+                direct_stale.append((gen, _gen_of(rbuf[:8])))
+            seen = os.pread(bfd, CHUNK, off)
+            if seen != _pattern(gen, CHUNK):
+                buffered_stale.append((gen, _gen_of(seen)))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for fd in (dfd, rdfd, bfd):
+            os.close(fd)
+        wbuf.close()
+        rbuf.close()
+    return {"direct_stale": direct_stale, "buffered_stale": buffered_stale, "reads": sum(reads)}
+
+
+def _aio_rounds(dfd: int, rdfd: int, bfd: int, buffered_stale: list[tuple[int, ...]]) -> None:
+    """Rounds of ``SLOTS`` direct writes submitted at once (one per slot); as
+    each completes, a buffered read of its range must see it."""
+    aio = Aio(SLOTS)
+    bufs = [mmap.mmap(-1, CHUNK) for _ in range(SLOTS)]
+    check = mmap.mmap(-1, CHUNK)
+    try:
+        for round_no in range(ROUNDS // SLOTS):
+            cbs = []
+            for slot in range(SLOTS):
+                gen = round_no * SLOTS + slot + 1
+                bufs[slot].seek(0)
+                bufs[slot].write(_pattern(gen, CHUNK))
+                cb = IoCb()
+                cb.aio_data = gen
+                cb.aio_lio_opcode = IOCB_CMD_PWRITE
+                cb.aio_fildes = dfd
+                cb.aio_buf = ctypes.addressof(ctypes.c_char.from_buffer(bufs[slot]))
+                cb.aio_nbytes = CHUNK
+                cb.aio_offset = slot * CHUNK
+                cbs.append(cb)
+            assert aio.submit(cbs) == SLOTS
+            done = 0
+            while done < SLOTS:
+                for event in aio.wait(1):
+                    assert event.res == CHUNK, event.res
+                    gen = event.data
+                    slot = (gen - 1) % SLOTS
+                    seen = os.pread(bfd, CHUNK, slot * CHUNK)
+                    if seen != _pattern(gen, CHUNK):
+                        # What the daemon holds: a direct read bypasses the page cache.
+                        assert os.preadv(rdfd, [check], slot * CHUNK) == CHUNK
+                        buffered_stale.append((gen, _gen_of(seen), _gen_of(check[:8])))
+                    done += 1
+            del cbs
+    finally:
+        aio.close()
+        for buf in bufs:
+            with contextlib.suppress(BufferError):
+                buf.close()
+
+
+@pytest.mark.parametrize(
+    "writer_flags",
+    [os.O_RDWR | os.O_DIRECT, os.O_WRONLY],
+    ids=["O_DIRECT", "O_WRONLY-direct_io"],
+)
+def test_buffered_reads_after_a_completed_direct_write_see_it(
+    mount: MountFactory, writer_flags: int
+) -> None:
+    """Synchronous writes that bypass the page cache: an ``O_DIRECT`` one,
+    and a plain ``O_WRONLY`` one (tierfs replies ``direct_io`` to those)."""
+    m = mount(upload_delay="600s")
+    result = _race_direct_writer_with_buffered_readers(
+        m.path / "race.bin", readers=2, writer_flags=writer_flags
+    )
+    print(f"\nO_DIRECT race: {result['reads']} reader passes, stale: {result}")
+    assert result["reads"] > 0, "the readers never ran beside the writer"
+    assert result["direct_stale"] == [], result
+    assert result["buffered_stale"] == [], result
+
+
+def test_buffered_reads_after_a_completed_async_direct_write_see_it(mount: MountFactory) -> None:
+    m = mount(upload_delay="600s")
+    result = _race_direct_writer_with_buffered_readers(
+        m.path / "race.bin", readers=2, asynchronous=True
+    )
+    print(f"\nasync O_DIRECT race: {result['reads']} reader passes, stale: {result}")
+    assert result["reads"] > 0, "the readers never ran beside the writer"
+    assert result["buffered_stale"] == [], result
