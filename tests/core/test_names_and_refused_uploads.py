@@ -153,7 +153,9 @@ async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_n
     assert took < 5, f"the flush took {took:.1f} s to fail"
     for i in range(3):  # every other file became durable
         assert s3_store.get_range(f"good{i}.bin", 0, 6) == b"good %d" % i
-    assert refuse.injected == 1, "a refusal for good is not retried within the flush"
+    # The uploader's own attempt (upload_delay is 50 ms here) and the flush's one.
+    assert 1 <= refuse.injected <= 2, "a refusal for good is not retried within the flush"
+    attempts = refuse.injected
 
     where = await fs.where("bad.bin")
     assert where["state"] == "failed"
@@ -168,12 +170,12 @@ async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_n
     seq = fs.journal.upload_seq[where_ino := (await fs.lookup(ROOT_INO, b"bad.bin")).ino]
     assert seq in fs.journal.refused
     await trio.sleep(2.5)
-    assert refuse.injected == 1
+    assert refuse.injected == attempts
 
     # Each flush gives it one attempt: it fails again, quickly.
     with trio.fail_after(10), pytest.raises(StoreError, match=r"bad\.bin"):
         await fs.flush_path("")
-    assert refuse.injected == 2
+    assert refuse.injected == attempts + 1
 
     # The operator fixes the cause: the next flush completes.
     refuse.remaining = 0

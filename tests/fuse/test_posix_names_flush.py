@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fuse.conftest import MountFactory
+from tests.faults import FaultProxy
+from tests.fuse.conftest import Mount, MountFactory, run_tierfs
 
 pytestmark = pytest.mark.fuse
 
@@ -31,6 +34,146 @@ def errno_of(fn: Callable[[], Any]) -> int | None:
     except OSError as exc:
         return exc.errno
     return None
+
+
+def bucket_keys(m: Mount) -> set[str]:
+    pages = m.s3.get_paginator("list_objects_v2").paginate(Bucket=m.bucket, Prefix=m.prefix + "/")
+    return {
+        o["Key"][len(m.prefix) + 1 :]
+        for page in pages
+        for o in page.get("Contents", [])
+        if not o["Key"].startswith(f"{m.prefix}/.tierfs-attrs/")
+    }
+
+
+# --- 1: names and keys too long ---------------------------------------------------------------
+
+#: Bytes a key relative to the mount's prefix ("data/") may have in S3.
+KEY_ROOM = 1024 - len("data/")
+
+
+def test_a_lookup_of_a_name_over_255_bytes_is_enametoolong(mount: MountFactory) -> None:
+    m = mount()
+    assert errno_of(lambda: os.stat(m.path / ("n" * 256))) == errno.ENAMETOOLONG
+    assert errno_of(lambda: os.stat(m.path / ("n" * 255))) == errno.ENOENT
+
+
+def test_names_whose_object_key_would_be_too_long_are_refused_up_front(
+    mount: MountFactory,
+) -> None:
+    m = mount(upload_delay="600s")
+    deep = m.path
+    for letter in "pqrs":  # four levels of 200-byte names: a key of 803 bytes
+        deep = deep / (letter * 200)
+        deep.mkdir()
+    room = KEY_ROOM - (4 * 200 + 3) - 1  # bytes left for a name in ``deep``
+    assert 0 < room < 255
+
+    too_long = errno.ENAMETOOLONG
+    assert errno_of(lambda: (deep / ("f" * (room + 1))).write_bytes(b"x")) == too_long
+    assert errno_of(lambda: os.mkdir(deep / ("d" * room))) == too_long  # + "/" of its marker
+    assert errno_of(lambda: os.symlink("target", deep / ("l" * (room + 1)))) == too_long
+    assert errno_of(lambda: os.mkfifo(deep / ("m" * (room + 1)))) == too_long
+    (m.path / "short").write_bytes(b"short")
+    assert errno_of(lambda: os.rename(m.path / "short", deep / ("f" * (room + 1)))) == too_long
+    assert os.listdir(deep) == [] and (m.path / "short").read_bytes() == b"short"
+
+    # A directory rename checks the deepest key below it: 250/250/200 (702 bytes).
+    low = m.path / "mv" / ("a" * 250) / ("b" * 250)
+    low.mkdir(parents=True)
+    (low / ("c" * 200)).write_bytes(b"deepest")
+    fits = KEY_ROOM - 200 - 1 - 1 - 702  # under p...(200 bytes)
+    target = m.path / ("p" * 200)
+    assert errno_of(lambda: os.rename(m.path / "mv", target / ("n" * (fits + 1)))) == too_long
+    assert (m.path / "mv").is_dir()
+    os.rename(m.path / "mv", target / ("n" * fits))
+
+    # Names right at the limit are taken, and reach the bucket.
+    (deep / ("f" * room)).write_bytes(b"fits")
+    os.mkdir(deep / ("d" * (room - 1)))
+    done = run_tierfs("flush", str(m.path))
+    assert done.returncode == 0, f"{done.stderr}\n{m.log_tail()}"
+    keys = bucket_keys(m)
+    deep_key = "/".join(letter * 200 for letter in "pqrs")
+    assert f"{deep_key}/{'f' * room}" in keys
+    assert f"{deep_key}/{'d' * (room - 1)}/" in keys
+    moved = "/".join(["p" * 200, "n" * fits, "a" * 250, "b" * 250, "c" * 200])
+    assert moved in keys, sorted(k for k in keys if k.startswith("p"))
+    assert max(len(k.encode()) for k in keys) <= KEY_ROOM
+
+
+# --- 1: a file the bucket refuses for good never holds up a flush --------------------------
+
+
+def _put_of(*names: str) -> Callable[[str], bool]:
+    """Matches the PUT request lines of the mount's objects ``names``."""
+
+    def match(line: str) -> bool:
+        method, _, rest = line.partition(" ")
+        path = rest.split(" ")[0].split("?")[0]
+        return method == "PUT" and any(path.endswith(f"/data/{n}") for n in names)
+
+    return match
+
+
+def test_a_file_the_bucket_refuses_fails_flush_fast_and_holds_up_nothing(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    m = mount(endpoint_url=fault_proxy.endpoint, upload_delay="600s")
+    fault_proxy.refuse_requests(10**6, status="400", match=_put_of("bad.bin", "doomed.bin"))
+    (m.path / "bad.bin").write_bytes(b"refused until the operator acts")
+    (m.path / "doomed.bin").write_bytes(b"removed by the user")
+    (m.path / "sub").mkdir()
+    goods = {f"good{i}.bin": b"good %d" % i for i in range(4)} | {"sub/good.bin": b"in sub"}
+    for name, body in goods.items():
+        (m.path / name).write_bytes(body)
+
+    started = time.monotonic()
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    took = time.monotonic() - started
+    print(f"\nflush with refused files: {took:.2f} s, exit {done.returncode}: {done.stderr}")
+    assert done.returncode != 0
+    assert took < 10, f"flush took {took:.1f} s to fail"
+    for name in ("bad.bin", "doomed.bin"):
+        assert name in done.stderr and "InvalidArgument" in done.stderr, done.stderr
+    assert "good" not in done.stderr, done.stderr
+    keys = bucket_keys(m)
+    for name, body in goods.items():  # every other file is durable
+        assert name in keys, sorted(keys)
+        assert m.s3.get_object(Bucket=m.bucket, Key=m.key(name))["Body"].read() == body
+    assert "bad.bin" not in keys and "doomed.bin" not in keys
+
+    item = m.where_one("bad.bin")
+    assert item["state"] == "failed", item
+    assert "InvalidArgument" in item["failed_reason"], item
+    status = m.status()
+    assert status["failed_files"] == 2
+    assert {f["path"] for f in status["failed"]} == {"bad.bin", "doomed.bin"}
+    human = run_tierfs("status", str(m.path)).stdout
+    assert "FAILED" in human and "bad.bin" in human and "InvalidArgument" in human, human
+
+    # Dropping an entry: remove its file.
+    os.unlink(m.path / "doomed.bin")
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    assert done.returncode != 0 and "bad.bin" in done.stderr and "doomed" not in done.stderr
+
+    # The other is kept, across a remount too, and a flush retries it.
+    m.remount()
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    assert done.returncode != 0 and "bad.bin" in done.stderr, done.stderr
+    assert m.where_one("bad.bin")["state"] == "failed"
+    refused = fault_proxy.faults_injected
+
+    # The operator fixes the cause: the next flush completes.
+    fault_proxy.clear_faults()
+    done = run_tierfs("flush", str(m.path), timeout=60)
+    assert done.returncode == 0, f"{done.stderr}\n{m.log_tail()}"
+    assert m.s3.get_object(Bucket=m.bucket, Key=m.key("bad.bin"))["Body"].read() == (
+        b"refused until the operator acts"
+    )
+    assert m.where_one("bad.bin")["state"] == "clean"
+    assert m.status()["failed_files"] == 0
+    assert refused <= 8, f"{refused} refused PUTs: a refusal for good must not be retried in a loop"
 
 
 # --- 3: buffered readers beside an O_DIRECT writer ------------------------------------------

@@ -256,7 +256,8 @@ class Sync:
         ]
 
     def _entry_refused(self, seq: int, entry: Entry, exc: TierfsError) -> None:
-        reason = f"refused by the bucket: {exc}"
+        # A StoreRefused says "refused by the bucket (code)" itself.
+        reason = str(exc) if isinstance(exc, StoreRefused) else f"refused by the store: {exc}"
         self.last_sync_error = f"{entry['op']} of {self.entry_subject(entry)!r}: {reason}"
         if seq not in self.journal.refused and seq in self.journal.entries:
             log.warning(
