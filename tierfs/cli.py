@@ -321,6 +321,8 @@ def _print_where(results: list[dict[str, Any]]) -> None:
         else:
             state = item["state"] + (f",pinned:{item['pin_tier']}" if item.get("pinned") else "")
             path = item["path"]
+            if item.get("failed_reason"):
+                path += f"  ({item['failed_reason']})"
         print(
             f"{format_size(item['size']):>10} {format_size(item['cached_bytes']):>10} {tiers} "
             f"{state:<9} {path}"

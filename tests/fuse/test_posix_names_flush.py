@@ -163,6 +163,8 @@ def test_a_file_the_bucket_refuses_fails_flush_fast_and_holds_up_nothing(
     assert {f["path"] for f in status["failed"]} == {"bad.bin", "doomed.bin"}
     human = run_tierfs("status", str(m.path)).stdout
     assert "FAILED" in human and "bad.bin" in human and "InvalidArgument" in human, human
+    human = run_tierfs("where", str(m.path / "bad.bin")).stdout
+    assert "failed" in human and "InvalidArgument" in human, human
 
     # Dropping an entry: remove its file.
     os.unlink(m.path / "doomed.bin")
