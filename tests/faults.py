@@ -59,7 +59,8 @@ Invariants:
   every request.  Rules are consumed in the order they were added.
 - Refused requests (``refuse_requests``): a matching request, whatever its
   body, is answered by the proxy itself with an S3 error document (503
-  ``SlowDown`` or 403 ``AccessDenied``) and ``Connection: close``; it never
+  ``SlowDown``, 403 ``AccessDenied`` or 400 ``InvalidArgument``) and
+  ``Connection: close``; it never
   reaches the server.  Rules are consumed in the order they were added.
 - Held requests (``hold_requests``): a matching request waits, before its
   head reaches the server, until the gate that ``hold_requests`` returned
@@ -178,11 +179,16 @@ Match = str | Callable[[str], bool] | None
 FAULT_KINDS = ("reset", "truncate")
 FORWARD, REFUSE, BLACK_HOLE = "forward", "refuse", "black_hole"
 #: status -> (status line, S3 error code) of the answers the proxy gives itself.
-ERROR_ANSWERS = {"503": ("503 Slow Down", "SlowDown"), "403": ("403 Forbidden", "AccessDenied")}
+ERROR_ANSWERS = {
+    "503": ("503 Slow Down", "SlowDown"),
+    "403": ("403 Forbidden", "AccessDenied"),
+    # A client error no retry fixes (a key too long, a bad argument).
+    "400": ("400 Bad Request", "InvalidArgument"),
+}
 
 
 def _error_answer(status: str) -> bytes:
-    """An S3 error response for ``status`` ("503" or "403"), closing the connection."""
+    """An S3 error response for ``status`` (a key of ERROR_ANSWERS), closing the connection."""
     status_line, code = ERROR_ANSWERS[status]
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -346,7 +352,7 @@ class FaultProxy:
 
     def refuse_requests(self, n: int, *, status: str = "503", match: Match = None) -> None:
         """Answer the next ``n`` matching requests with an S3 error (``status``
-        "503" or "403") instead of forwarding them: the server never acts."""
+        "503", "403" or "400") instead of forwarding them: the server never acts."""
         if status not in ERROR_ANSWERS:
             raise ValueError(f"status must be one of {sorted(ERROR_ANSWERS)}, not {status!r}")
         with self._lock:

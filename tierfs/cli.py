@@ -191,9 +191,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     if status.get("failed_files"):
         print(
-            f"FAILED:   {status['failed_files']} files hold damaged local changes and are "
-            "not uploaded (`tierfs where` shows them as failed; see the daemon log)"
+            f"FAILED:   {status['failed_files']} files are not uploaded: damaged local changes, "
+            "or refused by the bucket (`tierfs where` shows them as failed; see the daemon log)"
         )
+        for item in status.get("failed", []):
+            print(f"  {item['path']}: {item['reason']}")
     print(
         f"reads:    hit ratio {'-' if hit is None else f'{hit:.1%}'}, "
         f"fetched {format_size(counters['fetched_bytes'])} in {counters['gets']} GETs"
@@ -319,6 +321,8 @@ def _print_where(results: list[dict[str, Any]]) -> None:
         else:
             state = item["state"] + (f",pinned:{item['pin_tier']}" if item.get("pinned") else "")
             path = item["path"]
+            if item.get("failed_reason"):
+                path += f"  ({item['failed_reason']})"
         print(
             f"{format_size(item['size']):>10} {format_size(item['cached_bytes']):>10} {tiers} "
             f"{state:<9} {path}"

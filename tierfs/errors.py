@@ -165,6 +165,15 @@ class StoreAccessDenied(StoreError):
     errno = _errno.EACCES
 
 
+class StoreRefused(StoreError):
+    """The bucket refused the request with a client error (4xx) that asking
+    again cannot fix: a key too long, an invalid argument, an object or its
+    metadata too large.  The journal keeps such an entry without retrying it
+    (``tierfs.core.journal``, "Refused entries")."""
+
+    errno = _errno.EIO
+
+
 class StoreUnavailable(StoreError):
     """The endpoint cannot be reached, or the retry budget ran out."""
 

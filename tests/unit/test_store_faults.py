@@ -44,6 +44,7 @@ from tierfs.errors import (
     PreconditionFailed,
     StoreAccessDenied,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
 )
 from tierfs.store.local import LocalStore
@@ -240,7 +241,10 @@ def test_retry_after_is_honoured(fast_store: S3Store) -> None:
         (403, "InvalidAccessKeyId", StoreAccessDenied),
         (403, "SignatureDoesNotMatch", StoreAccessDenied),
         (412, "PreconditionFailed", PreconditionFailed),
-        (400, "InvalidArgument", StoreError),
+        (400, "InvalidArgument", StoreRefused),
+        (400, "KeyTooLongError", StoreRefused),
+        (413, "EntityTooLarge", StoreRefused),
+        (409, "OperationAborted", StoreError),
     ],
 )
 def test_permanent_errors_are_not_retried(

@@ -531,7 +531,8 @@ class TierFS:
         pin = self.lifecycle.pinned_tier(inode.ino)
         open_file = self.blocks.files.get(inode.ino)
         damaged = self.meta.failed_blocks(inode.ino)
-        if damaged:
+        refused = self.sync.refusal_of(inode.ino)
+        if damaged or refused:
             state = "failed"
         elif self.journal.uploading(inode.ino):
             state = "uploading"
@@ -549,6 +550,8 @@ class TierFS:
             "tiers": {t.name: residency.get(t.index, 0) for t in self.tiers},
             "state": state,
             "damaged_blocks": damaged,
+            "failed_reason": refused
+            or (f"{len(damaged)} damaged block(s) of local changes" if damaged else None),
             "pinned": pin is not None,
             "pin_tier": self.tiers[pin].name if pin is not None else None,
             "fetching_blocks": len(open_file.flights) if open_file else 0,
@@ -570,7 +573,7 @@ class TierFS:
                 dirty += inode.size
             if self.lifecycle.pinned_tier(inode.ino) is not None:
                 pinned += 1
-            if self.meta.failed_blocks(inode.ino):
+            if self.meta.failed_blocks(inode.ino) or self.sync.refusal_of(inode.ino):
                 failed += 1
         return {
             "path": relpath,
@@ -636,7 +639,8 @@ class TierFS:
             "uploading": len(self.journal.running),
             "last_sync_error": self.sync.last_sync_error,
             "endpoint": self._endpoint_status(),
-            "failed_files": len(self.meta.failed_files()),
+            "failed_files": len(self.meta.failed_files()) + len(self.journal.refused),
+            "failed": self.sync.refused_files(),
             "worker_restarts": self.supervisor.restarts,
             "workers": self.supervisor.status(),
             "mover": self.lifecycle.status.as_dict(),
@@ -720,7 +724,13 @@ class TierFS:
         await self.writes.rename(old_parent, old_name, new_parent, new_name, flags)
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
-        return await self.writes.write(fh, offset, data)
+        written = await self.writes.write(fh, offset, data)
+        handle = self.handles.get(fh)
+        if self.handles.wrote_around_page_cache(handle):
+            # Pages a buffered reader re-read while this write was on its
+            # way hold old bytes (see ``handles``): drop them before replying.
+            await self.invalidate_kernel_cache(handle.cached.ino, True)
+        return written
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         await self.writes.fsync(fh, datasync)

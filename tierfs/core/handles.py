@@ -10,6 +10,28 @@ Invariants: ``writers[ino]`` is the number of writable handles of ``ino``
 in ``handles`` and is absent when that number is 0; every Handle holds one
 reference to its CachedFile (``BlockCache.acquire``), given back by the
 caller of ``pop`` (``TierFS.release``).  Methods are synchronous.
+
+O_DIRECT writers beside buffered readers of one file.  Before a direct
+write the kernel drops the cached pages of its range, but a buffered reader
+may read that range from us again while the write is on its way, and get
+the old bytes.  For a synchronous write the kernel drops the range again
+once the write completes (both for ``O_DIRECT`` and for the ``direct_io``
+we reply to ``O_WRONLY`` opens); for an asynchronous ``O_DIRECT`` write
+(native AIO: the completion runs later, outside the write call) it does
+not (seen on Linux 6.18), and a buffered read issued after the write had
+completed was served those old pages: about one write in twenty in
+``tests/fuse/test_posix_names_flush.py``, while a direct read of the same
+range showed the new bytes (ours were right; the stale copy was the
+kernel's).  So, for a handle opened with ``O_DIRECT`` for writing
+(``direct_writer``), TierFS invalidates the file's kernel pages after each
+write landed and before answering it (``wrote_around_page_cache``), when
+another handle that reads through the page cache is open
+(``page_cache_readers``): the write then completes with no stale page
+left.  With no such reader nothing can have re-read the range, and the
+check costs a dict lookup; the next open after such a write drops the
+file's pages as well (``stale_page_cache``).  What stays the kernel's, as
+on any Linux filesystem: a read that runs *while* a write is in flight may
+return old or new bytes, or a mix of pages.
 """
 
 from __future__ import annotations
@@ -37,6 +59,10 @@ class Handle:
     #: Who opened it (None: unknown, as for the core's own callers): its
     #: writes clear setuid/setgid by the kernel's rules (``posix_attrs``).
     caller: Caller | None = None
+    #: Opened for writing with ``O_DIRECT`` (see the module docstring).
+    direct_writer: bool = False
+    #: Reads of this handle go through the kernel page cache.
+    reads_through_cache: bool = False
 
 
 class Handles:
@@ -49,6 +75,8 @@ class Handles:
         self.writers: dict[int, int] = {}
         #: Inodes whose kernel page cache must not be kept at their next open.
         self.stale_page_cache: set[int] = set()
+        #: ino -> open handles whose reads go through the kernel page cache.
+        self.page_cache_readers: dict[int, int] = {}
         self._next_fh = 1
         #: Called with the inode number after every open (the prefetcher
         #: follows the readers' position from them); synchronous, O(1).
@@ -74,9 +102,20 @@ class Handles:
             self.journal.hold(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(
-            cached.inode, cached, self.blocks.new_read_state(), writable, caller
+        direct_io = flags & os.O_ACCMODE == os.O_WRONLY  # see below
+        o_direct = bool(flags & os.O_DIRECT)
+        handle = Handle(
+            cached.inode,
+            cached,
+            self.blocks.new_read_state(),
+            writable,
+            caller,
+            direct_writer=writable and o_direct,
+            reads_through_cache=not (o_direct or direct_io),
         )
+        self.handles[fh] = handle
+        if handle.reads_through_cache:
+            self.page_cache_readers[ino] = self.page_cache_readers.get(ino, 0) + 1
         self.space.opened(ino)
         for observer in self.open_observers:
             observer(ino)
@@ -85,8 +124,8 @@ class Handles:
         # buffer to us without a second copy in page cache (for a checkpoint,
         # the FUSE file's copy doubled the memory and the copying).  The
         # kernel drops cached pages of the range a direct write covers, so
-        # readers through other handles stay coherent.
-        direct_io = flags & os.O_ACCMODE == os.O_WRONLY
+        # readers through other handles stay coherent (but see the module
+        # docstring: ``wrote_around_page_cache``).
         return OpenResult(fh=fh, keep_cache=keep_cache, direct_io=direct_io)
 
     def get(self, fh: int) -> Handle:
@@ -97,7 +136,24 @@ class Handles:
 
     def pop(self, fh: int) -> Handle:
         """Forget handle ``fh``; the caller releases its CachedFile."""
-        return self.handles.pop(fh)
+        handle = self.handles.pop(fh)
+        if handle.reads_through_cache:
+            ino = handle.cached.ino
+            left = self.page_cache_readers[ino] - 1
+            if left:
+                self.page_cache_readers[ino] = left
+            else:
+                del self.page_cache_readers[ino]
+        return handle
+
+    def wrote_around_page_cache(self, handle: Handle) -> bool:
+        """A write of ``handle`` landed: must the file's kernel pages be
+        invalidated before it is answered (see the module docstring)?"""
+        if not handle.direct_writer:
+            return False
+        ino = handle.cached.ino
+        self.stale_page_cache.add(ino)
+        return ino in self.page_cache_readers
 
     def writer_closed(self, ino: int) -> bool:
         """A writable handle of ``ino`` went away; True if it was the last."""

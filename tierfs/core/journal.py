@@ -56,6 +56,30 @@ Invariants:
   (``schedule``); an open file that was never fsynced is not uploaded yet.
   After a remount everything is due at once.
 
+Refused entries.  An entry whose attempt the bucket refused in a way no
+retry can fix (``StoreRefused``: a 4xx such as a key too long, an invalid
+argument, an object too large; or a key the store rejects before sending)
+is *refused* (``refuse``): it stays in the journal, durable, with the
+reason, but is not retried on its own, and it is never dropped behind the
+user's back: its file's changes exist nowhere else.  Its file shows as
+``failed`` with the reason in ``tierfs where`` and ``status``.  It runs
+again (one attempt each):
+
+* when a ``tierfs flush`` names it (so that a flush after the operator
+  fixed the cause, a bucket policy say, completes; a flush meanwhile fails
+  after that one attempt, naming the file and the reason);
+* after a remount (refusals are kept in memory only);
+* when the file changes (new content: the next close schedules it) or is
+  renamed (the rename replaces the entry, ``requeue_upload``).
+
+To drop it, remove the file (``rm``: its upload entry goes with it) or
+rename it to a name the bucket takes (``mv``).  ``tierfs evict`` never drops
+it (dirty data is never evicted).  A refused entry keeps blocking later
+entries on the same key (ordering above); a flush that waits for those
+names them as waiting behind the failed one instead of waiting forever.
+Other files are never held up: the uploader runs every entry that does
+not share a key with it.
+
 The uploader worker (``tierfs.workers.uploader``) picks runnable entries and
 calls ``TierFS.run_entry``; this module holds no I/O.
 """
@@ -170,6 +194,9 @@ class Journal:
         #: seq -> failed attempts so far, and the error of the last one.
         self.failures: dict[int, int] = {}
         self.errors: dict[int, str] = {}
+        #: seq -> reason, for entries the bucket refused for good (see
+        #: "Refused entries"): not retried on their own.
+        self.refused: dict[int, str] = {}
         self._deleting: dict[str, int] = {}
         #: One set per open ``watch_deletes``: the keys and prefixes whose
         #: delete left the journal since it was opened.
@@ -238,6 +265,7 @@ class Journal:
         self.queued_in.pop(seq, None)
         self.failures.pop(seq, None)
         self.errors.pop(seq, None)
+        self.refused.pop(seq, None)
         self._keys.pop(seq, None)
         for moved in self._moved_from.pop(seq, ()):
             self._moved_to.pop(moved, None)
@@ -364,6 +392,8 @@ class Journal:
         against a bucket that refuses them.  A flush names its entries."""
         now = self.hurried_at = trio.current_time()
         for seq, entry in self.entries.items():
+            if seqs is None and seq in self.refused:
+                continue  # refused for good: a writer short of space cannot change that
             if seqs is None and seq in self.failures:
                 self.not_before[seq] = min(self.not_before.get(seq, 0.0), now + HURRY_FAILED_RETRY)
                 continue
@@ -382,8 +412,9 @@ class Journal:
         """The bucket answers again: entries that failed meanwhile are due now,
         and their failure counts (which a flush judges) start over."""
         for seq in self.failures:
-            self.not_before[seq] = 0.0
-        self.failures.clear()
+            if seq not in self.refused:
+                self.not_before[seq] = 0.0
+        self.failures = {s: n for s, n in self.failures.items() if s in self.refused}
         self.wake()
 
     def retry_later(self, seq: int, delay: float, error: str = "") -> None:
@@ -396,6 +427,22 @@ class Journal:
         if error:
             self.errors[seq] = error
         self.not_before[seq] = trio.current_time() + delay
+
+    def refuse(self, seq: int, reason: str) -> None:
+        """The bucket refused an attempt of ``seq`` for good: keep the entry,
+        but do not run it again on its own (see "Refused entries")."""
+        if seq not in self.entries:
+            return
+        self.failures[seq] = self.failures.get(seq, 0) + 1
+        self.errors[seq] = self.refused[seq] = reason
+        self.not_before[seq] = math.inf
+
+    def unrefuse(self, seq: int, *, due: float = math.inf) -> None:
+        """Give a refused entry another attempt, ``due`` on the trio clock
+        (``inf``: when its file is next closed or fsynced, ``schedule``)."""
+        if self.refused.pop(seq, None) is not None:
+            self.not_before[seq] = due
+            self.wake()
 
     def retry_sooner(self, seqs: set[int], within: float) -> None:
         """Entries of ``seqs`` waiting for a retry run again within ``within``

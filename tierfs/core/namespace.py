@@ -116,6 +116,7 @@ import trio
 from tierfs.config import NamespaceConfig
 from tierfs.errors import (
     EndpointUnreachable,
+    NameTooLong,
     NotADirectory,
     NotFound,
     ObjectNotFound,
@@ -292,6 +293,9 @@ class Namespace:
             return dir_inode
         if name == b"..":
             return self.get(dir_inode.parent)
+        if len(name) > NAME_MAX:
+            # No such name can exist (listings skip them): say why, as POSIX does.
+            raise NameTooLong(f"name longer than {NAME_MAX} bytes")
         await self.ensure_listed(dir_inode)
         ino = self.meta.lookup(parent, name)
         if ino is None:

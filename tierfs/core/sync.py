@@ -43,11 +43,21 @@ file's content changes (``content_changed_locally``); a ``flush`` that
 waits for it fails at once, naming the file.  A clean upload clears
 ``failed``.
 
-A flush (``_wait_entries``) fails after ``flush_max_failures`` attempts of
-its own per entry; attempts refused by the open circuit breaker do not
-count: with the breaker open the flush waits ``FLUSH_OUTAGE_WAIT`` for the
-endpoint to come back, then fails with EndpointUnreachable naming the
-outage (since when, the last error) and what waits.  The entries stay.
+An entry the bucket refuses for good (``StoreRefused``, or a key the store
+rejects before sending) is *refused* (``Journal.refuse``; see ``journal``,
+"Refused entries"): kept, not retried on its own, its file ``failed`` with
+the reason in ``where`` and ``status``, and dropped only by removing or
+renaming the file.
+
+A flush (``_wait_entries``) gives each refused entry it waits for one
+attempt, and gives up on an entry after ``flush_max_failures`` attempts of
+its own (at once for a refused or damaged one).  It goes on waiting for
+every other entry (each other file becomes durable), skipping those that
+wait behind a given-up entry on the same key, and then fails naming each
+failed file with its reason.  Attempts refused by the open circuit breaker
+do not count: with the breaker open the flush waits ``FLUSH_OUTAGE_WAIT``
+for the endpoint to come back, then fails with EndpointUnreachable naming
+the outage (since when, the last error) and what waits.  The entries stay.
 
 Metadata travels as ``x-amz-meta-mode`` (decimal st_mode, as s3fs-fuse
 writes it), ``uid``, ``gid`` and ``mtime`` (seconds, decimal).  Symlinks are
@@ -61,6 +71,7 @@ import math
 import stat
 import time
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -69,8 +80,10 @@ from tierfs.config import Config
 from tierfs.errors import (
     BlockDamaged,
     EndpointUnreachable,
+    InvalidArgument,
     ObjectNotFound,
     StoreError,
+    StoreRefused,
     TierfsError,
 )
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
@@ -99,6 +112,8 @@ FLUSH_RETRY_WITHIN = 1.0
 #: the prober's interval and a bit) for the endpoint to come back, then
 #: fails with the outage instead of counting attempts refused without a request.
 FLUSH_OUTAGE_WAIT = 3.0
+#: ``status`` lists at most this many refused files with their reasons.
+FAILED_LISTED = 20
 
 
 def forget_frames(exc: BaseException) -> None:
@@ -202,12 +217,55 @@ class Sync:
             self.meta.sync()  # also what earlier closes left in the group
 
     def content_changed_locally(self, ino: int) -> None:
-        """New bytes: an upload refused for damage may be tried again."""
+        """New bytes: an upload refused for damage, or by the bucket, may be
+        tried again (by the bucket: when the file is next closed or fsynced)."""
+        seq = self.journal.upload_seq.get(ino)
         if ino in self._upload_refused:
             self._upload_refused.discard(ino)
-            seq = self.journal.upload_seq.get(ino)
             if seq is not None:
                 self.journal.failures.pop(seq, None)
+        if seq is not None and seq in self.journal.refused:
+            self.journal.unrefuse(seq)
+            self.journal.failures.pop(seq, None)
+
+    # --- refused entries (see ``journal``, "Refused entries") -----------------------------
+
+    def entry_subject(self, entry: Entry) -> str:
+        """What an entry is about, for messages: the file's path for an
+        upload, else the key."""
+        if entry["op"] == "upload":
+            inode = self.linked_inode(entry["ino"])
+            return self.namespace.key_of(inode) if inode is not None else f"<inode {entry['ino']}>"
+        return str(entry["dst"] if entry["op"] == "copy" else entry["key"])
+
+    def refusal_of(self, ino: int) -> str | None:
+        """Why the bucket refused an upload or copy of ``ino`` for good, if it did."""
+        journal = self.journal
+        for seq in (journal.upload_seq.get(ino), *journal.copies.get(ino, ())):
+            if seq is not None and seq in journal.refused:
+                return journal.refused[seq]
+        return None
+
+    def refused_files(self, limit: int = FAILED_LISTED) -> list[dict[str, str]]:
+        """Up to ``limit`` refused entries: ``{"path", "reason"}`` each."""
+        journal = self.journal
+        return [
+            {"path": self.entry_subject(journal.entries[seq]), "reason": reason}
+            for seq, reason in list(journal.refused.items())[:limit]
+            if seq in journal.entries
+        ]
+
+    def _entry_refused(self, seq: int, entry: Entry, exc: TierfsError) -> None:
+        # A StoreRefused says "refused by the bucket (code)" itself.
+        reason = str(exc) if isinstance(exc, StoreRefused) else f"refused by the store: {exc}"
+        self.last_sync_error = f"{entry['op']} of {self.entry_subject(entry)!r}: {reason}"
+        if seq not in self.journal.refused and seq in self.journal.entries:
+            log.warning(
+                "%s.  Kept in the journal, not retried until a flush names it, a remount or a "
+                "change of the file; remove or rename the file to drop it",
+                self.last_sync_error,
+            )
+        self.journal.refuse(seq, reason)
 
     # --- journal entries ----------------------------------------------------------------------
 
@@ -257,6 +315,10 @@ class Sync:
             else:
                 log.error("unknown journal entry %d: %r; dropping it", seq, entry)
                 self._finish(seq)
+        except (StoreRefused, InvalidArgument) as exc:
+            # A 4xx that no retry fixes, or a key the store rejects unsent.
+            self._entry_refused(seq, entry, exc)
+            forget_frames(exc)
         except (StoreError, TierfsError) as exc:
             failures = self.journal.failures.get(seq, 0)
             delay = min(RETRY_MAX, RETRY_BASE * 2 ** min(failures, RETRY_DOUBLINGS))
@@ -585,28 +647,40 @@ class Sync:
             await self._wait_entries({seq})
 
     async def _wait_entries(self, seqs: set[int]) -> None:
-        """Hurry ``seqs`` and wait for them; fail (not hang) if they keep failing.
+        """Hurry ``seqs`` and wait for them; fail (not hang) if some keep failing.
 
         Only attempts of this wait count: failures from before it (an
         outage that is over by now) neither fail it nor delay it (their
         backoff is cut short), and the error it reports is that of its own
         last attempt.  An attempt already running when the wait begins
-        started before it: its failure does not count either.  A file whose
-        upload is refused for damage (``_refuse_upload``) fails the wait at
-        once: no attempt can succeed until the file is rewritten.
+        started before it: its failure does not count either.  An entry is
+        given up after ``flush_max_failures`` attempts of this wait, or at
+        once when the bucket refused it for good (each refused entry gets
+        one attempt of this wait first) or its file is damaged
+        (``_refuse_upload``).  The wait goes on for the other entries
+        (except those queued behind a given-up one on the same key, which
+        cannot run) and then fails, naming each given-up entry.
         """
         journal = self.journal
+        for seq in seqs & journal.refused.keys():
+            journal.unrefuse(seq, due=0.0)  # the operator may have fixed the cause
         before = {s: journal.failures.get(s, 0) + (s in journal.running) for s in seqs}
         journal.hurry(seqs)
         open_since: float | None = None  # trio time this wait first saw the breaker open
+        given_up: dict[int, str] = {}
         # A rename meanwhile may move an upload entry (``requeue_upload``):
         # the wait follows it to its new place.
         while pending := (seqs := journal.successors(seqs)) & journal.entries.keys():
+            given_up = {s: why for s, why in given_up.items() if s in pending}
             for ino in self._upload_refused:
                 seq = journal.upload_seq.get(ino)
                 if seq in pending:  # a failed file: no attempt can succeed
-                    error = journal.errors.get(seq, self.last_sync_error)
-                    raise StoreError(f"the bucket keeps refusing the writes: {error}")
+                    given_up[seq] = journal.errors.get(seq, self.last_sync_error)
+            for seq in pending & journal.refused.keys():
+                if journal.failures.get(seq, 0) > before.get(seq, 0):  # refused again
+                    given_up[seq] = journal.refused[seq]
+                else:  # by an attempt that began before this wait: one of its own
+                    journal.unrefuse(seq, due=0.0)
             if self.endpoint is not None and self.endpoint.is_open:
                 # Attempts refused by the open breaker are not attempts of
                 # this wait; give the prober FLUSH_OUTAGE_WAIT to see the
@@ -619,14 +693,53 @@ class Sync:
                     raise EndpointUnreachable(self._outage_message(pending))
             else:
                 open_since = None
-            failed = {s for s in pending if journal.failures.get(s, 0) > before.get(s, 0)}
+            failed = {
+                s
+                for s in pending - given_up.keys()
+                if journal.failures.get(s, 0) > before.get(s, 0)
+            }
             for seq in failed:
                 if journal.failures[seq] - before.get(seq, 0) >= self.flush_max_failures:
-                    error = journal.errors.get(seq, self.last_sync_error)
-                    raise StoreError(f"the bucket keeps refusing the writes: {error}")
-            journal.retry_sooner(failed, FLUSH_RETRY_WITHIN)
+                    given_up[seq] = journal.errors.get(seq, self.last_sync_error)
+            waiting = pending - given_up.keys()
+            behind = self._queued_behind(given_up.keys(), waiting) if given_up else set()
+            waiting -= behind
+            if not waiting:
+                raise StoreError(self._given_up_message(given_up, behind))
+            journal.retry_sooner(failed - given_up.keys(), FLUSH_RETRY_WITHIN)
             with trio.move_on_after(1.0):
-                await journal.wait_done(seqs)
+                await journal.wait_done(waiting)
+
+    def _queued_behind(self, given_up: Iterable[int], waiting: set[int]) -> set[int]:
+        """The entries of ``waiting`` that cannot run before a given-up entry
+        does: queued after one on a shared key (or after such an entry)."""
+        journal = self.journal
+        stuck_keys: set[str] = set()
+        behind: set[int] = set()
+        for seq in sorted({*given_up, *waiting}):
+            entry = journal.entries.get(seq)
+            keys = set(self.entry_keys(seq, entry) or ()) if entry is not None else set()
+            if seq in waiting:
+                if seq in journal.running or stuck_keys.isdisjoint(keys):
+                    continue
+                behind.add(seq)
+            stuck_keys |= keys
+        return behind
+
+    def _given_up_message(self, given_up: dict[int, str], behind: set[int]) -> str:
+        """Why a flush fails: each given-up entry with its reason."""
+        entries = self.journal.entries
+        lines = [
+            f"  {self.entry_subject(entries[seq])}: {reason}"
+            for seq, reason in sorted(given_up.items())
+            if seq in entries
+        ]
+        if behind:
+            lines.append(f"  and {len(behind)} more change(s) queued behind them on the same keys")
+        return (
+            f"the bucket keeps refusing the writes of {len(given_up)} change(s); "
+            "everything else is durable:\n" + "\n".join(lines)
+        )
 
     def _outage_message(self, pending: set[int]) -> str:
         """Why a flush fails while the breaker is open: since when, what waits."""

@@ -232,6 +232,20 @@ class FileWrites:
             raise NotFound(name.decode(errors="replace"))
         return self.namespace.get(ino)
 
+    def _check_key(self, key: str) -> None:
+        """Refuse up front a name whose object key (store prefix included)
+        the bucket would never take: it could be written locally but never
+        uploaded (S3: 1,024 bytes)."""
+        if not self.namespace.store.key_fits(key):
+            raise NameTooLong(f"the object key of {key[-64:]!r} would be too long for the bucket")
+
+    def _new_key(self, parent: Inode, name: bytes, *, is_dir: bool = False) -> str:
+        """The key of a new name in ``parent``, checked (``_check_key``); a
+        directory's marker ends in "/"."""
+        key = child_key(self.namespace.key_of(parent), name)
+        self._check_key(key + "/" if is_dir else key)
+        return key
+
     # --- creating ----------------------------------------------------------------------------
 
     async def create(
@@ -247,9 +261,10 @@ class FileWrites:
     ) -> tuple[OpenResult, Attributes]:
         check_name(name)
         check_not_reserved(parent, name)
-        await self._parent_for_change(parent)
+        dir_inode = await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
+        self._new_key(dir_inode, name)
         inode = self._new_inode(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
         with self.journal.write() as w:
             self._link_new(w, inode)
@@ -263,8 +278,8 @@ class FileWrites:
         dir_inode = await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
+        key = self._new_key(dir_inode, name, is_dir=True)
         inode = self._new_inode(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
-        key = child_key(self.namespace.key_of(dir_inode), name)
         with self.journal.write() as w:
             self._link_new(w, inode)
             w.append({"op": "mkdir", "key": key + "/", "ino": inode.ino})
@@ -275,9 +290,10 @@ class FileWrites:
     ) -> Attributes:
         check_name(name)
         check_not_reserved(parent, name)
-        await self._parent_for_change(parent)
+        dir_inode = await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
+        self._new_key(dir_inode, name)
         inode = self._new_inode(parent, name, stat.S_IFLNK | 0o777, uid, gid)
         inode.symlink_target = target
         inode.size = len(target)
@@ -297,9 +313,10 @@ class FileWrites:
             raise NotPermitted("tierfs does not store device nodes")
         check_name(name)
         check_not_reserved(parent, name)
-        await self._parent_for_change(parent)
+        dir_inode = await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
+        self._new_key(dir_inode, name)
         inode = self._new_inode(parent, name, kind | (mode & 0o7777), uid, gid)
         with self.journal.write() as w:
             self._link_new(w, inode)
@@ -400,6 +417,7 @@ class FileWrites:
                 await self.namespace.ensure_listed(target, stale_wait=0.0)
                 if self.meta.count_children(target.ino):
                     raise DirectoryNotEmpty(new_name.decode(errors="replace"))
+        new_key = self._new_key(dst_dir, new_name, is_dir=inode.is_dir)
         if inode.is_dir:
             probe = dst_dir
             while True:
@@ -408,10 +426,11 @@ class FileWrites:
                 if probe.ino == ROOT_INO:
                     break
                 probe = self.namespace.get(probe.parent)
-            await self._list_subtree(inode)
+            deepest = await self._list_subtree(inode)
+            if deepest:
+                self._check_key(new_key + "/" + deepest)  # every key below moves too
             inode = self.namespace.get(inode.ino)  # the listing updated its record
         old_key = child_key(self.namespace.key_of(src_dir), old_name)
-        new_key = child_key(self.namespace.key_of(dst_dir), new_name)
         target_tiers: list[int] = []
         target_busy = target is not None and self.blocks.is_busy(target.ino)
         self.journal.namespace_gen += 1
@@ -449,18 +468,30 @@ class FileWrites:
             else:
                 self.remove_cache_files(target.ino, target_tiers)
 
-    async def _list_subtree(self, top: Inode) -> None:
-        """List every directory below ``top`` so that every key is known."""
-        pending = [top]
+    async def _list_subtree(self, top: Inode) -> str:
+        """List every directory below ``top`` so that every key is known;
+        returns the longest key below it, relative to it ("" if it is
+        empty; a directory's ends in "/", as its marker's does).
+
+        The rename of a directory checks that key at its new place: no key
+        of the subtree may grow past the bucket's limit.  Finding it costs
+        one length per entry on this walk, which the rename makes anyway
+        (it queues a copy per file): no extra I/O, no index to keep."""
+        deepest, deepest_len = "", 0
+        pending: list[tuple[Inode, str]] = [(top, "")]
         while pending:
-            inode = pending.pop()
+            inode, rel = pending.pop()
             # Every key must be known: wait for a re-listing as a lookup
             # does (bounded, and not at all while the endpoint is out).
             await self.namespace.ensure_listed(inode)
-            for _cookie, _name, child in self.meta.read_dir(inode.ino, 0, 1 << 30):
+            for _cookie, name, child in self.meta.read_dir(inode.ino, 0, 1 << 30):
                 child_inode = self.namespace.get(child)
+                child_rel = rel + name.decode() + ("/" if child_inode.is_dir else "")
+                if len(child_rel.encode()) > deepest_len:
+                    deepest, deepest_len = child_rel, len(child_rel.encode())
                 if child_inode.is_dir:
-                    pending.append(child_inode)
+                    pending.append((child_inode, child_rel))
+        return deepest
 
     def _queue_file_move(self, w: JournalWriter, live: Inode, old_key: str, new_key: str) -> None:
         """``live`` is the inode as this transaction sees it (the open file's

@@ -138,6 +138,7 @@ from tierfs.errors import (
     PreconditionFailed,
     StoreAccessDenied,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
 )
 from tierfs.store.base import (
@@ -231,6 +232,25 @@ _DENIED_CODES = frozenset(
     }
 )
 _REDIRECT_CODES = frozenset({"PermanentRedirect", "301", "AuthorizationHeaderMalformed"})
+#: Client errors that no retry fixes (``StoreRefused``), by code and by status.
+_REFUSED_CODES = frozenset(
+    {
+        "KeyTooLongError",
+        "InvalidArgument",
+        "InvalidRequest",
+        "InvalidObjectName",
+        "InvalidURI",
+        "EntityTooLarge",
+        "MetadataTooLarge",
+        "MaxMessageLengthExceeded",
+        "InvalidStorageClass",
+    }
+)
+_REFUSED_STATUSES = frozenset({400, 405, 411, 413, 414})
+#: 400s that a later attempt may not meet (a slow or damaged transfer, a clock).
+_TRANSIENT_CLIENT_CODES = frozenset(
+    {"RequestTimeout", "RequestTimeTooSkewed", "BadDigest", "IncompleteBody", "InvalidDigest"}
+)
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 _loader_lock = threading.Lock()
@@ -326,6 +346,10 @@ def map_s3_error(
             region = headers.get("x-amz-bucket-region") or err.get("Region")
             hint = f"; the bucket is in region {region!r}" if region else ""
             return StoreError(f"{op} {where}: wrong region or endpoint ({code}){hint}")
+        if s3_code in _REFUSED_CODES or (
+            status in _REFUSED_STATUSES and s3_code not in _TRANSIENT_CLIENT_CODES
+        ):
+            return StoreRefused(f"{op} {where}: refused by the bucket ({code})")
         return StoreError(f"{op} {where}: {code}")
     if isinstance(exc, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
         return StoreAccessDenied(
