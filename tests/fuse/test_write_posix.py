@@ -504,7 +504,7 @@ def test_user_xattrs_and_refused_namespaces(mount: MountFactory) -> None:
 
 
 def test_hard_link_and_device_node_are_eperm_fifo_is_stored(mount: MountFactory) -> None:
-    # README: hard links and device nodes EPERM; FIFOs and sockets are stored
+    # README: hard links and device nodes EPERM, O_TMPFILE EOPNOTSUPP; FIFOs and sockets are stored
     # as empty objects whose mode carries the type.
     m = mount({"file.txt": b"f"}, upload_delay=LONG_DELAY)
     expect_errno(errno.EPERM, lambda: os.link(m.path / "file.txt", m.path / "hard"))
@@ -517,6 +517,8 @@ def test_hard_link_and_device_node_are_eperm_fifo_is_stored(mount: MountFactory)
             errno.EPERM,
             lambda: os.mknod(m.path / "blk", stat.S_IFBLK | 0o600, os.makedev(7, 0)),
         )
+    # No O_TMPFILE: the errno of Linux filesystems without it.
+    expect_errno(errno.EOPNOTSUPP, lambda: os.open(m.path, os.O_TMPFILE | os.O_RDWR, 0o600))
     assert os.listdir(m.path) == ["file.txt"]
     os.mkfifo(m.path / "fifo", 0o640)
     st = os.lstat(m.path / "fifo")
