@@ -128,7 +128,7 @@ class TierfsOperations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         after = start_id
         while True:
-            entries = await self.fs.readdir(fh, after)
+            entries = await self.fs.readdir_handle(fh, after)
             if not entries:
                 return
             for entry in entries:
@@ -139,7 +139,7 @@ class TierfsOperations(pyfuse3.Operations):
                 after = entry.cookie
 
     async def releasedir(self, fh: int) -> None:
-        return None
+        self.fs.releasedir(fh)
 
     @_errno
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
