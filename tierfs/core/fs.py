@@ -42,6 +42,7 @@ stay on TierFS and delegate to the parts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import stat
@@ -355,7 +356,16 @@ class TierFS:
         return self.attributes(self.namespace.get(ino))
 
     async def lookup(self, parent: int, name: bytes) -> Attributes:
-        return self.attributes(await self.namespace.lookup(parent, name))
+        attrs = self.attributes(await self.namespace.lookup(parent, name))
+        return self._while_relisted(parent, attrs)
+
+    def _while_relisted(self, parent: int, attrs: Attributes) -> Attributes:
+        """``attrs`` of an entry of ``parent``; from an expired listing (being
+        re-listed), the kernel may not keep it: the next access asks again
+        and sees the re-listing as soon as it is done."""
+        if self.namespace.expired(parent):
+            return dataclasses.replace(attrs, timeout=0.0)
+        return attrs
 
     # --- directories -----------------------------------------------------------------
 
@@ -384,6 +394,7 @@ class TierFS:
         if offset == 0:
             handle.horizon = inode.next_cookie  # rewinddir: what is there now
         out: list[DirEntry] = []
+        expired = self.namespace.expired(handle.ino)  # see ``_while_relisted``
         if offset < DOT:
             out.append(DirEntry(DOT, b".", self.attributes(inode)))
         if offset < DOTDOT:
@@ -392,7 +403,8 @@ class TierFS:
         for entry in await self.readdir(handle.ino, cookie_after(offset), limit):
             if entry.cookie >= handle.horizon:
                 break  # linked after the handle started: cookies only grow
-            out.append(DirEntry(offset_of(entry.cookie), entry.name, entry.attrs))
+            attrs = dataclasses.replace(entry.attrs, timeout=0.0) if expired else entry.attrs
+            out.append(DirEntry(offset_of(entry.cookie), entry.name, attrs))
         self.readdir_entries += len(out)
         return out
 

@@ -59,7 +59,9 @@ A directory that was listed once is never held hostage by the bucket
 Consistency a reader gets (what issue 15 builds on):
 
 - Names and attributes of a directory come from its last completed listing
-  plus this node's own changes, which are visible at once.
+  plus this node's own changes, which are visible at once.  The kernel
+  keeps an entry for ``list_ttl``, except one served from an expired
+  listing, which it must ask for again (timeout 0, ``TierFS.lookup``).
 - A change in the bucket by another writer (new, changed or deleted object)
   shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
   of the directory after the first access past expiry; a new file may show
@@ -106,11 +108,11 @@ A listing therefore: merges the data pages (new names get *provisional*,
 owner-only attributes, see ``MetaDB``), then lists the shadow prefix (after
 the data, so a shadow written before its object is always seen), HEADs the
 few names too long to carry a shadow, and settles the attributes in one
-transaction (``MetaDB.settle_attrs``).  Lookups wait for a running listing
-and so does ``readdir`` (``wait_listing``): no name is handed to the kernel
-before its attributes are settled.  A re-listing of a directory listed
-before is waited for only within the outage bounds below; a name it adds
-meanwhile is shown provisional (owner-only), never wider.  If the shadow listing fails, the new
+transaction (``MetaDB.settle_attrs``).  Lookups wait for a running first
+listing and so does ``readdir`` (``wait_listing``): no name is handed to the
+kernel before its attributes are settled.  A re-listing of a directory
+listed before is not waited for (see above); a name it adds meanwhile is
+shown provisional (owner-only), never wider.  If the shadow listing fails, the new
 names stay provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
@@ -179,6 +181,9 @@ NAME_MAX = 255
 STALE_LISTING_WAIT = 1.0
 #: Seconds an open waits for the revalidation HEAD of a cached clean file.
 REVALIDATE_WAIT = 1.0
+#: Seconds a lookup waits for the HEAD of a name its expired listing lacks
+#: (then it answers ENOENT; the re-listing will show the name if it exists).
+MISSING_HEAD_WAIT = 1.0
 #: After one of those waits ran out, optional waits are skipped this long.
 SLOW_HOLDOFF = 5.0
 
@@ -349,8 +354,9 @@ class Namespace:
             return found
         return self.get(ino)
 
-    def _expired(self, dir_ino: int) -> bool:
-        """Has directory ``dir_ino`` a listing older than ``list_ttl``?"""
+    def expired(self, dir_ino: int) -> bool:
+        """Has directory ``dir_ino`` a listing older than ``list_ttl`` (served
+        while it is re-listed)?"""
         inode = self.meta.get_inode(dir_ino)
         return (
             inode is not None
@@ -361,7 +367,7 @@ class Namespace:
     async def _head_missing(self, dir_ino: int, name: bytes) -> Inode | None:
         """A name the expired listing of ``dir_ino`` lacks: one HEAD of its
         key; merge the object if there is one (see the module docstring)."""
-        if not self._expired(dir_ino) or self.endpoint_suspect():
+        if not self.expired(dir_ino) or self.endpoint_suspect():
             return None
         try:
             text = name.decode()
@@ -379,7 +385,7 @@ class Namespace:
         self.missing_heads += 1
         info: ObjectInfo | None = None
         try:
-            with trio.move_on_after(REVALIDATE_WAIT):
+            with trio.move_on_after(MISSING_HEAD_WAIT):
                 info = await trio.to_thread.run_sync(
                     self.store.head, key, limiter=self._limiter, abandon_on_cancel=True
                 )
