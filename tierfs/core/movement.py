@@ -114,7 +114,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -132,7 +131,7 @@ from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.tiers.tier import Tier, pwrite_all
 
 from .blockcache import BlockCache, CachedFile
-from .digests import block_digest
+from .digests import BlockHasher, block_digest
 from .journal import Journal
 from .space import SpaceManager
 
@@ -141,6 +140,10 @@ log = logging.getLogger(__name__)
 #: A relocate copies (and throttles) this many bytes per thread call, in
 #: whole blocks (at least one).
 COPY_CHUNK = 8 * 1024 * 1024
+
+#: ... each block read, hashed and written in pieces of this many bytes
+#: (``BlockCopier``).
+COPY_PIECE = 256 * 1024
 
 #: A fill asks the block cache for this many blocks at a time, so that a
 #: huge file does not start every fetch at once (memory stays bounded by
@@ -172,50 +175,73 @@ class FileResidency:
     blocks: list[BlockPlace]
 
 
-_copy_buffers = threading.local()
+def _created(fd: int | None) -> int:
+    assert fd is not None  # ``Tier.open_file(create=True)`` returns a file
+    return fd
 
 
-def _copy_buffer(nbytes: int) -> bytearray:
-    """A buffer of this thread for copies (reused: a fresh 8 MiB ``bytes``
-    per chunk costs an mmap, 2,048 page faults and an munmap)."""
-    buf: bytearray | None = getattr(_copy_buffers, "buf", None)
-    if buf is None or len(buf) < nbytes:
-        buf = _copy_buffers.buf = bytearray(nbytes)
-    return buf
+class BlockCopier:
+    """The thread side of one relocate's copy: ``copy`` runs in a thread
+    (one call at a time), ``close`` on the loop once no call runs.
 
+    The first ``copy`` opens the two cache files (``open_src`` may return
+    None: no cache file, every block reads as zeros; ``open_dst`` creates
+    it), so a file whose blocks fit in one chunk costs one thread call.
+    Each block is read, hashed and written in pieces of ``COPY_PIECE``
+    bytes through one buffer of this copier, small enough to stay in the
+    CPU cache: the hash and the write read the bytes the read just put
+    there, not main memory.  The digest is the xxh3 of exactly the bytes
+    written to ``dst`` (bytes past the end of the ``src`` cache file are
+    zeros, as a read of them returns, and are written as zeros)."""
 
-def _copy_blocks(src_fd: int, dst_fd: int, jobs: list[tuple[int, int]]) -> list[int]:
-    """Thread: copy each ``(offset, nbytes)`` from ``src_fd`` to the same
-    offset of ``dst_fd``; returns the xxh3 of each copied block (bytes past
-    the end of the source file are zeros, as a read of them returns)."""
-    digests: list[int] = []
-    buf = memoryview(_copy_buffer(max(n for _o, n in jobs)))
-    for offset, nbytes in jobs:
-        view = buf[:nbytes]
-        got = 0
-        while got < nbytes:
-            n = os.preadv(src_fd, [view[got:]], offset + got)
-            if n == 0:  # past the end of the cache file: zeros
-                view[got:] = bytes(nbytes - got)
-                break
-            got += n
-        digests.append(block_digest(view))
-        pwrite_all(dst_fd, view, offset)
-    return digests
+    __slots__ = ("_buffer", "_open_dst", "_open_src", "_opened", "dst_fd", "src_fd")
 
+    def __init__(self, open_src: Callable[[], int | None], open_dst: Callable[[], int]) -> None:
+        self._open_src = open_src
+        self._open_dst = open_dst
+        self._opened = False
+        self.src_fd: int | None = None
+        self.dst_fd: int | None = None
+        self._buffer = memoryview(bytearray(COPY_PIECE))
 
-def _open_pair(src: Tier, dst: Tier, ino: int) -> tuple[int | None, int]:
-    """Thread: the ``src`` cache file of ``ino`` (None if it has none) and
-    the ``dst`` one (created if absent)."""
-    src_fd = src.open_file(ino, create=False)
-    try:
-        dst_fd = dst.open_file(ino, create=True)
-    except BaseException:
-        if src_fd is not None:
-            os.close(src_fd)
-        raise
-    assert dst_fd is not None
-    return src_fd, dst_fd
+    def _open(self) -> None:
+        self._opened = True
+        self.src_fd = self._open_src()
+        self.dst_fd = self._open_dst()
+
+    def copy(self, jobs: list[tuple[int, int]]) -> list[int]:
+        """Thread: copy each ``(offset, nbytes)`` block to the same offset of
+        the ``dst`` cache file; the xxh3 of each block."""
+        if not self._opened:
+            self._open()
+        if self.src_fd is None:  # no cache file at all: every block reads as zeros
+            return [block_digest(bytes(n)) for _o, n in jobs]
+        assert self.dst_fd is not None
+        return [self._copy_block(offset, nbytes) for offset, nbytes in jobs]
+
+    def _copy_block(self, offset: int, nbytes: int) -> int:
+        assert self.src_fd is not None and self.dst_fd is not None
+        hasher = BlockHasher()
+        pos, end = offset, offset + nbytes
+        while pos < end:
+            piece = self._buffer[: min(COPY_PIECE, end - pos)]
+            got = 0
+            while got < len(piece):
+                n = os.preadv(self.src_fd, [piece[got:]], pos + got)
+                if n == 0:  # past the end of the cache file: zeros
+                    piece[got:] = bytes(len(piece) - got)
+                    break
+                got += n
+            hasher.update(piece, nbytes)
+            pwrite_all(self.dst_fd, piece, pos)
+            pos += len(piece)
+        return hasher.result()
+
+    def close(self) -> None:
+        for fd in (self.src_fd, self.dst_fd):
+            if fd is not None:
+                os.close(fd)
+        self.src_fd = self.dst_fd = None
 
 
 class DataMovement:
@@ -396,14 +422,15 @@ class DataMovement:
         dst_had_file = any(rec.tier == dst for rec in cf.blocks.values()) or dst in cf.fds
         cf.fenced_tier = dst
         switched = False
-        src_fd = dst_fd = None
+        src_tier, dst_tier, ino = self.tiers[src], self.tiers[dst], cf.ino
+        copier = BlockCopier(
+            lambda: src_tier.open_file(ino, create=False),
+            lambda: _created(dst_tier.open_file(ino, create=True)),
+        )
         try:
-            src_fd, dst_fd = await trio.to_thread.run_sync(
-                _open_pair, self.tiers[src], self.tiers[dst], cf.ino, limiter=self.io_limiter
-            )
-            moved = await self._copy_and_verify(cf, plan, src_fd, dst_fd, throttle)
-            if any(rec.dirty for _b, rec in moved):
-                await trio.to_thread.run_sync(os.fdatasync, dst_fd, limiter=self.io_limiter)
+            moved = await self._copy_and_verify(cf, plan, copier, throttle)
+            if any(rec.dirty for _b, rec in moved) and copier.dst_fd is not None:
+                await trio.to_thread.run_sync(os.fdatasync, copier.dst_fd, limiter=self.io_limiter)
             # --- no await from here to the end of the switch (atomic on the loop) ---
             self._refuse_if_busy(cf)
             if (
@@ -417,9 +444,7 @@ class DataMovement:
         finally:
             self.space.release(dst, total)
             cf.fenced_tier = None
-            for fd in (src_fd, dst_fd):
-                if fd is not None:
-                    os.close(fd)
+            copier.close()
             if not switched and not dst_had_file:
                 self._discard_copy(cf, dst)
         nbytes = sum(rec.nbytes for _b, rec in moved)
@@ -431,8 +456,7 @@ class DataMovement:
         self,
         cf: CachedFile,
         plan: list[tuple[int, BlockRecord]],
-        src_fd: int | None,
-        dst_fd: int,
+        copier: BlockCopier,
         throttle: Throttle | None,
     ) -> list[tuple[int, BlockRecord]]:
         """Copy the planned blocks chunk by chunk; the blocks that passed
@@ -446,12 +470,7 @@ class DataMovement:
             jobs = [(blockno * bs, rec.nbytes) for blockno, rec in chunk]
             if throttle is not None:  # before the copy: concurrent copies take turns
                 await throttle(sum(n for _o, n in jobs))
-            if src_fd is None:  # no cache file at all: every block reads as zeros
-                digests = [block_digest(bytes(n)) for _o, n in jobs]
-            else:
-                digests = await trio.to_thread.run_sync(
-                    _copy_blocks, src_fd, dst_fd, jobs, limiter=self.io_limiter
-                )
+            digests = await trio.to_thread.run_sync(copier.copy, jobs, limiter=self.io_limiter)
             for (blockno, rec), digest in zip(chunk, digests, strict=True):
                 if not rec.checkable or digest == rec.digest:
                     moved.append((blockno, rec))
