@@ -175,6 +175,29 @@ class FileResidency:
     blocks: list[BlockPlace]
 
 
+@dataclass(frozen=True, slots=True)
+class _OldCopy:
+    """A ``src`` cache file to unlink once the switch is on disk (step 6)."""
+
+    cf: CachedFile
+    tier: int
+    #: ``MetaDB.commits`` before the switch: it is on disk once past this.
+    switched_before: int
+
+
+def _remove_files(files: list[tuple[Tier, int]]) -> None:
+    """Thread: delete the cache file of each ``(tier, ino)``; a failure is
+    logged (the file then has no residency on that tier: the orphan cleanup
+    of the next mount deletes it)."""
+    for tier, ino in files:
+        try:
+            tier.remove_file(ino)
+        except OSError as exc:
+            log.warning(
+                "could not delete the old copy of inode %d on tier %s: %s", ino, tier.name, exc
+            )
+
+
 def _created(fd: int | None) -> int:
     assert fd is not None  # ``Tier.open_file(create=True)`` returns a file
     return fd
@@ -268,11 +291,15 @@ class DataMovement:
         self.io_limiter = trio.CapacityLimiter(4)
         #: Bytes moved between tiers by ``relocate`` (for status).
         self.relocated_bytes = 0
-        self._nursery: trio.Nursery | None = None
+        #: Old copies waiting for ``_delete_old_copies`` (see step 6).
+        self._old_copies: list[_OldCopy] = []
+        self._old_copies_queued = trio.Event()
+        self._deleting_in_background = False
 
     def start(self, nursery: trio.Nursery) -> None:
         """Delete old copies in ``nursery`` from now on (see step 6)."""
-        self._nursery = nursery
+        self._deleting_in_background = True
+        nursery.start_soon(self._delete_old_copies)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -528,16 +555,39 @@ class DataMovement:
             return
         self.tiers[dst].remove_file(cf.ino)
 
-    async def _unlink_old_copy(self, cf: CachedFile, src: int, switched_before: int) -> None:
+    async def _unlink_old_copies(self, batch: list[_OldCopy]) -> None:
+        """Unlink the ``src`` cache files of ``batch`` once the switches are on
+        disk, in one thread call; then unfence and release each file."""
         try:
-            while self.meta.commits <= switched_before:  # the switch is not on disk yet
+            switched_before = max(old.switched_before for old in batch)
+            while self.meta.commits <= switched_before:  # a switch is not on disk yet
                 await trio.sleep(SWITCH_COMMIT_POLL)
-            await trio.to_thread.run_sync(
-                self.tiers[src].remove_file, cf.ino, limiter=self.io_limiter
-            )
+            files = [(self.tiers[old.tier], old.cf.ino) for old in batch]
+            await trio.to_thread.run_sync(_remove_files, files, limiter=self.io_limiter)
         finally:
-            cf.fenced_tier = None
-            self.blocks.release(cf)
+            for old in batch:
+                old.cf.fenced_tier = None
+                self.blocks.release(old.cf)
+
+    async def _delete_old_copies(self) -> None:
+        """Background (``start``): unlink the queued old copies, all that
+        queued up during the last batch in the next one (one wait for the
+        group commit and one thread call for many small files).  Stopped,
+        it leaves what is queued to the orphan cleanup of the next mount."""
+        try:
+            while True:
+                if not self._old_copies:
+                    await self._old_copies_queued.wait()
+                    self._old_copies_queued = trio.Event()
+                    continue
+                batch, self._old_copies = self._old_copies, []
+                await self._unlink_old_copies(batch)
+        finally:
+            self._deleting_in_background = False
+            for old in self._old_copies:
+                old.cf.fenced_tier = None
+                self.blocks.release(old.cf)
+            self._old_copies = []
 
     async def _delete_old_copy(
         self, cf: CachedFile, src: int, moved: Iterable[int], switched_before: int
@@ -550,10 +600,12 @@ class DataMovement:
             self.blocks.close_cache_fds(cf, src)
             cf.fenced_tier = src
             self.blocks.acquire(cf.inode)  # the unlink's own reference
-            if self._nursery is None:
-                await self._unlink_old_copy(cf, src, switched_before)
+            old = _OldCopy(cf, src, switched_before)
+            if self._deleting_in_background:
+                self._old_copies.append(old)
+                self._old_copies_queued.set()
             else:
-                self._nursery.start_soon(self._unlink_old_copy, cf, src, switched_before)
+                await self._unlink_old_copies([old])
             return
         if self.meta.commits <= switched_before:
             self.meta.commit()  # nothing is punched before the switch is on disk
