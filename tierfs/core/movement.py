@@ -145,6 +145,11 @@ COPY_CHUNK = 8 * 1024 * 1024
 #: (``BlockCopier``).
 COPY_PIECE = 256 * 1024
 
+#: Threads that copy, sync and delete for relocates at once (the mover runs
+#: up to this many small moves at once: parallel reads keep the source
+#: device's queue full, see ``workers.mover``).
+COPY_THREADS = 16
+
 #: A fill asks the block cache for this many blocks at a time, so that a
 #: huge file does not start every fetch at once (memory stays bounded by
 #: ``fetch.concurrency`` either way; this bounds the bookkeeping).
@@ -288,7 +293,7 @@ class DataMovement:
         self.block_size = blocks.block_size
         self.copy_chunk = max(copy_chunk, self.block_size)
         #: Threads of copies, syncs and deletes (several relocates may run at once).
-        self.io_limiter = trio.CapacityLimiter(4)
+        self.io_limiter = trio.CapacityLimiter(COPY_THREADS)
         #: Bytes moved between tiers by ``relocate`` (for status).
         self.relocated_bytes = 0
         #: Old copies waiting for ``_delete_old_copies`` (see step 6).
