@@ -9,10 +9,18 @@ One pass: ``Lifecycle.plan()`` (the planner over the facts of the moment),
 then the moves in plan order, each through the data-movement API
 (``core.movement``): a relocate (copy -> verify -> switch in one LMDB
 transaction -> delete the old copy), an evict (clean copies only), or a
-fill (pins).  Up to ``MOVE_CONCURRENCY`` moves run at once, started in plan
-order: one file at a time leaves the disk idle while the loop opens,
-commits and deletes, and small files then move at a fraction of what the
-disk does (measured: 0.27x ``cp`` for 4 MiB files, one at a time).  Before
+fill (pins).  Moves start in plan order, ``MOVE_CONCURRENCY`` (3) at once
+whatever their size, and more, up to ``MAX_MOVE_CONCURRENCY`` (16, one copy
+thread each), while the running moves hold at most ``MOVE_BYTES_IN_FLIGHT``
+(64 MiB): one file at a time leaves the disk idle while the loop opens,
+switches and deletes (measured: 0.27x ``cp`` for 4 MiB files one at a
+time), and the loop stops for a whole group commit (an fdatasync of LMDB,
+10-90 ms here while the copies load the disk), during which only copies
+already in their thread go on.  Measured without FUSE, interleaved with
+``cp`` (456 x 4 MiB files, medians of 4 rounds): 3 at once 0.77x ``cp``, 16
+at once 1.46x, 24 at once 1.58x; for 8 x 256 MiB files 3 at once beat 1 and
+6 (1.36x against 0.85x and 0.99x, noisy).  Parallel reads suit the source
+tier of a demotion (NVMe); the writes go to the page cache.  Before
 a watermark or keep_newest move starts, the source tier is checked again,
 counting the bytes of moves still running from it as gone: once that is
 at or below its low mark, the rest of that tier's watermark moves are
