@@ -15,7 +15,7 @@ import trio
 
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import WriteConfig
-from tierfs.core.movement import DataMovement
+from tierfs.core.movement import BlockCopier, DataMovement
 from tierfs.errors import Busy, NoSpace
 from tierfs.meta import SyncState
 
@@ -287,14 +287,15 @@ async def copy_without_switch(mount: CoreMount, ino: int, src: int, dst: int) ->
     cf = mount.fs.blocks.acquire(inode)
     try:
         plan = sorted((b, rec) for b, rec in cf.blocks.items() if rec.tier == src)
-        src_fd = mount.fs.tiers[src].open_file(ino, create=False)
-        dst_fd = mount.fs.tiers[dst].open_file(ino, create=True)
-        assert src_fd is not None and dst_fd is not None
+        tiers = mount.fs.tiers
+        copier = BlockCopier(
+            lambda: tiers[src].open_file(ino, create=False),
+            lambda: tiers[dst].open_file(ino, create=True) or -1,
+        )
         try:
-            moved = await movement._copy_and_verify(cf, plan, src_fd, dst_fd, None)
+            moved = await movement._copy_and_verify(cf, plan, copier, None)
         finally:
-            os.close(src_fd)
-            os.close(dst_fd)
+            copier.close()
         assert len(moved) == len(plan)
         mount._moved = moved  # type: ignore[attr-defined]
     finally:
