@@ -97,6 +97,27 @@ async def test_directory_wins_over_object_of_the_same_name(
     assert any("object is hidden" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_relisting_keeps_the_directory_that_hides_an_object(
+    make_fs: Any, s3_store: Any
+) -> None:
+    # The object ``d`` comes before the prefix ``d/`` in a page: a re-listing
+    # replaced the directory (and dropped its subtree) before the prefix
+    # marked it seen: a new inode, and the cached blocks below it dropped.
+    put(s3_store, "d", b"file")
+    put(s3_store, "d/inner", b"inner")
+    mount = await make_fs(namespace=NamespaceConfig(list_ttl=0.2, revalidate_ttl=60))
+    assert await names(mount) == {"d"}
+    before = await mount.fs.lookup(ROOT_INO, b"d")
+    assert await names(mount, "d") == {"inner"}
+    await trio.sleep(0.25)
+    done = mount.fs.namespace.listings_done
+    assert await names(mount) == {"d"}  # expired: re-lists the root
+    assert mount.fs.namespace.listings_done > done
+    after = await mount.fs.lookup(ROOT_INO, b"d")
+    assert after.ino == before.ino and after.mode & 0o040000
+    assert await names(mount, "d") == {"inner"}
+
+
 async def test_readdir_resumes_by_cookie_while_entries_change(make_fs: Any, s3_store: Any) -> None:
     for i in range(20):
         put(s3_store, f"f{i:02}", b"x")

@@ -463,6 +463,11 @@ class MetaDB:
         directory", and then skipped the directory as being deleted.
         """
         result = MergeResult(changed=[], removed=[], conflicts=[])
+        # Names listed as directories in this page: an object of the same
+        # name (it sorts before its ``name/`` prefix) must not replace the
+        # directory before the prefix entry marks it seen.
+        entries = list(entries)
+        listed_dirs = {entry.name for entry in entries if entry.is_dir}
         with self.write() as w:
             txn = w.txn
             parent = self._get_inode_txn(txn, dir_ino)
@@ -482,11 +487,11 @@ class MetaDB:
                             # what the bucket does not have yet: the local
                             # name wins, its entries will make the bucket agree.
                             continue
-                        if seen_gen == gen:
+                        if seen_gen == gen or (inode.is_dir and entry.name in listed_dirs):
                             # Both `a` and `a/...` exist in this listing.
                             result.conflicts.append(entry.name)
                             if inode.is_dir:
-                                continue  # the directory already won
+                                continue  # the directory wins (and keeps its inode)
                         # A file became a directory (or the reverse): replace.
                         self._remove_subtree(txn, ino, result)
                         self._unlink_dentry(txn, dir_ino, entry.name, cookie)
