@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -479,3 +480,25 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
 @pytest.fixture
 def unique_name() -> str:
     return f"tierfs-missing-{uuid.uuid4().hex[:12]}"
+
+
+#: The unprivileged user of ``other_uid``.
+OTHER_USER = "tierfs-test-other"
+
+
+@pytest.fixture
+def other_uid() -> Iterator[int]:
+    """An unprivileged user created for the test (and deleted after it)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a user")
+    created = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+        capture_output=True,
+        text=True,
+    )
+    assert created.returncode in (0, 9), created.stderr  # 9: it exists already
+    try:
+        yield pwd.getpwnam(OTHER_USER).pw_uid
+    finally:
+        if created.returncode == 0:
+            subprocess.run(["userdel", OTHER_USER], capture_output=True)

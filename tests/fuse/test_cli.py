@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -114,27 +113,6 @@ def test_mount_foreground_stays_until_umount(mount: MountFactory, tmp_path: Path
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
-
-
-OTHER_USER = "tierfs-test-other"
-
-
-@pytest.fixture
-def other_uid() -> Iterator[int]:
-    """An unprivileged user created for the test (and deleted after it)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a user")
-    created = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-        capture_output=True,
-        text=True,
-    )
-    assert created.returncode in (0, 9), created.stderr  # 9: it exists already
-    try:
-        yield pwd.getpwnam(OTHER_USER).pw_uid
-    finally:
-        if created.returncode == 0:
-            subprocess.run(["userdel", OTHER_USER], capture_output=True)
 
 
 def as_user(uid: int, fn: Callable[[], str]) -> str:

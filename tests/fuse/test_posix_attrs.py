@@ -9,37 +9,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pwd
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.fuse.conftest import Mount, MountFactory, wait_until
 
-OTHER_USER = "tierfs-test-posix"
 DAY_NS = 24 * 3600 * 10**9
-
-
-@pytest.fixture
-def other_uid() -> Iterator[int]:
-    """An unprivileged user created for the test (and deleted after it)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a user and to mount with allow_other")
-    created = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-        capture_output=True,
-        text=True,
-    )
-    assert created.returncode in (0, 9), created.stderr  # 9: it exists already
-    try:
-        yield pwd.getpwnam(OTHER_USER).pw_uid
-    finally:
-        if created.returncode == 0:
-            subprocess.run(["userdel", OTHER_USER], capture_output=True)
 
 
 def as_user(m: Mount, uid: int, fn: Callable[[int], object]) -> object:
