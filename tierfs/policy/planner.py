@@ -370,3 +370,28 @@ def summarize(moves: Iterable[Move], tiers: Sequence[TierUsage]) -> list[MoveSum
             )
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class MoveAdmission:
+    """How many moves of a plan run at once (the mover starts them in plan order).
+
+    ``min_at_once`` moves may always run, whatever their size; beyond that,
+    up to ``max_at_once``, a move starts only while the running moves and it
+    hold at most ``max_bytes`` in all.  So many small files move in parallel
+    (one at a time leaves the disk idle while the loop opens, switches and
+    deletes), and a few huge ones do not flood the page cache.
+    """
+
+    min_at_once: int
+    max_at_once: int
+    max_bytes: int
+
+    def may_start(self, running_nbytes: Sequence[int], nbytes: int) -> bool:
+        """May a move of ``nbytes`` start beside running moves of these sizes?"""
+        running = len(running_nbytes)
+        if running < self.min_at_once:
+            return True
+        if running >= self.max_at_once:
+            return False
+        return sum(running_nbytes) + nbytes <= self.max_bytes

@@ -63,7 +63,7 @@ from tierfs.core import TierFS
 from tierfs.core.lifecycle import CurrentMove, Lifecycle, Promotion
 from tierfs.core.movement import COPY_THREADS
 from tierfs.errors import Busy, NoSpace, TierfsError
-from tierfs.policy.planner import Move
+from tierfs.policy.planner import Move, MoveAdmission
 from tierfs.policy.watermarks import mark
 
 from .foreground import ForegroundMeter
@@ -82,6 +82,7 @@ MOVE_CONCURRENCY = 3
 MAX_MOVE_CONCURRENCY = COPY_THREADS
 #: ... this many bytes in all (small files: see the module docstring).
 MOVE_BYTES_IN_FLIGHT = 64 << 20
+MOVE_ADMISSION = MoveAdmission(MOVE_CONCURRENCY, MAX_MOVE_CONCURRENCY, MOVE_BYTES_IN_FLIGHT)
 #: Bytes per second the mover copies at most while the mount is busy ...
 BUSY_RATE = 50 << 20
 #: ... as measured over windows of this many seconds ...
@@ -148,14 +149,9 @@ class Mover:
         self._measure(self.status.bytes_moved - moved_before, started)
 
     def _may_start(self, move: Move) -> bool:
-        """May another move start now (see ``MOVE_CONCURRENCY``)?"""
-        running = len(self._running)
-        if running < MOVE_CONCURRENCY:
-            return True
-        if running >= MAX_MOVE_CONCURRENCY:
-            return False
-        in_flight = sum(r.move.nbytes for r in self._running.values())
-        return in_flight + move.nbytes <= MOVE_BYTES_IN_FLIGHT
+        """May another move start now (see ``MOVE_ADMISSION``)?"""
+        running = [r.move.nbytes for r in self._running.values()]
+        return MOVE_ADMISSION.may_start(running, move.nbytes)
 
     async def _run_move(self, running: _Running) -> None:
         move = running.move
