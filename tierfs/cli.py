@@ -31,7 +31,7 @@ from tierfs.control.client import Location, locate, request
 from tierfs.control.protocol import PRELOAD_LIST_CHUNK
 from tierfs.errors import ConfigError, ControlError, TierfsError
 from tierfs.policy.rules import shadowed_rules
-from tierfs.units import format_size
+from tierfs.units import format_size, parse_rate
 
 MOUNT_TIMEOUT = 60.0
 UMOUNT_TIMEOUT = 60.0
@@ -486,6 +486,14 @@ class _PreloadView:
             print("nothing to fetch: every file was already resident")
 
 
+def _rate_argument(text: str) -> int:
+    """An argparse type: a rate such as ``200MiB/s``, in bytes per second."""
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_preload(args: argparse.Namespace) -> int:
     fraction = args.ready_fraction
     if fraction is not None and not 0 <= fraction <= 1:
@@ -509,6 +517,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
             "paths": relpaths,
             "tier": args.tier,
             "ready_fraction": fraction,
+            "bandwidth": args.bandwidth,
             "detach": args.detach,
             "from_list": list_file is not None,
         }
@@ -857,6 +866,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach",
         action="store_true",
         help="return at once with the preload's id; it runs on in the daemon",
+    )
+    p.add_argument(
+        "--bandwidth",
+        metavar="RATE",
+        type=_rate_argument,
+        default=0,
+        help='cap on the bytes this preload fetches per second, e.g. "200MiB/s" (default '
+        '"0": no cap beyond the fetch slots; demand reads always go first either way)',
     )
     p.add_argument(
         "--json",

@@ -40,14 +40,19 @@ def put_tree(s3_store: Any, tree: dict[str, int]) -> dict[str, bytes]:
 
 
 async def run_preload(
-    nursery: trio.Nursery, mount: CoreMount, paths: list[str], tier: str | None = None
+    nursery: trio.Nursery,
+    mount: CoreMount,
+    paths: list[str],
+    tier: str | None = None,
+    *,
+    bandwidth: int = 0,
 ) -> PreloadJob:
     preloader = Preloader(mount.fs)
     await nursery.start(preloader.run)
     spool = preloader.new_spool()
     for path in paths:
         spool.add(path)
-    job = preloader.start(spool, paths, tier)
+    job = preloader.start(spool, paths, tier, bandwidth=bandwidth)
     with trio.fail_after(30):
         await job.done.wait()
     return job
@@ -186,6 +191,20 @@ async def test_preload_larger_than_every_tier_warns_up_front(
     # It cannot all be kept: the file is named with the reason.
     assert job.files_failed == 1
     assert "tiers are full" in job.failures[0].reason
+
+
+async def test_a_job_bandwidth_cap_paces_its_fetches(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    put_tree(s3_store, {"paced/a": MiB, "paced/b": MiB, "paced/c": MiB})
+    mount = await make_fs()
+    started = trio.current_time()
+    job = await run_preload(nursery, mount, ["paced"], bandwidth=MiB)
+    elapsed = trio.current_time() - started
+    assert job.state == "done" and job.bytes_fetched == 3 * MiB
+    assert job.snapshot()["bandwidth"] == MiB
+    # 3 MiB at 1 MiB/s, less the throttle's burst of a quarter second.
+    assert elapsed >= 3 - 0.25 - 0.05, elapsed
 
 
 async def test_preload_to_a_named_tier(make_fs: Any, s3_store: Any, nursery: trio.Nursery) -> None:

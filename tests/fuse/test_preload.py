@@ -125,6 +125,17 @@ def test_preload_tree_list_rerun_missing_and_bad_list(mount: MountFactory, tmp_p
     assert cached(m, "list/x4") == 0 and cached(m, "list/x5") == 0
     assert all(job["state"] == "done" for job in preloads(m).values())
 
+    # A bad --bandwidth is rejected before anything starts; a good one is the job's cap.
+    done = run_tierfs("preload", "--bandwidth", "fast", str(m.path / "list/x4"))
+    assert done.returncode == 2
+    assert "--bandwidth" in done.stderr and "not a rate" in done.stderr
+    assert m.counters()["gets"] == gets2 and cached(m, "list/x4") == 0
+    done = run_tierfs("preload", "--bandwidth", "100MiB/s", "--json", str(m.path / "list/x4"))
+    assert done.returncode == 0, done.stderr
+    summary = json_lines(done.stdout)[-1]
+    assert summary["bandwidth"] == 100 << 20 and summary["files_done"] == 1
+    assert cached(m, "list/x4") == len(TREE["list/x4"])
+
 
 def test_ready_fraction_detach_status_and_ctrl_c(
     mount: MountFactory, fault_proxy: FaultProxy

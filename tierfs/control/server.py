@@ -254,6 +254,11 @@ class ControlServer:
             not isinstance(fraction, int | float) or not 0 <= fraction <= 1
         ):
             raise InvalidArgument("'ready_fraction' must be a number from 0 to 1")
+        bandwidth = args.get("bandwidth", 0)
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, int) or bandwidth < 0:
+            raise InvalidArgument(
+                "'bandwidth' must be a whole number of bytes per second, 0 or more"
+            )
         spool = preloader.new_spool()
         await self._receive_paths(
             spool,
@@ -266,7 +271,8 @@ class ControlServer:
         if not spool.count:
             spool.close()
             raise InvalidArgument("nothing to preload: no paths given")
-        job = preloader.start(spool, [normalize_path(p, str(self.mountpoint)) for p in paths], tier)
+        roots = [normalize_path(p, str(self.mountpoint)) for p in paths]
+        job = preloader.start(spool, roots, tier, bandwidth=bandwidth)
         if detach:
             return job.snapshot()
         sent = _Sent()

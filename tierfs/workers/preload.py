@@ -32,7 +32,8 @@ parallel (each range is a few ranged GETs of the block cache).  The GETs
 themselves are bounded by the block cache's fetch slots, where preload is
 background work: demand reads go first (see ``tierfs.core.blockcache``,
 "Priority"), and a demand read of a block being preloaded shares its fetch.
-An optional bandwidth cap (``Throttle``) is applied to the bytes fetched.
+An optional bandwidth cap (``Throttle``) is applied to the bytes fetched:
+the worker's (shared by its jobs) and a job's own (``preload --bandwidth``).
 
 Resident data is skipped: ranges whose blocks are all present are not
 queued, a file with nothing to fetch counts as ``files_resident``, and the
@@ -152,6 +153,12 @@ class PreloadJob:
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     #: Set once the scan is over (the totals are final).
     scanned: trio.Event = field(default_factory=trio.Event)
+    #: This job's own cap, bytes per second (0: none).
+    bandwidth: int = 0
+    throttle: Throttle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.throttle = Throttle(self.bandwidth)
 
     def fail(self, path: str, reason: str) -> None:
         self.files_failed += 1
@@ -195,6 +202,7 @@ class PreloadJob:
             "id": self.id,
             "paths": self.roots,
             "tier": self.tier_name,
+            "bandwidth": self.bandwidth,
             "state": self.state,
             "files_total": self.files_total,
             "files_done": self.files_done,
@@ -260,8 +268,11 @@ class Preloader:
     def new_spool(self) -> PathSpool:
         return PathSpool(self.spool_dir)
 
-    def start(self, spool: PathSpool, roots: list[str], tier_name: str | None) -> PreloadJob:
-        """Start a job over the relpaths in ``spool`` (which it now owns)."""
+    def start(
+        self, spool: PathSpool, roots: list[str], tier_name: str | None, *, bandwidth: int = 0
+    ) -> PreloadJob:
+        """Start a job over the relpaths in ``spool`` (which it now owns),
+        capped at ``bandwidth`` bytes per second (0: no cap of its own)."""
         if self._nursery is None:
             spool.close()
             raise InvalidArgument("the preload worker is not running")
@@ -275,6 +286,7 @@ class Preloader:
             roots=roots[:8],
             tier=tier,
             tier_name=self.fs.tiers[tier].name if tier is not None else None,
+            bandwidth=bandwidth,
         )
         self._forget_finished()
         self.jobs[job.id] = job
@@ -438,6 +450,7 @@ class Preloader:
                     else:
                         job.bytes_fetched += nbytes
                         await self.throttle(nbytes)
+                        await job.throttle(nbytes)
                 progress.left -= 1
                 if progress.left == 0:
                     del in_flight[work.ino]
