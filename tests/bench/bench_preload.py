@@ -22,7 +22,7 @@ printed.
 Cases (``--cases``, comma-separated):
 
 ``copy``: wall time until the command exits, for each shape (``small/``
-    and ``big/``):
+    and ``big/``; ``--shapes`` picks):
 
     * ``tierfs preload MOUNT/PREFIX --json``: the CLI's run until it exits,
       which is when every byte is resident on the tier (the daemon lists the
@@ -65,10 +65,14 @@ Cases (``--cases``, comma-separated):
 ``epoch``: one epoch over the first ``--epoch-files`` files of ``small/``
     in a shuffled order (``--seed`` and the round), read whole by
     ``--readers`` (8) threads that take the next file of the order, as a
-    DataLoader's workers take the sampler's indices.  ``without``: a fresh
-    mount, plain reads.  ``with``: a fresh mount, and first
+    DataLoader's workers take the sampler's indices.  Variants
+    (``--epoch-variants``): ``gets``: the same keys fetched whole by
+    ``--readers`` threads of boto3 GETs, no mount (the reference of issue
+    15: cold small-file reads >= 0.8x it); ``without``: a fresh mount,
+    plain reads; ``with``: a fresh mount, and first
     ``tierfs.client.set_order(MOUNT, order)`` (its time counts in the
-    epoch), then the same reads.  Target: with >= 2x faster.
+    epoch), then the same reads.  Target: with >= 2x faster.  With
+    ``--py-spy``, the first round's mounted variants are profiled too.
 
 ``rss``: the daemon's memory during a preload of a ``--rss-entries``
     (1,000,000) line list.  What the list names: the files of ``small/``,

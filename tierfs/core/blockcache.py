@@ -103,6 +103,28 @@ reads that follow: a FUSE read of a recent block is answered with a view
 of its buffer, no copy.  Older ones are read back from the tier.
 Filesystems without O_DIRECT (tmpfs) get buffered writes.
 
+Per-file cost on the loop (a small file is one block, one GET): the fetch
+thread opens, and creates, the cache file itself when the CachedFile has
+no fd on that tier yet (``_CacheFiles``), after its GET answered (a failed
+GET creates no file); back on the loop the CachedFile adopts the fds, and
+a duplicate opened by a concurrent fetch of the same file is closed.  The
+O_DIRECT fd is opened only for a block written through it (a small file's
+partial block is not).  The rest per fetched block on the loop: the tier
+choice (``SpaceManager.reserve``), one record in the metadata group
+(``MetaDB.add_block``) and the eviction bookkeeping.
+
+The object changed: a GET of a clean file carries the ETag it was listed
+or last checked with (If-Match).  On a mismatch ``revalidate_origin`` HEADs
+the object, once per generation of the file (concurrent fetches of the file
+wait for that one HEAD).  If it changed, its cached blocks are dropped
+(``content_changed`` bumps the generation), ``cf.inode`` becomes the new
+inode, and the flight ends without error: the reader fetches again, with
+the new ETag and size, unless the object grew: the kernel would cut the new
+bytes at the size it was told at open, so that read fails with ESTALE and
+the next open sees the new size.  If the object did not change, the read
+fails with ESTALE.  This is what lets ``TierFS.open`` skip the HEAD of a
+file with nothing cached.
+
 Readahead: each open handle tracks its last read.  A read that continues the
 previous one is sequential; each time a sequential reader enters a new block
 the window may grow, from 1 block up to ``readahead_max``: it doubles up to
@@ -295,6 +317,7 @@ class BlockCache:
         on_idle: Callable[[int], None] | None = None,
         on_damage: Callable[[int, int, int, str], None] | None = None,
         on_slow_tier_read: Callable[[int, int], None] | None = None,
+        revalidate_origin: Callable[[int], Awaitable[Inode | None]] | None = None,
     ) -> None:
         """The callbacks reach back up to the file system (TierFS passes them):
 
@@ -307,7 +330,11 @@ class BlockCache:
           failed its checksum (see "Dirty-block digests");
         * ``on_slow_tier_read``: (ino, tier) when a read was served from a
           tier other than the first (the lifecycle may promote the file).
-          O(1), on the read path.
+          O(1), on the read path;
+        * ``revalidate_origin``: a GET's If-Match failed (the object changed
+          since it was listed or last checked): HEAD it now.  Returns the
+          new inode if the content changed (its cached blocks are already
+          dropped, see ``content_changed``), None if not.
         """
         self.meta = meta
         self.store = store
@@ -349,7 +376,10 @@ class BlockCache:
         self.on_slow_tier_read: Callable[[int, int], None] = on_slow_tier_read or (
             lambda ino, tier: None
         )
+        self.revalidate_origin = revalidate_origin
         self.stats = ReadStats(tier_hit_blocks=[0] * len(tiers))
+        #: ino -> set when its running ``revalidate_origin`` is done.
+        self._revalidations: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -513,8 +543,23 @@ class BlockCache:
         bs = self.block_size
         first, last = offset // bs, (end - 1) // bs
         self._update_readahead(cf, state, offset, end, first, last)
+        size_before = cf.size
         for attempt in range(3):
             await self._ensure(cf, range(first, last + 1))
+            if cf.size != size_before:  # the object changed (a GET's If-Match failed)
+                if cf.size > size_before:
+                    # The kernel clips this read at the size it was told:
+                    # an error, not the new bytes cut at the old size.
+                    raise StoreError(
+                        f"{cf.key} grew in the bucket since it was opened: open it again",
+                        errno=errno.ESTALE,
+                    )
+                size_before = cf.size
+                end = min(offset + size, cf.size)
+                if offset >= end:
+                    return b""
+                last = (end - 1) // bs
+                continue
             data = self._assemble(cf, offset, end, first, last)
             if data is not None:
                 return data
@@ -859,6 +904,8 @@ class BlockCache:
                 raise
             except PreconditionFailed as exc:
                 self._release_all(tiers, lengths)
+                if await self._origin_changed(cf, generation):
+                    return  # blocks dropped: the reader asks again, with the new ETag
                 raise StoreError(
                     f"{cf.key} changed in the bucket during the read", errno=errno.ESTALE
                 ) from exc
@@ -882,6 +929,29 @@ class BlockCache:
                 if kept is not None:
                     self._remember(cf.ino, blockno, kept, nbytes)
             return
+
+    async def _origin_changed(self, cf: CachedFile, generation: int) -> bool:
+        """A GET of ``cf`` failed its If-Match: did the object change (it is
+        revalidated now, once per generation of the file)?  True: the
+        cached blocks are dropped and ``cf.inode`` is the new one, so the
+        caller's readers fetch again; False: the ESTALE stands."""
+        if self.revalidate_origin is None or cf.inode.state != SyncState.CLEAN:
+            return False
+        if generation != cf.generation:
+            return True  # someone revalidated it meanwhile
+        flight = self._revalidations.get(cf.ino)
+        if flight is None:
+            flight = self._revalidations[cf.ino] = trio.Event()
+            try:
+                new = await self.revalidate_origin(cf.ino)
+                if new is not None and self.files.get(cf.ino) is cf:
+                    cf.inode = new
+            finally:
+                del self._revalidations[cf.ino]
+                flight.set()
+        else:
+            await flight.wait()
+        return generation != cf.generation
 
     def _cache_files(self, cf: CachedFile, tier: int) -> _CacheFiles:
         """What a fetch thread needs to write to ``cf``'s cache file on

@@ -10,6 +10,9 @@ JuiceFS's Check/Fill/EvictCache and mountpoint-s3's multilevel cache:
   normal placement).  It shares in-flight fetches with demand reads (one
   ``_Flight`` per block, see ``blockcache``): a reader waiting for a block
   that a fill is fetching waits for that fetch, and the other way round.
+  ``fill_range`` does the same and also says whether the range is all
+  resident afterwards, from the block map in memory (preload needs no
+  second look at LMDB per small file).
 * ``relocate(ino, src, dst)``: move every block of the file that is on
   ``src`` to ``dst``.
 * ``evict(ino, tier)``: drop clean local copies.  It raises ``Busy`` for a
