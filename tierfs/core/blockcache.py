@@ -543,10 +543,11 @@ class BlockCache:
         bs = self.block_size
         first, last = offset // bs, (end - 1) // bs
         self._update_readahead(cf, state, offset, end, first, last)
-        size_before = cf.size
+        size_before, generation = cf.size, cf.generation
         for attempt in range(3):
             await self._ensure(cf, range(first, last + 1))
-            if cf.size != size_before:  # the object changed (a GET's If-Match failed)
+            if cf.generation != generation:  # the object changed (e.g. If-Match failed)
+                generation = cf.generation
                 if cf.size > size_before:
                     # The kernel clips this read at the size it was told:
                     # an error, not the new bytes cut at the old size.
