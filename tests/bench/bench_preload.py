@@ -22,7 +22,7 @@ printed.
 Cases (``--cases``, comma-separated):
 
 ``copy``: wall time until the command exits, for each shape (``small/``
-    and ``big/``):
+    and ``big/``; ``--shapes`` picks):
 
     * ``tierfs preload MOUNT/PREFIX --json``: the CLI's run until it exits,
       which is when every byte is resident on the tier (the daemon lists the
@@ -65,10 +65,14 @@ Cases (``--cases``, comma-separated):
 ``epoch``: one epoch over the first ``--epoch-files`` files of ``small/``
     in a shuffled order (``--seed`` and the round), read whole by
     ``--readers`` (8) threads that take the next file of the order, as a
-    DataLoader's workers take the sampler's indices.  ``without``: a fresh
-    mount, plain reads.  ``with``: a fresh mount, and first
+    DataLoader's workers take the sampler's indices.  Variants
+    (``--epoch-variants``): ``gets``: the same keys fetched whole by
+    ``--readers`` threads of boto3 GETs, no mount (the reference of issue
+    15: cold small-file reads >= 0.8x it); ``without``: a fresh mount,
+    plain reads; ``with``: a fresh mount, and first
     ``tierfs.client.set_order(MOUNT, order)`` (its time counts in the
-    epoch), then the same reads.  Target: with >= 2x faster.
+    epoch), then the same reads.  Target: with >= 2x faster.  With
+    ``--py-spy``, the first round's mounted variants are profiled too.
 
 ``rss``: the daemon's memory during a preload of a ``--rss-entries``
     (1,000,000) line list.  What the list names: the files of ``small/``,
@@ -143,6 +147,15 @@ PRELOAD_START_TIMEOUT = 120.0
 COPY_TARGET = 0.9  # tierfs preload MB/s >= 0.9 x s5cmd cp
 LATENCY_TARGET = 2.0  # median during a preload <= 2 x idle
 EPOCH_TARGET = 2.0  # epoch with order-aware prefetch >= 2 x faster
+COLD_READ_TARGET = 0.8  # issue 15: 8-thread cold small-file reads >= 0.8 x 8 threads of GETs
+#: Variants of the epoch case: the same keys GET by boto3 threads (the
+#: reference of issue 15), then tierfs without and with order-aware prefetch.
+EPOCH_VARIANTS = ("gets", "without", "with")
+EPOCH_LABELS = {
+    "gets": "boto3 GETs, no mount",
+    "without": "epoch without prefetch",
+    "with": "epoch with prefetch",
+}
 RSS_TARGET_MB = 100.0  # daemon RSS growth for the long list
 
 
@@ -604,8 +617,54 @@ class PreloadBench(BenchBase):
         order = list(files)
         random.Random(self.args.seed * 1000 + round_no).shuffle(order)
         with self.slow_endpoint() as endpoint:
-            for variant in ("without", "with"):
-                self.epoch_variant(variant, order, endpoint, round_no)
+            for variant in self.args.epoch_variants:
+                if variant == "gets":
+                    self.epoch_gets(order, endpoint)
+                else:
+                    self.epoch_variant(variant, order, endpoint, round_no)
+
+    def epoch_gets(self, order: list[str], endpoint: str | None) -> None:
+        """The reference of issue 15: the epoch's keys fetched whole by
+        ``--readers`` threads of boto3 GETs (one shared client), no mount."""
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        client = boto3.session.Session(
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region_name=REGION,
+        ).client(
+            "s3",
+            endpoint_url=endpoint or self.endpoint,
+            config=BotoConfig(max_pool_connections=2 * self.args.readers),
+        )
+        lock = threading.Lock()
+        position = iter(order)
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                while True:
+                    with lock:
+                        key = next(position, None)
+                    if key is None:
+                        return
+                    client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        self.drop_caches()
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=reader) for _ in range(self.args.readers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        dt = time.perf_counter() - t0
+        if errors:
+            raise BenchError(f"epoch GETs failed: {errors[0]!r}")
+        self.results.epochs.setdefault("gets", []).append(dt)
+        log(f"  epoch of boto3 GETs: {dt:.2f}s ({len(order) / dt:,.0f} files/s)")
 
     @contextlib.contextmanager
     def slow_endpoint(self) -> Iterator[str | None]:
@@ -626,15 +685,19 @@ class PreloadBench(BenchBase):
     ) -> None:
         import tierfs.client
 
-        with self.tierfs_mount(endpoint) as (mp, _pid):
+        spy = self.args.py_spy if round_no == 0 else None
+        with self.tierfs_mount(endpoint) as (mp, pid):
             for _ in (mp / "small").rglob("*"):  # listed, as a Dataset's file list does
                 pass
             self.drop_caches()
-            t0 = time.perf_counter()
-            if variant == "with":
-                tierfs.client.set_order(mp, order)
-            self.read_epoch(mp, order)
-            dt = time.perf_counter() - t0
+            cpu0 = cpu_seconds(pid)
+            with py_spy(spy, pid, f"epoch-{variant}"):
+                t0 = time.perf_counter()
+                if variant == "with":
+                    tierfs.client.set_order(mp, order)
+                self.read_epoch(mp, order)
+                dt = time.perf_counter() - t0
+            cpu = cpu_seconds(pid) - cpu0
             self.results.epochs.setdefault(variant, []).append(dt)
             note = ""
             if variant == "with":
@@ -644,7 +707,10 @@ class PreloadBench(BenchBase):
                     f"{p.get('hits', 0):,} of {p.get('opens', 0):,} opens"
                 )
                 self.results.notes[f"epoch with prefetch, round {round_no + 1}"] = note[2:]
-            log(f"  epoch {variant} prefetch: {dt:.2f}s ({len(order) / dt:,.0f} files/s{note})")
+            log(
+                f"  epoch {variant} prefetch: {dt:.2f}s ({len(order) / dt:,.0f} files/s, "
+                f"daemon CPU {cpu:.1f}s{note})"
+            )
 
     # --- rss: a long preload list ---
 
@@ -706,7 +772,7 @@ class PreloadBench(BenchBase):
                     ", ".join(background) + " (more than a few % means the figures are noisy)"
                 )
                 if "copy" in self.cases:
-                    for shape in SHAPES:
+                    for shape in self.args.shapes:
                         self.attempt(f"s5cmd cp {shape}", self.case_s5cmd, shape)
                         self.attempt(f"tierfs preload {shape}", self.case_tierfs_copy, shape, r)
                         self.attempt(f"rclone copy {shape}", self.case_rclone, shape)
@@ -817,13 +883,13 @@ def report(res: Results, a: argparse.Namespace) -> str:
         lines.append("")
     if res.epochs:
         rows = []
-        for variant in ("without", "with"):
+        for variant in EPOCH_VARIANTS:
             values = res.epochs.get(variant, [])
             if values:
                 med = statistics.median(values)
                 rows.append(
                     [
-                        f"epoch {variant} prefetch",
+                        EPOCH_LABELS[variant],
                         f"{med:.2f}",
                         f"{a.epoch_files / med:,.0f}",
                         str(len(values)),
@@ -833,6 +899,13 @@ def report(res: Results, a: argparse.Namespace) -> str:
         lines += table(
             [f"epoch ({a.readers} readers, shuffled, cold{delay})", "s", "files/s", "n"], rows
         )
+        if res.epochs.get("without") and res.epochs.get("gets"):
+            ratio = statistics.median(res.epochs["gets"]) / statistics.median(res.epochs["without"])
+            lines.append(
+                f"cold reads without prefetch / the same GETs from {a.readers} boto3 threads: "
+                f"{ratio:.2f} (issue 15 target >= {COLD_READ_TARGET:g}) "
+                f"{verdict(ratio >= COLD_READ_TARGET)}"
+            )
         if res.epochs.get("without") and res.epochs.get("with"):
             ratio = statistics.median(res.epochs["without"]) / statistics.median(res.epochs["with"])
             lines.append(
@@ -865,6 +938,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(CASES),
         type=lambda s: [c for c in s.split(",") if c],
         help=f"cases to run ({','.join(CASES)})",
+    )
+    p.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        type=lambda s: [c for c in s.split(",") if c],
+        help=f"shapes of the copy case ({','.join(SHAPES)})",
+    )
+    p.add_argument(
+        "--epoch-variants",
+        default=",".join(EPOCH_VARIANTS),
+        type=lambda s: [c for c in s.split(",") if c],
+        help=f"variants of the epoch case ({','.join(EPOCH_VARIANTS)})",
     )
     p.add_argument("--files", type=int, default=10_000, help="small files (10000)")
     p.add_argument("--file-min", type=parse_size, default=parse_size("20KiB"))
@@ -925,6 +1010,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [c for c in args.cases if c not in CASES]
     if bad:
         p.error(f"unknown case: {', '.join(bad)}")
+    bad = [x for x in args.shapes if x not in SHAPES] + [
+        x for x in args.epoch_variants if x not in EPOCH_VARIANTS
+    ]
+    if bad:
+        p.error(f"unknown shape or epoch variant: {', '.join(bad)}")
     if args.repeat < 1 or args.files < 1 or args.latency_reads < 1:
         p.error("--repeat, --files and --latency-reads must be at least 1")
     if args.epoch_files is None:

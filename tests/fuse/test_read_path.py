@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fuse.conftest import MountFactory, drop_page_cache
+from tests.fuse.test_modes import delta, store_calls
 
 pytestmark = pytest.mark.fuse
 
@@ -148,3 +149,22 @@ def test_concurrent_readers_of_a_cold_block_share_one_get(mount: MountFactory) -
     assert counters["gets"] == where["blocks_cached"], (counters, where)
     assert counters["miss_blocks"] == counters["gets"], counters
     assert 1 <= counters["gets"] < readers, counters
+
+
+def test_cold_small_files_are_one_get_each_and_no_head_even_when_due_for_revalidation(
+    mount: MountFactory,
+) -> None:
+    """``revalidate_ttl = 0s``: every open is due for a check, yet a cold
+    small file is ONE GET (its If-Match checks the listed ETag), never a
+    HEAD and a GET; once cached, its opens are one HEAD each and no GET."""
+    objects = {f"ds/f{i}.bin": os.urandom(20_000 + 30_000 * i) for i in range(6)}
+    m = mount(objects=objects, list_ttl="60s", revalidate_ttl="0s")
+    assert sorted(os.listdir(m.path / "ds")) == sorted(n.split("/")[1] for n in objects)
+    before = store_calls(m)
+    for name, body in objects.items():
+        assert (m.path / name).read_bytes() == body
+    assert delta(store_calls(m), before) == {"GetObject": len(objects)}
+    before = store_calls(m)
+    for name, body in objects.items():
+        assert (m.path / name).read_bytes() == body
+    assert delta(store_calls(m), before) == {"HeadObject": len(objects)}

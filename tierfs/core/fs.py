@@ -159,6 +159,7 @@ class TierFS:
             on_idle=self._file_idle,
             on_damage=self.damage.block_damaged,
             on_slow_tier_read=self._slow_tier_read,
+            revalidate_origin=self._revalidate_origin,
         )
         self.namespace = Namespace(
             meta,
@@ -249,6 +250,22 @@ class TierFS:
         if moving_from is not None:
             return moving_from, ""  # the ETag may change with a multipart copy
         return inode.origin_key, inode.etag
+
+    async def _revalidate_origin(self, ino: int) -> Inode | None:
+        """A GET's If-Match failed: HEAD the object now, whatever its
+        ``validated_at`` (BlockCache ``revalidate_origin``)."""
+        inode = self.meta.get_inode(ino)
+        if inode is None or inode.state != SyncState.CLEAN:
+            return None
+        inode.validated_at = 0.0  # due now
+        inode, changed = await self.namespace.revalidate(inode)
+        return inode if changed else None
+
+    def _revalidation_expired(self, inode: Inode) -> bool:
+        """Is a clean file's ETag older than ``revalidate_ttl``?"""
+        if inode.state != SyncState.CLEAN:
+            return False
+        return time.time() - inode.validated_at >= self.config.namespace.revalidate_ttl
 
     def _not_evictable(self, ino: int) -> bool:
         if self.blocks.is_busy(ino) or self.journal.pending_upload(ino):
@@ -403,14 +420,24 @@ class TierFS:
             raise IsADirectory(f"inode {ino} is a directory")
         if not inode.is_file:
             raise InvalidArgument(f"inode {ino} is not a regular file")
-        changed = False
-        if not self.blocks.is_busy(ino):
-            inode, changed = await self.namespace.revalidate(inode)
+        changed = cold = False
+        if not self.blocks.is_busy(ino) and self._revalidation_expired(inode):
+            # A reader's open HEADs only a file with blocks on a tier: a
+            # file with nothing cached has nothing to go stale, and its
+            # first GET checks the ETag it was listed with (If-Match; on a
+            # mismatch the block cache revalidates and fetches the new
+            # content).  So a cold small file is one GET, never a HEAD and
+            # a GET.  A writer's open still HEADs (its read-modify-write
+            # must start from the current object).
+            if self.handles.writable_flags(flags) or self.meta.residency(ino):
+                inode, changed = await self.namespace.revalidate(inode)
+            else:  # pages the kernel may hold from before its blocks left go
+                cold = True
         if changed:
             # The kernel still holds the old size: reads past it would stop
             # short.  Attributes only: the pages go with keep_cache=False.
             await self.invalidate_kernel_cache(ino, False)
-        result = self.handles.open(inode, flags, keep_cache=not changed, caller=caller)
+        result = self.handles.open(inode, flags, keep_cache=not (changed or cold), caller=caller)
         if flags & os.O_TRUNC and self.handles.writable_flags(flags):
             # The kernel leaves O_TRUNC to us (atomic O_TRUNC), with its
             # setuid/setgid clearing.

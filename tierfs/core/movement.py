@@ -10,6 +10,9 @@ JuiceFS's Check/Fill/EvictCache and mountpoint-s3's multilevel cache:
   normal placement).  It shares in-flight fetches with demand reads (one
   ``_Flight`` per block, see ``blockcache``): a reader waiting for a block
   that a fill is fetching waits for that fetch, and the other way round.
+  ``fill_range`` does the same and also says whether the range is all
+  resident afterwards, from the block map in memory (preload needs no
+  second look at LMDB per small file).
 * ``relocate(ino, src, dst)``: move every block of the file that is on
   ``src`` to ``dst``.
 * ``evict(ino, tier)``: drop clean local copies.  It raises ``Busy`` for a
@@ -192,6 +195,20 @@ class FileResidency:
     bytes_per_tier: dict[int, int]
     dirty_bytes: int
     blocks: list[BlockPlace]
+    #: Blocks that hold bytes of the bucket's object (past them, a file
+    #: extended here has holes or local blocks): what a fill can fetch.
+    origin_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FillOutcome:
+    """What ``DataMovement.fill_range`` did."""
+
+    #: Bytes that became resident (fetched by this fill, or by a demand
+    #: read it shared a fetch with).
+    nbytes: int
+    #: Is every block of the range that holds origin bytes resident now?
+    complete: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +382,7 @@ class DataMovement:
             bytes_per_tier=per_tier,
             dirty_bytes=dirty,
             blocks=places,
+            origin_blocks=self._nblocks(min(inode.size, inode.origin_size)),
         )
 
     # --- fill ----------------------------------------------------------------------------
@@ -377,6 +395,14 @@ class DataMovement:
         a demand read it shared a fetch with).  Of a file with changes not
         uploaded yet, fetched blocks are recorded with the file's next
         commit, as for a demand read (see ``BlockCache._store_fetched``)."""
+        return (await self.fill_range(ino, tier, blocks=blocks)).nbytes
+
+    async def fill_range(
+        self, ino: int, tier: int | None = None, *, blocks: range | None = None
+    ) -> FillOutcome:
+        """``fill``, and whether the range is all resident afterwards (from
+        the block map in memory: a caller such as preload needs no second
+        look at LMDB per file)."""
         inode = self._file(ino)
         if tier is not None:
             self._check_tier(tier)
@@ -387,7 +413,11 @@ class DataMovement:
             wanted = [b for b in candidates if 0 <= b < nblocks and b not in cf.blocks]
             for start in range(0, len(wanted), FILL_BATCH):
                 await self.blocks.fill(cf, wanted[start : start + FILL_BATCH], tier)
-            return sum(cf.blocks[b].nbytes for b in wanted if b in cf.blocks)
+            nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
+            return FillOutcome(
+                nbytes=sum(cf.blocks[b].nbytes for b in wanted if b in cf.blocks),
+                complete=all(b in cf.blocks for b in candidates if 0 <= b < nblocks),
+            )
         finally:
             self.blocks.release(cf)
 

@@ -48,6 +48,8 @@ the hidden object is reported once.
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
+A read-only open of a file with nothing cached sends no HEAD (``TierFS.open``):
+its first GET carries the ETag (If-Match), and a mismatch revalidates then.
 
 Attributes of listed names (mode, uid, gid)
 -------------------------------------------
@@ -80,8 +82,9 @@ meanwhile is shown provisional (owner-only), never wider.  If the shadow listing
 names stay provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
-name whose shadow disappeared keeps its attributes until a HEAD (open after
-``revalidate_ttl``) reads them, which errs on the restrictive side.  The
+name whose shadow disappeared keeps its attributes until a HEAD (open of a
+cached file, or a writer's open, after ``revalidate_ttl``) reads them, which
+errs on the restrictive side.  The
 reserved name ``.tierfs-attrs`` is never listed in the root.
 
 Shadow names this listing found for no child (orphans, e.g. of a delete on

@@ -236,12 +236,15 @@ class SpaceManager:
             if tier < len(self.trackers):
                 self.trackers[tier].on_insert(ino, nbytes)
 
-    def block_added(self, ino: int, tier: int) -> None:
+    def block_added(self, ino: int, tier: int, file_bytes: int | None = None) -> None:
         """A block of ``ino`` landed on ``tier`` (O(1); sizes are settled by
-        ``reconcile``)."""
+        ``reconcile``).  ``file_bytes``: the file's bytes on ``tier`` now, if
+        the caller knows them (else they are read from LMDB)."""
         tracker = self.trackers[tier]
         if ino not in tracker:
-            tracker.on_insert(ino, self.meta.residency(ino).get(tier, 0))
+            if file_bytes is None:
+                file_bytes = self.meta.residency(ino).get(tier, 0)
+            tracker.on_insert(ino, file_bytes)
 
     def left(self, ino: int, tier: int) -> None:
         """``ino`` has no bytes on ``tier`` any more (moved or dropped): the

@@ -99,16 +99,21 @@ class Tier:
 
     @property
     def capacity(self) -> int:
+        return self._capacity(None)
+
+    def _capacity(self, stats: FsStats | None) -> int:
         cap = self._configured_capacity
         if cap is None:
-            cap = self.fs_stats().total
+            cap = (stats or self.fs_stats()).total
         if self.enospc_at is not None:
             cap = min(cap, self.enospc_at)
         return cap
 
     def usable_bytes(self, used: int) -> int:
-        """Bytes this tier may still take, given ``used`` accounted bytes."""
-        return max(0, min(self.capacity - used, self.fs_stats().free))
+        """Bytes this tier may still take, given ``used`` accounted bytes
+        (one statvfs: this runs for every block placed)."""
+        stats = self.fs_stats()
+        return max(0, min(self._capacity(stats) - used, stats.free))
 
     # --- cache files ---------------------------------------------------------------
 

@@ -230,11 +230,14 @@ class _FileProgress:
     entries of the same file that wait for this fetch (a path listed twice,
     or a file under two listed directories)."""
 
-    __slots__ = ("duplicate_bytes", "duplicates", "failed", "left")
+    __slots__ = ("duplicate_bytes", "duplicates", "failed", "incomplete", "left", "ranges")
 
     def __init__(self, left: int) -> None:
         self.left = left
+        self.ranges = left
         self.failed = False
+        #: A range's fill left some of its blocks absent (no room to keep them).
+        self.incomplete = False
         self.duplicates: list[str] = []
         self.duplicate_bytes = 0
 
@@ -402,10 +405,10 @@ class Preloader:
         as resident."""
         try:
             residency = self.movement.check(ino)
-            nblocks = self._origin_blocks(ino)
         except TierfsError as exc:
             job.fail(path, _reason(exc))
             return []
+        nblocks = residency.origin_blocks
         present = {place.blockno for place in residency.blocks}
         now_resident = min(residency.size, sum(residency.bytes_per_tier.values()))
         job.bytes_resident += max(0, now_resident - scanned_resident)
@@ -426,13 +429,6 @@ class Preloader:
         progress = in_flight[ino] = _FileProgress(len(ranges))
         return [(_FileWork(ino, path, blocks), progress) for blocks in ranges]
 
-    def _origin_blocks(self, ino: int) -> int:
-        """Blocks of the file that hold bytes of the bucket's object (past
-        them, a file extended here has holes or local blocks)."""
-        inode = self.fs.namespace.get(ino)
-        size = min(inode.size, inode.origin_size)
-        return (size + self.block_size - 1) // self.block_size
-
     async def _fetch_task(
         self,
         job: PreloadJob,
@@ -443,14 +439,17 @@ class Preloader:
             async for work, progress in receive:
                 if not progress.failed:
                     try:
-                        nbytes = await self.movement.fill(work.ino, job.tier, blocks=work.blocks)
+                        outcome = await self.movement.fill_range(
+                            work.ino, job.tier, blocks=work.blocks
+                        )
                     except TierfsError as exc:
                         progress.failed = True
                         job.fail(work.path, _reason(exc))
                     else:
-                        job.bytes_fetched += nbytes
-                        await self.throttle(nbytes)
-                        await job.throttle(nbytes)
+                        job.bytes_fetched += outcome.nbytes
+                        progress.incomplete |= not outcome.complete
+                        await self.throttle(outcome.nbytes)
+                        await job.throttle(outcome.nbytes)
                 progress.left -= 1
                 if progress.left == 0:
                     del in_flight[work.ino]
@@ -458,8 +457,12 @@ class Preloader:
 
     def _file_finished(self, job: PreloadJob, work: _FileWork, progress: _FileProgress) -> None:
         """Every range of the file was filled: is all of it resident now?
-        The file's duplicates share its outcome."""
-        reason = self._not_resident_reason(work) if not progress.failed else None
+        The file's duplicates share its outcome.  A file of one range that
+        its fill left complete is (no second look at LMDB per small file);
+        one of several ranges is checked again, as a later range may have
+        pushed an earlier one out of a full tier."""
+        recheck = progress.incomplete or progress.ranges > 1
+        reason = self._not_resident_reason(work) if recheck and not progress.failed else None
         if progress.failed or reason is not None:
             if reason is not None:
                 job.fail(work.path, reason)
@@ -473,11 +476,10 @@ class Preloader:
     def _not_resident_reason(self, work: _FileWork) -> str | None:
         try:
             residency = self.movement.check(work.ino)
-            nblocks = self._origin_blocks(work.ino)
         except TierfsError as exc:
             return _reason(exc)
         present = {place.blockno for place in residency.blocks}
-        if any(b not in present for b in range(nblocks)):
+        if any(b not in present for b in range(residency.origin_blocks)):
             kept = sum(residency.bytes_per_tier.values())
             return f"only {kept} of {residency.size} bytes could be kept: the tiers are full"
         return None
