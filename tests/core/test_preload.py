@@ -203,8 +203,10 @@ async def test_a_job_bandwidth_cap_paces_its_fetches(
     elapsed = trio.current_time() - started
     assert job.state == "done" and job.bytes_fetched == 3 * MiB
     assert job.snapshot()["bandwidth"] == MiB
-    # 3 MiB at 1 MiB/s, less the throttle's burst of a quarter second.
-    assert elapsed >= 3 - 0.25 - 0.05, elapsed
+    # 3 MiB at 1 MiB/s, less the throttle's burst of a quarter second at each
+    # end (a fetch runs ahead of its pacing, and the last one sleeps only
+    # until it is within the burst).  Unpaced, the preload takes well under 1 s.
+    assert elapsed >= 3 - 2 * 0.25 - 0.05, elapsed
 
 
 async def test_preload_to_a_named_tier(make_fs: Any, s3_store: Any, nursery: trio.Nursery) -> None:
