@@ -50,6 +50,7 @@ from tierfs.config import Config, load_config
 from tierfs.control.protocol import socket_path_for
 from tierfs.control.server import ControlServer
 from tierfs.core import TierFS
+from tierfs.core.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
@@ -204,7 +205,9 @@ class Daemon:
         self.store = open_store(
             config.backing,
             source=str(config.source),
-            max_pool_connections=config.fetch.concurrency + 16,
+            # Fetches, plus uploads: single PUTs of small files
+            # (SMALL_UPLOAD_CONCURRENCY) beside four multipart uploads of four parts.
+            max_pool_connections=config.fetch.concurrency + SMALL_UPLOAD_CONCURRENCY + 16,
             request_observer=self.metrics.s3_request,
         )
         self.store.check()

@@ -71,11 +71,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -98,6 +96,7 @@ from common import (
     parse_size,
     py_spy,
     read_int,
+    run_in_workdir,
     server_name,
     system_cpu_ticks,
 )
@@ -661,32 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(*load_results(args.report_from)))
         return 0
 
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="tierfs-bench-", dir=args.workdir))
-    else:
-        work = Path(tempfile.mkdtemp(prefix="tierfs-bench-"))
-    log(f"work directory {work}")
-    bench: Bench | None = None
-    code = 0
-    try:
-        bench = Bench(args, work)
-        bench.run()
-    except BenchError as exc:
-        log(f"ERROR: {exc}")
-        code = 2
-    except KeyboardInterrupt:
-        log("interrupted")
-        code = 130
-    finally:
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    bench, code = run_in_workdir(args, "tierfs-bench-", lambda work: Bench(args, work))
     if bench is not None and bench.results.samples:
         if code:
             print("(incomplete run)")

@@ -81,13 +81,10 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -110,6 +107,7 @@ from common import (
     log,
     parse_size,
     py_spy,
+    run_in_workdir,
     server_name,
     system_cpu_ticks,
     table,
@@ -990,35 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(*load_results(args.report_from)))
         return 0
 
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="tierfs-bench-write-", dir=args.workdir))
-    else:
-        work = Path(tempfile.mkdtemp(prefix="tierfs-bench-write-"))
-    log(f"work directory {work}")
-    bench: WriteBench | None = None
-    code = 0
-    try:
-        bench = WriteBench(args, work)
-        bench.run()
-    except BenchError as exc:
-        log(f"ERROR: {exc}")
-        code = 2
-    except KeyboardInterrupt:
-        log("interrupted")
-        code = 130
-    except Exception:
-        log(f"unexpected error:\n{traceback.format_exc()}")
-        code = 1
-    finally:
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    bench, code = run_in_workdir(args, "tierfs-bench-write-", lambda work: WriteBench(args, work))
     if bench is not None and bench.results.samples:
         if code:
             print("(incomplete run)")

@@ -26,10 +26,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 HERE = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
@@ -39,6 +42,13 @@ ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in credentials
 REGION = "us-east-1"
 
 MOUNT_TIMEOUT = 60.0
+
+
+class Runnable(Protocol):
+    def run(self) -> None: ...
+
+
+B = TypeVar("B", bound=Runnable)
 UMOUNT_TIMEOUT = 60.0
 
 
@@ -661,6 +671,59 @@ class BenchBase:
             wait_pid_gone(pid, "tierfsd")
 
 
+def s3_client(endpoint: str, pool: int = 10):  # type: ignore[no-untyped-def]
+    """A boto3 client of the bench's S3 server (path-style, no proxies)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session(
+        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
+    ).client(
+        "s3",
+        endpoint_url=endpoint,
+        config=Config(s3={"addressing_style": "path"}, proxies={}, max_pool_connections=pool),
+    )
+
+
+def run_in_workdir(
+    args: argparse.Namespace, prefix: str, make: Callable[[Path], B]
+) -> tuple[B | None, int]:
+    """The frame of every bench's main(): SIGTERM as KeyboardInterrupt, a
+    fresh work directory (under ``--workdir`` if given), ``make(work).run()``,
+    the work directory removed unless ``--keep``.  Returns the bench (None
+    if it could not be built) and the exit code: 0, 2 (BenchError, one
+    sentence), 130 (interrupted) or 1 (unexpected, with its traceback)."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=args.workdir))
+    log(f"work directory {work}")
+    bench: B | None = None
+    code = 0
+    try:
+        bench = make(work)
+        bench.run()
+    except BenchError as exc:
+        log(f"ERROR: {exc}")
+        code = 2
+    except KeyboardInterrupt:
+        log("interrupted")
+        code = 130
+    except Exception:
+        log(f"unexpected error:\n{traceback.format_exc()}")
+        code = 1
+    finally:
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return bench, code
+
+
 def put_directory_markers(endpoint: str, keys: list[str]) -> None:
     """Put empty ``prefix/`` objects (directory markers) into the bench bucket.
 
@@ -669,15 +732,6 @@ def put_directory_markers(endpoint: str, keys: list[str]) -> None:
     ``small/dNN/...``), so a mount would not see that directory; a marker
     object makes s3rver list it.  s5cmd ``cp 'PREFIX/*'`` skips markers.
     """
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.session.Session(
-        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
-    ).client(
-        "s3",
-        endpoint_url=endpoint,
-        config=Config(s3={"addressing_style": "path"}, proxies={}),
-    )
+    client = s3_client(endpoint)
     for key in keys:
         client.put_object(Bucket=BUCKET, Key=key, Body=b"")

@@ -6,12 +6,16 @@
 #   bash tests/bench/run.sh preload [bench_preload.py options]  # preload vs s5cmd/rclone,
 #                                      # demand reads during a preload, order-aware
 #                                      # prefetch, daemon RSS for a long preload list
+#   bash tests/bench/run.sh meta [bench_meta.py options]      # metadata and small files: find,
+#                                      # stat, open+read+close warm and cold, 8-thread cold
+#                                      # reads vs a boto3 GET loop; tierfs, a pyfuse3
+#                                      # passthrough (the ceiling), rclone, s3fs
 #   bash tests/bench/run.sh eviction [bench_eviction.py options]  # eviction bookkeeping
 #                                                           # (pure Python: no root, no mount)
 #   bash tests/bench/run.sh lifecycle [bench_lifecycle.py options]  # the mover and the scan
 #                                      # scenario through real mounts (root; file:// backing,
 #                                      # so nothing but the project's venv is installed)
-#   bash tests/bench/run.sh [read|write|preload] --help       # options of that bench
+#   bash tests/bench/run.sh [read|write|preload|meta] --help  # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
 # mounts, kernel tuning).  Installs what is missing, then runs
@@ -36,6 +40,7 @@ case ${1:-} in
     read) shift ;;
     write) BENCH=bench_write.py; shift ;;
     preload) BENCH=bench_preload.py; shift ;;
+    meta) BENCH=bench_meta.py; shift ;;
     eviction)
         # Needs only the project's venv: no root, no S3 server, no other tools.
         shift

@@ -32,8 +32,10 @@ Invariants:
 
 * An entry is appended in the same LMDB transaction as the namespace change
   it carries (``Journal.write``), and deleted in the same transaction as the
-  state change its completion causes.  A crash therefore replays it: every
-  op is idempotent (a PUT, COPY or DELETE repeated gives the same bucket).
+  state change its completion causes (uploads that end together share one
+  such transaction: ``Sync._mark_clean_batched``).  A crash therefore
+  replays it: every op is idempotent (a PUT, COPY or DELETE repeated gives
+  the same bucket).
 * At most one upload entry per inode (``upload_seq``): writing a dirty file
   again does not add entries.
 * Ordering: two entries that touch the same key run in sequence order; an
@@ -520,7 +522,11 @@ class Journal:
         """Wait until every entry in ``seqs`` has completed."""
         self.waiters += 1
         try:
-            while seqs & self.entries.keys():
+            # Narrowed at each wake: a flush of N files costs O(N) per batch of
+            # completions that wakes it, never a scan of every entry queued since.
+            pending = seqs & self.entries.keys()
+            while pending:
                 await self._done.wait()
+                pending = {seq for seq in pending if seq in self.entries}
         finally:
             self.waiters -= 1

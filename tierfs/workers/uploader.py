@@ -7,8 +7,11 @@ decides which entries may start (sequence order per key, due times),
 metadata group (an entry never acts on the bucket ahead of the committed
 change that queued it).  A scan of a long queue is followed by a pause, so
 that scheduling stays a small share of the event loop.
-At most ``concurrency`` entries run at once; each large upload sends its
-parts in parallel on top of that.  It wakes when the journal changes, when
+At most ``concurrency`` entries run at once (32: enough for the single-PUT
+uploads of small files, ``Sync.small_upload_limiter``, to keep their 16
+PUTs in flight while others wait for their batch to be marked clean, and
+for deletes and copies beside them); large uploads are bounded further by
+``TierFS.upload_limiter`` and send their parts in parallel on top of that.  It wakes when the journal changes, when
 the next entry falls due, and at least once a second.
 
 Yielding to the mount.  Uploads run in this process: boto3 is Python, and
@@ -61,7 +64,7 @@ def upload_limit(meter: ForegroundMeter, concurrency: int, busy_concurrency: int
 async def run_uploader(
     fs: TierFS,
     *,
-    concurrency: int = 8,
+    concurrency: int = 32,
     busy_concurrency: int = 1,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""Metadata and small-file benchmark: tierfs against a pyfuse3 passthrough
+(the FUSE ceiling), rclone mount and s3fs, over one local S3 server.
+
+Run it through ``bash tests/bench/run.sh meta`` (installs the peers), as
+root: ``drop_caches`` and FUSE mounts need it.  Not a test: never collected
+by pytest, never run in CI.  Shared pieces are in ``common.py``.
+
+What one run does
+-----------------
+1. Starts ``s3rver``, writes a tree of ``--files`` (4,000) files of
+   ``--file-min``-``--file-max`` (1-16 KiB, sizes and bytes from ``--seed``)
+   in ``--dirs`` (10) directories on the local disk, and uploads it with
+   ``s5cmd cp`` under ``meta/t4000/`` (directory markers for every
+   directory).  ``--large`` adds a tree of 100,000 files (``--large-files``).
+2. For every tree and every mount of ``--cases`` (passthrough of the local
+   copy, tierfs, rclone ``--vfs-cache-mode full``, s3fs ``use_cache``):
+
+   * ``warm``: one mount; a full pass (``find``, ``stat`` and read of every
+     file) warms it, untimed; then, timed: ``find`` of the tree (entries/s),
+     ``os.stat`` of every file in shuffled order, and open+read+close of
+     every file in shuffled order (files/s);
+   * ``cold``: the same three operations, each on a fresh mount (empty
+     cache and state) after ``drop_caches``;
+   * ``ttl1s`` (tierfs only): a mount with ``[namespace] list_ttl = "1s"``,
+     warmed, then each operation after 1.5 s of waiting (every listing and
+     kernel timeout has expired);
+   * ``cold 8 threads``: a fresh mount, every file read once by 8 threads
+     (shuffled); the reference is 8 threads of boto3 ``get_object`` over the
+     same keys on the same server.
+3. Prints the rates per scenario and mount, the ratios (tierfs / passthrough,
+   tierfs / GET loop, tierfs / rclone and s3fs), and for tierfs the LIST,
+   HEAD and GET requests each scenario sent (``tierfs status`` ``store_calls``,
+   counted by the daemon's store).
+
+One run, one round: on a shared machine the figures are noisy (the
+background load before the run is printed).  Everything it mounts is
+unmounted in a ``finally``; it stops only the processes it started, by PID;
+all traffic goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import (
+    BUCKET,
+    REGION,
+    BenchBase,
+    BenchError,
+    add_server_arguments,
+    drop_caches,
+    fmt_size,
+    log,
+    parse_size,
+    put_directory_markers,
+    run_in_workdir,
+    s3_client,
+    table,
+)
+
+HERE = Path(__file__).resolve().parent
+CASES = ("passthrough", "tierfs", "rclone", "s3fs")
+OPERATIONS = ("find", "stat", "read")
+PREFIX = "meta"
+THREADS = 8
+TTL_WAIT = 1.5
+#: tierfs store calls reported per scenario.
+COUNTED = {"LIST": "ListObjectsV2", "HEAD": "HeadObject", "GET": "GetObject"}
+
+
+@dataclass
+class Tree:
+    name: str
+    files: list[str]  # relative to the tree's root, "dNN/fNNNNNN"
+    entries: int  # what find prints: the root, the directories and the files
+
+
+@dataclass
+class Result:
+    tree: str
+    scenario: str  # "warm find", "cold read", "cold 8 threads", "ttl1s stat" ...
+    mount: str
+    seconds: float
+    count: int
+    calls: dict[str, int] | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Results:
+    rows: list[Result] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def rate(self, tree: str, scenario: str, mount: str) -> float | None:
+        for row in self.rows:
+            if (row.tree, row.scenario, row.mount) == (tree, scenario, mount):
+                return row.rate
+        return None
+
+
+# --- the operations, timed by the caller ----------------------------------------------------
+
+
+def op_find(root: Path) -> int:
+    out = subprocess.run(["find", str(root)], capture_output=True, check=True).stdout
+    return out.count(b"\n")
+
+
+def op_stat(paths: list[Path]) -> int:
+    for path in paths:
+        os.stat(path)
+    return len(paths)
+
+
+def read_one(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        total = 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+        return total
+    finally:
+        os.close(fd)
+
+
+def op_read(paths: list[Path]) -> int:
+    for path in paths:
+        read_one(path)
+    return len(paths)
+
+
+def op_read_threads(paths: list[Path], threads: int = THREADS) -> int:
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(read_one, paths, chunksize=16):
+            pass
+    return len(paths)
+
+
+class MetaBench(BenchBase):
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        super().__init__(args, work)
+        self.cases = [c for c in CASES if c in args.cases]
+        self.source = work / "source"
+        self.results = Results()
+
+    def check_prerequisites(self) -> None:
+        self.check_common_prerequisites(set(self.cases))
+        self._tool("find")
+
+    # --- the trees ---
+
+    def make_tree(self, count: int) -> Tree:
+        a = self.args
+        name = f"t{count}"
+        rng = random.Random(a.seed)
+        pool = rng.randbytes(a.file_max)
+        files: list[str] = []
+        for d in range(a.dirs):
+            (self.source / name / f"d{d:02d}").mkdir(parents=True)
+        for i in range(count):
+            rel = f"d{i % a.dirs:02d}/f{i:06d}"
+            size = rng.randint(a.file_min, a.file_max)
+            (self.source / name / rel).write_bytes(pool[:size])
+            files.append(rel)
+        log(f"uploading {name}: {count} files with s5cmd")
+        self.run_quiet(
+            self.s5cmd("cp", f"{self.source / name}/*", f"s3://{BUCKET}/{PREFIX}/{name}/")
+        )
+        markers = [f"{PREFIX}/", f"{PREFIX}/{name}/"]
+        markers += [f"{PREFIX}/{name}/d{d:02d}/" for d in range(a.dirs)]
+        put_directory_markers(self.endpoint, markers)
+        return Tree(name, files, 1 + a.dirs + count)
+
+    # --- mounts: each yields the mount point and a function that reads tierfs's store calls ---
+
+    def tierfs_config(self, list_ttl: float | None) -> Path:
+        cfg = self.work / "tierfs.toml"
+        lines = [
+            "[backing]",
+            f'url = "s3://{BUCKET}/{PREFIX}"',
+            f'endpoint_url = "{self.endpoint}"',
+            f'region = "{REGION}"',
+            "[state]",
+            f'dir = "{self.work / "tierfs-state"}"',
+            "[[tiers]]",
+            'name = "nvme"',
+            f'path = "{self.work / "tier"}"',
+            f'capacity = "{fmt_size(self.args.tier_capacity)}"',
+        ]
+        if list_ttl is not None:
+            lines += ["[namespace]", f'list_ttl = "{list_ttl:g}s"']
+        cfg.write_text("\n".join([*lines, ""]))
+        return cfg
+
+    def tierfs_calls(self, mp: Path) -> dict[str, int]:
+        out = self.run_quiet([self.tierfs_bin, "status", str(mp), "--json"]).stdout
+        calls = json.loads(out).get("store_calls") or {}
+        return {short: int(calls.get(op, 0)) for short, op in COUNTED.items()}
+
+    @contextlib.contextmanager
+    def mount(
+        self, name: str, list_ttl: float | None = None
+    ) -> Iterator[tuple[Path, Callable[[], dict[str, int]] | None]]:
+        """A fresh mount of ``name`` (empty cache and state) over the bucket's
+        ``meta/`` (the passthrough: over the local copy)."""
+        mp = self.work / f"mnt-{name}"
+        mp.mkdir(exist_ok=True)
+        cache = self.work / f"cache-{name}"
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        if name == "tierfs":
+            for d in (self.work / "tierfs-state", self.work / "tier"):
+                shutil.rmtree(d, ignore_errors=True)
+                d.mkdir()
+            cmd = [self.tierfs_bin, "mount", str(self.tierfs_config(list_ttl)), str(mp)]
+            done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+            pid: int | None = None
+            try:
+                if done.returncode != 0:
+                    raise BenchError(f"tierfs mount failed: {done.stderr.strip()}")
+                pid = int(
+                    json.loads(
+                        self.run_quiet([self.tierfs_bin, "status", str(mp), "--json"]).stdout
+                    )["pid"]
+                )
+                yield mp, lambda: self.tierfs_calls(mp)
+            finally:
+                self.unmount_tierfs(mp, pid)
+            return
+        if name == "passthrough":
+            cmd = [sys.executable, str(HERE / "passthrough.py"), str(self.source), str(mp)]
+        elif name == "rclone":
+            self.rclone_remote_env()
+            conf = self.work / "rclone.conf"
+            conf.touch()
+            cmd = ["rclone", "mount", f"bench:{BUCKET}/{PREFIX}", str(mp), "--config", str(conf)]
+            cmd += ["--vfs-cache-mode", "full", "--cache-dir", str(cache), "--read-only"]
+        else:
+            opts = [
+                f"url={self.endpoint}",
+                "use_path_request_style",
+                f"passwd_file={self.s3fs_passwd()}",
+                f"use_cache={cache}",
+                f"endpoint={REGION}",
+                "ro",
+            ]
+            cmd = ["s3fs", f"{BUCKET}:/{PREFIX}", str(mp), "-f", "-o", ",".join(opts)]
+        with self.mount_peer(name, cmd, mp, lambda: bool(os.listdir(mp))):
+            yield mp, None
+
+    # --- scenarios ---
+
+    def timed(
+        self,
+        tree: Tree,
+        scenario: str,
+        mount: str,
+        op: Callable[[], int],
+        calls: Callable[[], dict[str, int]] | None,
+    ) -> None:
+        before = calls() if calls else None
+        t0 = time.perf_counter()
+        count = op()
+        seconds = time.perf_counter() - t0
+        sent = None
+        if calls and before is not None:
+            after = calls()
+            sent = {k: after[k] - before[k] for k in after}
+        row = Result(tree.name, scenario, mount, seconds, count, sent)
+        self.results.rows.append(row)
+        extra = f" ({', '.join(f'{k} {v}' for k, v in sent.items())})" if sent else ""
+        log(f"  {tree.name} {scenario:<16} {mount:<11} {row.rate:>10,.0f}/s{extra}")
+
+    def operations(self, tree: Tree, mp: Path) -> dict[str, Callable[[], int]]:
+        root = mp / tree.name
+        order = list(tree.files)
+        random.Random(self.args.seed + 1).shuffle(order)
+        paths = [root / rel for rel in order]
+        return {
+            "find": lambda: op_find(root),
+            "stat": lambda: op_stat(paths),
+            "read": lambda: op_read(paths),
+            "8 threads": lambda: op_read_threads(paths),
+        }
+
+    def run_mount_case(self, tree: Tree, name: str) -> None:
+        with self.mount(name) as (mp, calls):
+            ops = self.operations(tree, mp)
+            for op in OPERATIONS:  # the warm-up pass, untimed
+                ops[op]()
+            for op in OPERATIONS:
+                self.timed(tree, f"warm {op}", name, ops[op], calls)
+        for op in (*OPERATIONS, "8 threads"):
+            drop_caches()
+            with self.mount(name) as (mp, calls):
+                self.timed(tree, f"cold {op}", name, self.operations(tree, mp)[op], calls)
+        if name == "tierfs":
+            with self.mount(name, list_ttl=1.0) as (mp, calls):
+                ops = self.operations(tree, mp)
+                for op in OPERATIONS:
+                    ops[op]()
+                for op in OPERATIONS:
+                    time.sleep(TTL_WAIT)
+                    self.timed(tree, f"ttl1s {op}", name, ops[op], calls)
+
+    def run_get_loop(self, tree: Tree) -> None:
+        client = s3_client(self.endpoint, pool=THREADS + 2)
+        keys = [f"{PREFIX}/{tree.name}/{rel}" for rel in tree.files]
+        random.Random(self.args.seed + 1).shuffle(keys)
+
+        def get(key: str) -> int:
+            return len(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+        def loop() -> int:
+            with ThreadPoolExecutor(THREADS) as pool:
+                for _ in pool.map(get, keys, chunksize=16):
+                    pass
+            return len(keys)
+
+        self.timed(tree, "cold 8 threads", "GET loop", loop, None)
+
+    def run(self) -> None:
+        self.check_prerequisites()
+        with self.s3_server():
+            s3_client(self.endpoint).create_bucket(Bucket=BUCKET)
+            sizes = [self.args.files] + ([self.args.large_files] if self.args.large else [])
+            load = self.wait_idle()
+            self.results.notes["CPU busy with other work before the run"] = f"{100 * load:.0f}%"
+            for count in sizes:
+                tree = self.make_tree(count)
+                self.run_get_loop(tree)
+                for name in self.cases:
+                    log(f"{tree.name}: {name}")
+                    self.run_mount_case(tree, name)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def scenarios(res: Results, tree: str) -> list[str]:
+    seen: list[str] = []
+    for row in res.rows:
+        if row.tree == tree and row.scenario not in seen:
+            seen.append(row.scenario)
+    return seen
+
+
+def fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def fmt_ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}"
+
+
+def report(res: Results, a: argparse.Namespace) -> str:
+    out = [
+        f"trees of {a.files:,} files"
+        + (f" and {a.large_files:,} files" if a.large else "")
+        + f" of {fmt_size(a.file_min)}-{fmt_size(a.file_max)} in {a.dirs} dirs (seed {a.seed});"
+        f" one round; S3 server s3rver; {os.cpu_count()} CPUs; rates per second"
+        " (find: entries, others: files)",
+        "",
+    ]
+    mounts = [m for m in (*CASES, "GET loop") if any(r.mount == m for r in res.rows)]
+    for tree in dict.fromkeys(r.tree for r in res.rows):
+        header = ["scenario", *mounts, "/passthrough", "/GET loop", "/rclone", "/s3fs"]
+        rows = []
+        for scenario in scenarios(res, tree):
+            rates = {m: res.rate(tree, scenario, m) for m in mounts}
+            ours = rates.get("tierfs")
+            rows.append(
+                [
+                    f"{tree} {scenario}",
+                    *(fmt_rate(rates[m]) for m in mounts),
+                    *(fmt_ratio(ours, rates.get(m)) for m in ("passthrough", "GET loop")),
+                    *(fmt_ratio(ours, rates.get(m)) for m in ("rclone", "s3fs")),
+                ]
+            )
+        out += table(header, rows, left={0})
+        out.append("")
+        counted = [r for r in res.rows if r.tree == tree and r.calls is not None]
+        if counted:
+            crow = [
+                [f"{tree} {r.scenario}", f"{r.count:,}", *(f"{r.calls[k]:,}" for k in COUNTED)]
+                for r in counted
+                if r.calls is not None
+            ]
+            out += table(["tierfs requests", "items", *COUNTED], crow, left={0})
+            out.append("")
+    out.append("(/X: tierfs rate / X rate; tierfs requests: sent to the bucket during the step)")
+    out += [f"{k}: {v}" for k, v in res.notes.items()]
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench_meta.py",
+        description="Metadata and small files: tierfs vs a pyfuse3 passthrough, rclone, s3fs.",
+    )
+    p.add_argument("--files", type=int, default=4000, help="files of the tree (4000)")
+    p.add_argument("--large", action="store_true", help="also a tree of --large-files")
+    p.add_argument("--large-files", type=int, default=100_000, help="(100000)")
+    p.add_argument("--file-min", type=parse_size, default=parse_size("1KiB"))
+    p.add_argument("--file-max", type=parse_size, default=parse_size("16KiB"))
+    p.add_argument("--dirs", type=int, default=10, help="directories of each tree (10)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        type=lambda s: [c for c in s.split(",") if c],
+        help=f"mounts to measure ({','.join(CASES)})",
+    )
+    p.add_argument("--tier-capacity", type=parse_size, default=parse_size("8GiB"))
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=60.0,
+        help="before the run, wait up to this many seconds for other work to stop (60)",
+    )
+    add_server_arguments(p)
+    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    args = p.parse_args(argv)
+    args.py_spy = None  # check_common_prerequisites asks
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        p.error(f"unknown case: {', '.join(bad)}")
+    if args.files < 1 or args.dirs < 1 or not 0 < args.file_min <= args.file_max:
+        p.error("need --files >= 1, --dirs >= 1 and 0 < --file-min <= --file-max")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench, code = run_in_workdir(args, "tierfs-bench-meta-", lambda work: MetaBench(args, work))
+    if bench is not None and bench.results.rows:
+        if code:
+            print("(incomplete run)")
+        print(report(bench.results, args))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            rows = [r.__dict__ for r in bench.results.rows]
+            args.json.write_text(json.dumps({"rows": rows, "notes": bench.results.notes}, indent=2))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Uploads of many small files: PUTs in parallel, completions marked clean in
+batches (one transaction for many entries), without giving up a change made
+while a file was in a batch."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import trio
+
+from tierfs.core import sync as sync_module
+from tierfs.meta import SyncState
+
+#: More single PUTs than the four multipart uploads the uploader may run.
+IN_FLIGHT = 8
+
+
+def get(s3_store: Any, key: str) -> bytes:
+    info = s3_store.head(key)
+    return s3_store.get_range(key, 0, info.size) if info.size else b""
+
+
+def record_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The entries of each clean-marking transaction, in order."""
+    batches: list[list[int]] = []
+    mark_clean = sync_module.Sync._mark_clean
+
+    def recording(self: sync_module.Sync, batch: list[Any]) -> None:
+        batches.append([done.seq for done in batch])
+        mark_clean(self, batch)
+
+    monkeypatch.setattr(sync_module.Sync, "_mark_clean", recording)
+    return batches
+
+
+async def test_small_files_go_up_in_parallel_and_are_marked_clean_together(
+    make_fs: Any, s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = record_batches(monkeypatch)
+    # Wide enough that the PUTs the barrier releases together land in one batch.
+    monkeypatch.setattr(sync_module, "CLEAN_BATCH_WAIT", 0.5)
+    mount = await make_fs()
+    # Each PUT waits until IN_FLIGHT of them are on the wire at once: with
+    # fewer PUTs in flight the barrier breaks and the uploads fail.
+    barrier = threading.Barrier(IN_FLIGHT, timeout=10)
+    put_multipart = mount.store.inner.put_multipart
+
+    def put_together(*args: Any, **kwargs: Any) -> str:
+        barrier.wait()
+        return put_multipart(*args, **kwargs)
+
+    mount.store.put_multipart = put_together
+    files = {f"d/f{i}.bin": bytes([i]) * (4096 + i) for i in range(IN_FLIGHT)}
+    await mount.fs.mkdir(1, b"d", 0o755, 0, 0)
+    for path, data in files.items():
+        await mount.write_file(path, data, fsync=False)
+    await mount.flush()
+    assert not barrier.broken
+    for path, data in files.items():
+        assert get(s3_store, path) == data
+        assert (await mount.fs.namespace.resolve(path)).state == SyncState.CLEAN
+    uploads = [b for b in batches if b]
+    assert sum(len(b) for b in uploads) == IN_FLIGHT
+    assert max(len(b) for b in uploads) == IN_FLIGHT, f"batches: {uploads}"
+
+
+async def test_a_file_written_while_its_batch_waits_stays_dirty_and_goes_up_again(
+    make_fs: Any, s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync_module, "CLEAN_BATCH_WAIT", 0.5)
+    mount = await make_fs()
+    put_done = trio.Event()
+    put_multipart = mount.store.inner.put_multipart
+    token = trio.lowlevel.current_trio_token()
+
+    def put_and_tell(*args: Any, **kwargs: Any) -> str:
+        etag = put_multipart(*args, **kwargs)
+        trio.from_thread.run_sync(put_done.set, trio_token=token)
+        return etag
+
+    mount.store.put_multipart = put_and_tell
+    ino = await mount.write_file("c.bin", b"old" * 1000, fsync=False)
+    mount.fs.journal.hurry()
+    with trio.fail_after(10):
+        await put_done.wait()
+        while not mount.fs.sync._uploaded:  # the upload waits in its batch
+            await trio.sleep(0.001)
+    # The old bytes are in the bucket; the batch that would mark the file
+    # clean waits.  A new write now must win.
+    await mount.write_file("c.bin", b"new" * 1000, fsync=False)
+    await mount.flush()
+    assert get(s3_store, "c.bin") == b"new" * 1000
+    inode = mount.fs.meta.get_inode(ino)
+    assert inode is not None and inode.state == SyncState.CLEAN
+    assert await mount.read_file("c.bin") == b"new" * 1000
+
+
+async def test_uploads_marked_clean_in_a_batch_survive_a_remount(
+    make_fs: Any, s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = record_batches(monkeypatch)
+    mount = await make_fs()
+    files = {f"r{i}.bin": bytes([65 + i]) * 5000 for i in range(5)}
+    for path, data in files.items():
+        await mount.write_file(path, data)
+    await mount.flush()
+    assert batches
+    mount = await mount.remount()
+    assert len(mount.fs.journal) == 0
+    for path, data in files.items():
+        inode = await mount.fs.namespace.resolve(path)
+        assert inode.state == SyncState.CLEAN
+        assert await mount.read_file(path) == data
+        assert get(s3_store, path) == data
