@@ -209,14 +209,23 @@ def bucket(moto_server: str, _bucket_admin: Any) -> tuple[str, str]:
     return moto_server, name
 
 
-@pytest.fixture
-def s3_client(moto_server: str) -> Iterator[Any]:
-    """A boto3 S3 client for the moto server, standing in for other tools."""
+@pytest.fixture(scope="session")
+def _shared_s3_client(moto_server: str) -> Iterator[Any]:
     client = make_s3_client(moto_server)
     try:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def s3_client(_shared_s3_client: Any) -> Any:
+    """A boto3 S3 client for the moto server, standing in for other tools.
+
+    One client for the session (making one costs a fraction of a second of
+    CPU, in every test that mounts); tests must not register event hooks on
+    it or close it (they do so on their own stores' clients)."""
+    return _shared_s3_client
 
 
 @pytest.fixture

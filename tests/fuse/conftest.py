@@ -105,6 +105,22 @@ def run_tierfs(*args: str, timeout: float = CLI_TIMEOUT) -> subprocess.Completed
     )
 
 
+def control_request(mountpoint: Path, op: str, args: dict[str, Any] | None = None) -> Any:
+    """One request to the control socket of the mount at ``mountpoint``, sent
+    from the test process as the CLI sends it (``tierfs.control.client``).
+
+    Cheaper than ``run_tierfs`` (a new interpreter per call), so that tests
+    can poll ``status``; ``test_cli`` checks that the CLI's ``--json``
+    output is this same document."""
+    from tierfs.control.client import locate, request
+
+    location = locate(mountpoint)
+    assert location.mount_root == Path(os.path.abspath(mountpoint)), (
+        f"{mountpoint} is not a tierfs mount point"
+    )
+    return request(location.socket_path, op, args, timeout=CLI_TIMEOUT)
+
+
 def fusermount(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["fusermount3", *args], capture_output=True, text=True, timeout=30, check=False
@@ -233,9 +249,9 @@ class Mount:
         self.mount()
 
     def status(self) -> dict[str, Any]:
-        done = run_tierfs("status", str(self.path), "--json")
-        assert done.returncode == 0, f"tierfs status failed: {done.stderr.strip()}"
-        result: dict[str, Any] = json.loads(done.stdout)
+        """What ``tierfs status --json`` prints, asked over the control socket
+        from this process (no interpreter start per call: tests poll it)."""
+        result: dict[str, Any] = control_request(self.path, "status")
         return result
 
     def counters(self) -> dict[str, int]:
@@ -243,9 +259,13 @@ class Mount:
         return counters
 
     def where(self, *names: str) -> list[dict[str, Any]]:
-        done = run_tierfs("where", "--json", *(str(self.path / n) for n in names))
-        assert done.returncode == 0, f"tierfs where failed: {done.stderr.strip()}"
-        result: list[dict[str, Any]] = json.loads(done.stdout)
+        """What ``tierfs where --json NAMES...`` prints (over the control
+        socket from this process); fails the test if a name has an error."""
+        from tierfs.cli import _per_path
+
+        result = _per_path("where", [str(self.path / n) for n in names], timeout=CLI_TIMEOUT)
+        failed = [item for item in result if "error" in item]
+        assert not failed, f"tierfs where failed: {failed}"
         return result
 
     def where_one(self, name: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -52,6 +53,27 @@ def test_mount_on_busy_mount_point_fails(mount: MountFactory) -> None:
     # The first mount is untouched.
     assert (m.path / "a.txt").read_bytes() == b"a"
     assert m.status()["pid"] == m.pids[0]
+
+
+def test_status_and_where_json_of_the_cli_are_what_the_fixture_reads(
+    mount: MountFactory,
+) -> None:
+    """``Mount.status()`` and ``Mount.where()`` ask the control socket from
+    the test process; the ``tierfs`` command's ``--json`` prints the same."""
+    m = mount({"a.txt": b"a" * 1000, "d/b.txt": b"b"})
+    assert (m.path / "a.txt").read_bytes() == b"a" * 1000
+    done = run_tierfs("status", str(m.path), "--json")
+    assert done.returncode == 0, done.stderr
+    by_cli, by_fixture = json.loads(done.stdout), m.status()
+    assert set(by_cli) == set(by_fixture)
+    for key in ("pid", "mountpoint", "backing"):
+        assert by_cli[key] == by_fixture[key], key
+    assert [t["name"] for t in by_cli["tiers"]] == [t["name"] for t in by_fixture["tiers"]]
+    names = ("a.txt", "d", "d/b.txt")
+    done = run_tierfs("where", "--json", *(str(m.path / n) for n in names))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == m.where(*names)
+    assert m.where_one("a.txt")["path"] == str(m.path / "a.txt")
 
 
 def test_misspelt_config_key_is_reported_with_its_line(mount: MountFactory) -> None:

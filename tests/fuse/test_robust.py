@@ -55,6 +55,8 @@ MiB = 1024 * 1024
 RSS_CAP = 400 * MiB
 #: How long the stress runs before the daemon gets SIGTERM.
 STRESS_SECONDS = 12.0
+#: How long the default run under S3 faults lasts (minutes under ``--run-slow``).
+S3_FAULT_SECONDS = 8.0
 #: SIGTERM must end the daemon within this many seconds.
 SIGTERM_EXIT = 5.0
 BACKING_SIZE = 512 * MiB
@@ -443,7 +445,7 @@ def run_under_s3_faults(mount: MountFactory, fault_proxy: FaultProxy, seconds: f
 def test_s3_503s_403s_and_resets_do_not_stop_the_daemon(
     mount: MountFactory, fault_proxy: FaultProxy
 ) -> None:
-    run_under_s3_faults(mount, fault_proxy, seconds=15)
+    run_under_s3_faults(mount, fault_proxy, seconds=S3_FAULT_SECONDS)
 
 
 @pytest.mark.slow
