@@ -1,13 +1,16 @@
 """Directory handles (issue 14, section 3) and stale-while-revalidate
 listings (section 4), without a mount: ``.`` and ``..``, offsets that stay
 stable under renames, seeks that read from the offset, lookups that never
-wait for a re-listing, and the LIST/HEAD counts that costs."""
+wait for a re-listing (nor send a HEAD for a name the stale listing
+lacks), names a re-listing adds shown with settled attributes, and the LIST
+and HEAD counts all that costs."""
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,10 +22,10 @@ from tierfs.core import namespace
 from tierfs.core.dirhandles import DOT, DOTDOT
 from tierfs.core.fs import READDIR_BATCH
 from tierfs.core.namespace import RELIST_CONCURRENCY
-from tierfs.core.results import DirEntry
-from tierfs.core.shadow import SHADOW_ROOT
+from tierfs.core.results import Attributes, DirEntry
+from tierfs.core.shadow import SHADOW_ROOT, shadow_dir_prefix
 from tierfs.errors import NotFound, StoreError
-from tierfs.meta import ROOT_INO
+from tierfs.meta import PROVISIONAL, ROOT_INO
 
 SHORT_TTL = NamespaceConfig(list_ttl=0.3, revalidate_ttl=60)
 
@@ -44,9 +47,13 @@ async def make_files(mount: CoreMount, parent: int, names: list[str]) -> dict[st
     return inos
 
 
+def is_data_prefix(prefix: str) -> bool:
+    return not prefix.startswith(SHADOW_ROOT)
+
+
 def data_lists(prefixes: list[str]) -> list[str]:
     """The listings of data prefixes among ``prefixes`` (not of the shadow)."""
-    return [p for p in prefixes if not p.startswith(SHADOW_ROOT)]
+    return [p for p in prefixes if is_data_prefix(p)]
 
 
 # --- section 3: readdir ------------------------------------------------------------------
@@ -140,11 +147,13 @@ async def test_a_directory_removed_while_open_reads_as_empty(make_fs: Any) -> No
 
 
 class HeldLists:
-    """Forwards to a store; a listing of a data prefix waits in its thread
-    until ``release`` is set, and the most listings running at once is kept."""
+    """Forwards to a store; a listing of a prefix that ``holds`` (by default
+    the data prefixes, not the shadow's) waits in its thread until
+    ``release`` is set, and the most listings held at once is kept."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, holds: Callable[[str], bool] = is_data_prefix) -> None:
         self.inner = inner
+        self.holds = holds
         self.release = threading.Event()
         self.running = 0
         self.most_running = 0
@@ -152,7 +161,7 @@ class HeldLists:
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[Any]:
         pages = self.inner.list_pages(prefix, page_size)  # counted when started
-        if prefix.startswith(SHADOW_ROOT):
+        if not self.holds(prefix):
             yield from pages
             return
         with self._lock:
@@ -196,11 +205,16 @@ async def test_lookups_in_an_expired_directory_do_not_wait_and_start_one_relisti
     held.release.set()
 
 
-async def test_a_name_missing_from_an_expired_listing_costs_one_head_never_a_list(
-    make_fs: Any, s3_store: Any, monkeypatch: pytest.MonkeyPatch
+def unexpected_shadows(s3_store: Any, dir_prefix: str) -> list[str]:
+    """Shadow objects of the children of ``dir_prefix`` that do not carry
+    the default file mode (the mount's identity may need a shadow)."""
+    pages = s3_store.list_pages(shadow_dir_prefix(dir_prefix))
+    return [o.key for page in pages for o in page.objects if "@m0644," not in o.key]
+
+
+async def test_a_name_missing_from_an_expired_listing_costs_no_request_and_shows_after_relisting(
+    make_fs: Any, s3_store: Any
 ) -> None:
-    # Counts, not times: a loaded machine may take over a second for a HEAD.
-    monkeypatch.setattr(namespace, "MISSING_HEAD_WAIT", 30.0)
     put(s3_store, "d/old", b"old")
     mount = await make_fs(namespace=SHORT_TTL)
     d = await mount.fs.lookup(ROOT_INO, b"d")
@@ -211,27 +225,73 @@ async def test_a_name_missing_from_an_expired_listing_costs_one_head_never_a_lis
     await trio.sleep(0.35)
     await mount.fs.lookup(ROOT_INO, b"d")  # the root's re-listing starts
     lists_before, heads_before = len(mount.store.lists), mount.store.heads
-    with trio.fail_after(60):  # a LIST that was waited for would hold 30 s
-        attrs = await mount.fs.lookup(d.ino, b"new")  # d's re-listing starts, held
-        assert attrs.size == 4
-        assert mount.store.heads == heads_before + 1
-        with pytest.raises(NotFound):
-            await mount.fs.lookup(d.ino, b"absent")
-        assert mount.store.heads == heads_before + 2
-        # Found once, it is a name like any other: no second HEAD.
-        assert (await mount.fs.lookup(d.ino, b"new")).ino == attrs.ino
-        assert mount.store.heads == heads_before + 2
+    with trio.fail_after(20):  # a LIST that was waited for would hold 30 s
+        for name in (b"new", b"absent", b"new"):
+            with pytest.raises(NotFound):  # not in the listing served
+                await mount.fs.lookup(d.ino, name)  # d's re-listing starts, held
         await trio.sleep(0.2)  # the background tasks start their LISTs
+    assert mount.store.heads == heads_before  # no HEAD for a missing name
     # The background re-listings only (of the root, of d), held before the shadow's.
     assert sorted(mount.store.lists[lists_before:]) == ["", "d/"]
     done = mount.fs.namespace.listings_done
     held.release.set()
     await wait_listed(mount, done, 2)
-    assert (await mount.fs.lookup(d.ino, b"new")).ino == attrs.ino  # kept by the listing
-    assert await mount.read_file("d/new") == b"new!"
+    # Shown by the re-listing with the attributes of any listed name: the
+    # defaults (no shadow), not the provisional owner-only ones.
+    attrs = await mount.fs.lookup(d.ino, b"new")
+    assert (attrs.size, stat.S_IMODE(attrs.mode)) == (4, 0o644)
+    assert mount.fs.meta.get_inode(attrs.ino).validated_at != PROVISIONAL
     with pytest.raises(NotFound):
-        await mount.fs.lookup(d.ino, b"absent")  # fresh listing: no HEAD
-    assert mount.store.heads == heads_before + 2
+        await mount.fs.lookup(d.ino, b"absent")  # fresh listing: no HEAD either
+    assert mount.store.heads == heads_before
+    # A write over it uploads no shadow: its attributes are the canonical ones.
+    await mount.write_file("d/new", b"rewritten")
+    await mount.flush()
+    assert s3_store.get_range("d/new", 0, 100) == b"rewritten"
+    assert unexpected_shadows(s3_store, "d/") == []
+
+
+async def test_a_name_a_relisting_adds_is_looked_up_with_its_settled_attributes(
+    make_fs: Any, s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the merge of a re-listing's data pages and its shadow listing,
+    a new name is provisional (owner-only).  A lookup of it waits for the
+    settling; one of a name of the listing served does not; an open (its
+    revalidation HEAD) does not make the provisional attributes permanent."""
+    # Outcomes, not times: a loaded machine may take long for the shadow LIST.
+    monkeypatch.setattr(namespace, "STALE_LISTING_WAIT", 30.0)
+    put(s3_store, "d/old", b"old")
+    mount = await make_fs(namespace=NamespaceConfig(list_ttl=0.3, revalidate_ttl=0))
+    d = await mount.fs.lookup(ROOT_INO, b"d")
+    await mount.fs.lookup(d.ino, b"old")
+    held = HeldLists(mount.fs.namespace.store, holds=lambda p: p == shadow_dir_prefix("d/"))
+    mount.fs.namespace.store = held
+    put(s3_store, "d/new", b"new!")
+    await trio.sleep(0.35)
+    with trio.fail_after(20):
+        await mount.fs.lookup(d.ino, b"old")  # d's re-listing starts
+        while (new_ino := mount.fs.meta.lookup(d.ino, b"new")) is None:
+            await trio.sleep(0.01)  # merged, its shadow listing held
+        assert mount.fs.meta.get_inode(new_ino).validated_at == PROVISIONAL
+        assert (await mount.fs.lookup(d.ino, b"old")).size == 3  # served at once
+        opened = await mount.fs.open(new_ino, os.O_RDONLY)  # revalidated by a HEAD
+        await mount.fs.release(opened.fh)
+        assert mount.fs.meta.get_inode(new_ino).validated_at == PROVISIONAL
+        looked_up: list[Attributes] = []
+
+        async def look() -> None:
+            looked_up.append(await mount.fs.lookup(d.ino, b"new"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(look)
+            await trio.sleep(0.3)
+            assert looked_up == [], "served before its attributes were settled"
+            held.release.set()
+    assert looked_up[0].ino == new_ino
+    assert stat.S_IMODE(looked_up[0].mode) == 0o644
+    await mount.write_file("d/new", b"rewritten")
+    await mount.flush()
+    assert unexpected_shadows(s3_store, "d/") == []
 
 
 async def test_relistings_of_many_directories_are_bounded(make_fs: Any, s3_store: Any) -> None:

@@ -5,7 +5,8 @@ entries renamed under it returns none twice; seekdir/telldir over 4,000
 entries reads from the offset (counted in the daemon's ``readdir_entries``);
 ``stat``s across expired directories never wait for a re-listing, which
 runs in the background, bounded, and costs LISTs, not HEADs (counted in
-``store_calls``; the LISTs are held at the proxy meanwhile).  glibc's
+``store_calls``; the LISTs are held at the proxy meanwhile); a name the
+expired listing lacks costs no request and shows after the re-listing.  glibc's
 ``readdir``/``telldir``/``seekdir`` are called through ctypes: Python's own
 listing functions drop ``.`` and ``..`` and cannot seek.
 """
@@ -16,11 +17,14 @@ import ctypes
 import errno
 import os
 import random
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.fuse.conftest import Mount, MountFactory, wait_until
 from tierfs.core.fs import READDIR_BATCH
@@ -220,7 +224,7 @@ def test_stats_in_expired_directories_never_wait_for_a_relisting(
     assert calls["ListObjectsV2"] <= 2 * (len(dirs) + 1) * 2, calls
 
 
-def test_a_new_object_shows_through_one_head_and_a_deleted_one_after_a_relisting(
+def test_new_and_deleted_objects_show_after_one_background_relisting(
     mount: MountFactory, fault_proxy: Any
 ) -> None:
     m = mount(
@@ -235,24 +239,26 @@ def test_a_new_object_shows_through_one_head_and_a_deleted_one_after_a_relisting
     before = store_calls(m)
     gate = fault_proxy.hold_requests(match="list-type=2")
     try:
-        assert os.stat(m.path / "d" / "new.bin").st_size == 4  # one HEAD, no LIST waited for
+        # The listing served is the expired one: no HEAD, no LIST waited for.
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path / "d" / "new.bin")
+        assert os.stat(m.path / "d" / "gone.bin").st_size == 4
         calls = {op: n - before.get(op, 0) for op, n in store_calls(m).items()}
-        assert calls.get("HeadObject") == 1
-        assert os.stat(m.path / "d" / "gone.bin").st_size == 4  # stale until the re-listing
+        assert calls.get("HeadObject", 0) == 0
+        assert wait_until(lambda: fault_proxy.held >= 1, 10), "no re-listing started"
     finally:
         gate.set()
 
-    def gone() -> bool:
-        try:
-            os.stat(m.path / "d" / "gone.bin")
-        except FileNotFoundError:
-            return True
-        return False
+    def relisted() -> bool:
+        return sorted(os.listdir(m.path / "d")) == ["new.bin", "old.bin"]
 
     # Within list_ttl plus one re-listing (plus the kernel's entry timeout).
-    assert wait_until(gone, 15)
+    assert wait_until(relisted, 15)
     assert (m.path / "d" / "new.bin").read_bytes() == b"new!"
-    assert sorted(os.listdir(m.path / "d")) == ["new.bin", "old.bin"]
+    # Shown with the attributes of a listed name, not provisional owner-only ones.
+    assert stat.S_IMODE(os.stat(m.path / "d" / "new.bin").st_mode) == 0o644
+    with pytest.raises(FileNotFoundError):
+        os.stat(m.path / "d" / "gone.bin")
     try:
         os.stat(m.path / "d" / "never.bin")
     except OSError as exc:

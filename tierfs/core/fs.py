@@ -438,8 +438,9 @@ class TierFS:
         """Entries of directory ``ino`` after dirseq ``after_cookie``, in a
         stable order, without ``.`` and ``..``.  Use the last entry's cookie
         to continue; an empty list is the end."""
-        # A listing running now may hold names whose attributes are not
-        # settled yet (see tierfs.core.namespace): never hand those out.
+        # A first listing running now holds names whose attributes are not
+        # settled yet: never hand those out.  Names a re-listing adds may go
+        # out provisional, owner-only (see tierfs.core.namespace).
         await self.namespace.wait_listing(ino)
         out: list[DirEntry] = []
         for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
@@ -722,7 +723,6 @@ class TierFS:
                 "damaged_dirty_blocks": self.damage.dirty_blocks,
                 "damaged_clean_blocks": self.damage.clean_blocks,
                 "readdir_entries": self.readdir_entries,
-                "missing_name_heads": self.namespace.missing_heads,
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),

@@ -47,25 +47,37 @@ A directory that was listed once is never held hostage by the bucket
   successful one stamps ``listed_at``, so a directory is re-listed at most
   once per ``list_ttl``: a shuffled sweep over many directories costs about
   one LIST per directory per ``list_ttl``, never one per lookup.
-- A lookup of a name that the expired listing does not hold costs at most
-  one HEAD of that key (``_head_missing``), never a LIST: a new object is
-  found at once, a missing one answers ENOENT.  Skipped while the endpoint
-  is suspect, for names that cannot be keys, and for keys this node is
-  deleting.  A name found so gets the object's ``x-amz-meta-*`` attributes,
-  or stays provisional (owner-only) until the re-listing settles it.  A new
-  *directory* (a prefix, no object) is not found by a HEAD: it appears with
-  the re-listing.
+- A lookup of a name that the expired listing does not hold answers ENOENT
+  at once and costs no request of its own (no LIST, no HEAD): the name
+  shows once the re-listing it started (or one already queued) is done.  A
+  HEAD of the key was tried here and dropped: a name found so must get the
+  attributes a LIST would give it (its shadow, else ``file_mode``), which
+  only a listing of the shadow can tell (the object's ``x-amz-meta-*`` may
+  be wider than its shadow); left provisional (owner-only), an open or a
+  write made those attributes permanent, and the next upload put them in
+  the bucket as a shadow that nobody asked for.  And negative lookups in an
+  expired directory (module imports, ``$PATH`` searches) would each have
+  cost a HEAD.
+- A name that a running re-listing added is provisional until that
+  re-listing settles its attributes (see below): a lookup of such a name
+  waits for that re-listing, at most ``STALE_LISTING_WAIT`` seconds from
+  its start and not while the endpoint is suspect (``_wait_settled``),
+  then is served what there is (owner-only at worst, never wider).  A
+  revalidation HEAD on open leaves a provisional inode provisional.
 
 Consistency a reader gets (what issue 15 builds on):
 
-- Names and attributes of a directory come from its last completed listing
-  plus this node's own changes, which are visible at once.  The kernel
+- Names and attributes of a directory come from its last completed listing,
+  plus what a running re-listing merged so far (each page as it arrives:
+  new names, changed sizes; names gone from the bucket only when it
+  completes), plus this node's own changes, which are visible at once.  The kernel
   keeps an entry for ``list_ttl``, except one served from an expired
   listing, which it must ask for again (timeout 0, ``TierFS.lookup``).
 - A change in the bucket by another writer (new, changed or deleted object)
   shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
-  of the directory after the first access past expiry; a new file may show
-  sooner, through the HEAD of a lookup.  While re-listings are backlogged
+  of the directory after the first access past expiry (a lookup, a
+  readdir, an ``opendir`` or a stat through the kernel, whose entries from
+  an expired listing time out at once).  While re-listings are backlogged
   (``RELIST_BACKLOG``) or the endpoint is out, a listing may be older.
 - A file's content is revalidated on open after ``revalidate_ttl`` (one
   HEAD); a changed ETag drops the cached blocks.
@@ -111,8 +123,10 @@ few names too long to carry a shadow, and settles the attributes in one
 transaction (``MetaDB.settle_attrs``).  Lookups wait for a running first
 listing and so does ``readdir`` (``wait_listing``): no name is handed to the
 kernel before its attributes are settled.  A re-listing of a directory
-listed before is not waited for (see above); a name it adds meanwhile is
-shown provisional (owner-only), never wider.  If the shadow listing fails, the new
+listed before is not waited for (see above); a name it adds meanwhile may
+be shown provisional by ``readdir`` (owner-only, never wider, and with
+timeout 0), while a lookup of it waits for the settling (bounded, see
+``_wait_settled``).  If the shadow listing fails, the new
 names stay provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
@@ -159,7 +173,15 @@ from tierfs.errors import (
     StoreError,
     StoreUnavailable,
 )
-from tierfs.meta import ROOT_INO, Inode, ListedEntry, MergeResult, MetaDB, SyncState
+from tierfs.meta import (
+    PROVISIONAL,
+    ROOT_INO,
+    Inode,
+    ListedEntry,
+    MergeResult,
+    MetaDB,
+    SyncState,
+)
 from tierfs.store import ObjectInfo, ObjectStore
 from tierfs.store.breaker import breaker_of
 
@@ -182,9 +204,6 @@ NAME_MAX = 255
 STALE_LISTING_WAIT = 1.0
 #: Seconds an open waits for the revalidation HEAD of a cached clean file.
 REVALIDATE_WAIT = 1.0
-#: Seconds a lookup waits for the HEAD of a name its expired listing lacks
-#: (then it answers ENOENT; the re-listing will show the name if it exists).
-MISSING_HEAD_WAIT = 1.0
 #: After one of those waits ran out, optional waits are skipped this long.
 SLOW_HOLDOFF = 5.0
 
@@ -288,8 +307,6 @@ class Namespace:
         self._relist_slots = trio.Semaphore(RELIST_CONCURRENCY)
         #: dir ino -> trio time its last background re-listing failed.
         self._relist_failed: dict[int, float] = {}
-        #: Lookups of names missing from an expired listing that sent a HEAD.
-        self.missing_heads = 0
         self._warned: set[str] = set()
         self.listings_done = 0
         self._slow_until = -math.inf
@@ -351,12 +368,33 @@ class Namespace:
             raise NameTooLong(f"name longer than {NAME_MAX} bytes")
         await self.ensure_listed(dir_inode, stale_wait=0.0)
         ino = self.meta.lookup(parent, name)
+        if ino is not None and self._provisional(ino):
+            # Added by the re-listing running now (the listing served lacked
+            # it): its attributes come with that re-listing's shadow listing.
+            await self._wait_settled(parent)
+            ino = self.meta.lookup(parent, name)  # the loop ran meanwhile
         if ino is None:
-            found = await self._head_missing(parent, name)
-            if found is None:
-                raise NotFound(name.decode(errors="replace"))
-            return found
+            raise NotFound(name.decode(errors="replace"))
         return self.get(ino)
+
+    def _provisional(self, ino: int) -> bool:
+        """Are the attributes of ``ino`` not settled by a listing yet?"""
+        inode = self.meta.get_inode(ino)
+        return inode is not None and inode.validated_at == PROVISIONAL
+
+    async def _wait_settled(self, dir_ino: int) -> None:
+        """Wait for the listing of ``dir_ino`` that runs (or is queued), at
+        most ``STALE_LISTING_WAIT`` seconds from its start, not at all while
+        the endpoint is suspect.  Only lookups of names a re-listing added
+        wait so: a name of the listing served never does."""
+        running = self._listing.get(dir_ino)
+        if running is None or self.endpoint_suspect():
+            return
+        done, started = running
+        with trio.move_on_at(started + STALE_LISTING_WAIT) as waited:
+            await done.wait()
+        if waited.cancelled_caught:
+            self._waited_in_vain()
 
     def expired(self, dir_ino: int) -> bool:
         """Has directory ``dir_ino`` a listing older than ``list_ttl`` (served
@@ -367,89 +405,6 @@ class Namespace:
             and inode.listed_at > 0
             and time.time() - inode.listed_at >= self.config.list_ttl
         )
-
-    async def _head_missing(self, dir_ino: int, name: bytes) -> Inode | None:
-        """A name the expired listing of ``dir_ino`` lacks: one HEAD of its
-        key; merge the object if there is one (see the module docstring)."""
-        if not self.expired(dir_ino) or self.endpoint_suspect():
-            return None
-        try:
-            text = name.decode()
-        except UnicodeDecodeError:
-            return None
-        prefix = self.prefix_of(self.get(dir_ino))
-        key = prefix + text
-        if (
-            name_problem(text) is not None
-            or (prefix == "" and text == SHADOW_ROOT)
-            or not self.store.key_fits(key)
-            or self.being_deleted(key)
-        ):
-            return None
-        self.missing_heads += 1
-        info: ObjectInfo | None = None
-        try:
-            with trio.move_on_after(MISSING_HEAD_WAIT):
-                info = await trio.to_thread.run_sync(
-                    self.store.head, key, limiter=self._limiter, abandon_on_cancel=True
-                )
-        except ObjectNotFound:
-            return None
-        except StoreError as exc:
-            log.debug("HEAD of %r for a lookup failed: %s", key, exc)
-            return None
-        if info is None:
-            self._waited_in_vain()
-            return None
-        # The loop ran meanwhile: the directory may have moved, the name may
-        # have been created or deleted here.
-        if not self._still_at(dir_ino, prefix) or self.being_deleted(key):
-            return None
-        existing = self.meta.lookup(dir_ino, name)
-        if existing is not None:
-            return self.get(existing)
-        dir_inode = self.get(dir_ino)
-        ident = self.identity
-        entry = ListedEntry(
-            name=name, is_dir=False, size=info.size, etag=info.etag, mtime_ns=int(info.mtime * 1e9)
-        )
-        # The generation of the running listing, if any (its sweep keeps the
-        # name), else of the last one (the next listing sweeps it if gone).
-        result = self.meta.merge_listing(
-            dir_ino,
-            dir_inode.list_gen,
-            [entry],
-            prefix=prefix,
-            protects=self.protects,
-            skip_new=lambda _name, _is_dir: self.being_deleted(key),
-            file_mode=ident.file_mode,
-            dir_mode=ident.dir_mode,
-            uid=ident.uid,
-            gid=ident.gid,
-            now=time.time(),
-        )
-        self._after_merge(prefix, result)
-        ino = self.meta.lookup(dir_ino, name)
-        if ino is None:
-            return None
-        found = attrs_from_metadata(info.metadata)
-        if found is not None:
-            self.meta.settle_attrs(
-                dir_ino,
-                [ino],
-                {name: (found.perm, found.uid, found.gid)},
-                {},
-                prefix=prefix,
-                keep_provisional=set(),
-                keeps_attrs=lambda i: self.protects(i) or self.attrs_owed(i),
-                live_inode=self.live_inode,
-                file_mode=ident.file_mode,
-                dir_mode=ident.dir_mode,
-                uid=ident.uid,
-                gid=ident.gid,
-                now=time.time(),
-            )
-        return self.get(ino)
 
     async def resolve(self, relpath: str) -> Inode:
         """Inode of a path relative to the mount root ("" is the root)."""
@@ -875,8 +830,13 @@ class Namespace:
             inode.size = info.size
             inode.mtime_ns = int(info.mtime * 1e9)
             inode.ctime_ns = time.time_ns()
-        self._apply_metadata(inode, info.metadata)
-        inode.validated_at = now
+        if inode.validated_at != PROVISIONAL:
+            self._apply_metadata(inode, info.metadata)
+            inode.validated_at = now
+        # else: a listing settles its attributes (shadow or defaults, never
+        # the object's metadata alone, which may be wider than its shadow);
+        # taking them here made the owner-only ones permanent, and a write
+        # then uploaded them as a shadow.
         self.meta.put_inode(inode)
         return inode, changed
 
