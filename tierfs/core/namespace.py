@@ -67,12 +67,13 @@ A directory that was listed once is never held hostage by the bucket
 
 Consistency a reader gets (what issue 15 builds on):
 
-- Names and attributes of a directory come from its last completed listing,
-  plus what a running re-listing merged so far (each page as it arrives:
-  new names, changed sizes; names gone from the bucket only when it
-  completes), plus this node's own changes, which are visible at once.  The kernel
-  keeps an entry for ``list_ttl``, except one served from an expired
-  listing, which it must ask for again (timeout 0, ``TierFS.lookup``).
+- Names and attributes of a directory come from its last completed
+  listing, plus what a running re-listing merged so far (each page as it
+  arrives: new names, changed sizes; names gone from the bucket only when
+  it completes), plus this node's own changes, which are visible at once.
+  The kernel keeps an entry for ``list_ttl``, except one served from an
+  expired listing, which it must ask for again (timeout 0,
+  ``TierFS.lookup`` and ``TierFS.readdir_handle``).
 - A change in the bucket by another writer (new, changed or deleted object)
   shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
   of the directory after the first access past expiry (a lookup, a
@@ -126,8 +127,8 @@ kernel before its attributes are settled.  A re-listing of a directory
 listed before is not waited for (see above); a name it adds meanwhile may
 be shown provisional by ``readdir`` (owner-only, never wider, and with
 timeout 0), while a lookup of it waits for the settling (bounded, see
-``_wait_settled``).  If the shadow listing fails, the new
-names stay provisional (restrictive) and the error is that of the listing.
+``_wait_settled``).  If the shadow listing fails, the new names stay
+provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
 name whose shadow disappeared keeps its attributes until a HEAD (open after
