@@ -131,20 +131,17 @@ class TierfsOperations(pyfuse3.Operations):
 
     @_errno
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        after = start_id
-        while True:
-            entries = await self.fs.readdir(fh, after)
-            if not entries:
+        # One batch per request, even when the kernel's buffer has room for
+        # more: a short reply is not the end (an empty one is), and a seek
+        # then costs one batch, not the rest of the directory.
+        for entry in await self.fs.readdir_handle(fh, start_id):
+            if not pyfuse3.readdir_reply(
+                token, entry.name, entry_attributes(entry.attrs), entry.cookie
+            ):
                 return
-            for entry in entries:
-                if not pyfuse3.readdir_reply(
-                    token, entry.name, entry_attributes(entry.attrs), entry.cookie
-                ):
-                    return
-                after = entry.cookie
 
     async def releasedir(self, fh: int) -> None:
-        return None
+        self.fs.releasedir(fh)
 
     @_errno
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:

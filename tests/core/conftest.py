@@ -4,7 +4,8 @@
 small tiers under tmp_path, starts its workers in the test's nursery and
 returns a ``CoreMount``.  Calling ``remount()`` on it closes LMDB and builds
 a new TierFS on the same state and tiers, as a daemon restart would.
-``CountingStore`` wraps the real store to count GETs (it forwards every call).
+``CountingStore`` wraps the real store to count GETs, HEADs and LISTs (it
+forwards every call).
 """
 
 from __future__ import annotations
@@ -38,18 +39,21 @@ MiB = 1024 * 1024
 
 
 class CountingStore:
-    """The real store, with a count of ranged GETs per key."""
+    """The real store, with a count of ranged GETs per key, of HEADs, and the
+    prefix of every listing started."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.url = inner.url
         self.gets: list[tuple[str, int, int]] = []
         self.heads = 0
+        self.lists: list[str] = []
 
     def check(self) -> None:
         self.inner.check()
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
+        self.lists.append(prefix)
         return self.inner.list_pages(prefix, page_size)
 
     def head(self, key: str) -> ObjectInfo:
@@ -214,3 +218,13 @@ async def make_fs(s3_store: Any, tmp_path: Path) -> AsyncIterator[Callable[..., 
 def put(s3_store: Any, key: str, data: bytes) -> str:
     """Put an object 'as another tool would' (under the store's prefix)."""
     return s3_store.put(key, data)
+
+
+async def wait_listed(
+    mount: CoreMount, done_before: int, count: int = 1, timeout: float = 10.0
+) -> None:
+    """Wait until ``count`` listings finished after ``done_before`` (a reading
+    of ``Namespace.listings_done``): re-listings run in the background."""
+    with trio.fail_after(timeout):
+        while mount.fs.namespace.listings_done < done_before + count:
+            await trio.sleep(0.01)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.core.conftest import CoreMount, CountingStore, _start, make_config, put
+from tests.core.conftest import CoreMount, CountingStore, _start, make_config, put, wait_listed
 from tierfs.errors import StoreError, TierfsError
 from tierfs.meta import ROOT_INO
 
@@ -401,7 +401,9 @@ async def test_another_nodes_chmod_reaches_an_open_file_at_the_next_listing(
         await writer.fs.setattr(ino, mode=0o600)
         await writer.flush()
         await trio.sleep(0.3)
-        await reader.fs.lookup(ROOT_INO, b"f.bin")  # the next listing
+        done = reader.fs.namespace.listings_done
+        await reader.fs.lookup(ROOT_INO, b"f.bin")  # starts the next listing
+        await wait_listed(reader, done)
         assert stat.S_IMODE((await reader.fs.getattr(seen.ino)).mode) == 0o600
     finally:
         await reader.fs.release(opened.fh)

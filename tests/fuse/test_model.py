@@ -15,8 +15,12 @@ fsync, ``tierfs flush``, remount (the reference is unchanged: everything must
 persist), and changes made behind tierfs's back with boto3: a new object in
 a known directory, an overwritten object and a deleted object.  Before an
 external change the mount is flushed, so that no owed bucket change races
-with it; after it, the test sleeps past ``list_ttl`` and ``revalidate_ttl``
-and applies the same change to the reference.
+with it; after it, the test polls the mount (a listing of the parent, a
+stat and a read of the name) until the change shows, and fails if it does
+not within ``CHANGE_DEADLINE``: tierfs serves an expired listing while it
+re-lists in the background, so a change shows within ``list_ttl`` plus one
+re-listing, not at the first access past ``list_ttl``.  Then the same change
+is applied to the reference.
 
 At the end of each example the mount is flushed and the bucket itself is
 compared with the reference: every file is an object with the same bytes,
@@ -83,9 +87,12 @@ MiB = 1024 * KiB
 BLOCK = 64 * KiB
 LIST_TTL = 0.5
 REVALIDATE_TTL = 0.5
-#: Sleep after an external change: past both TTLs (and the kernel's entry
-#: and attribute timeouts, which tierfs sets to list_ttl).
+#: Sleep past both TTLs (and the kernel's entry and attribute timeouts,
+#: which tierfs sets to list_ttl).
 SETTLE = max(LIST_TTL, REVALIDATE_TTL) + 0.4
+#: An external change must show on the mount within this many seconds
+#: (list_ttl plus one background re-listing, on a loaded machine).
+CHANGE_DEADLINE = 10.0
 UPLOAD_DELAY = "0s"
 #: A flush of a few small files that takes longer than this hangs.
 FLUSH_TIMEOUT = 30.0
@@ -501,6 +508,30 @@ class TierfsModel(RuleBasedStateMachine):
             out += [join(rel, n) for n in (dirnames if want_dirs else filenames)]
         return sorted(out)
 
+    def mount_view(self, path: str) -> Any:
+        """What the mount shows at ``path``: None if its parent's listing
+        lacks it, else (size from stat, content) as ``snapshot`` has it."""
+        parent, _, name = path.rpartition("/")
+        try:
+            if name not in os.listdir(at(self.m.path, parent)):
+                return None
+            return (os.stat(at(self.m.path, path)).st_size, read_file(at(self.m.path, path)))
+        except FileNotFoundError:
+            return None
+
+    def await_external_change(self, path: str, body: bytes | None) -> None:
+        """Poll until the mount shows ``body`` at ``path`` (None: the name is
+        gone); fail if it does not within ``CHANGE_DEADLINE`` seconds."""
+        want = None if body is None else (len(body), body)
+        deadline = time.monotonic() + CHANGE_DEADLINE
+        while (seen := self.mount_view(path)) != want:
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    f"external change of {path!r} not shown after {CHANGE_DEADLINE:.0f} s: "
+                    f"expected {describe(want)}, mount has {describe(seen)}" + self.context()
+                )
+            time.sleep(0.1)
+
     @rule(data=st.data(), blob=file_blobs)
     @logged
     def external_put(self, data: st.DataObject, blob: Blob) -> None:
@@ -515,7 +546,7 @@ class TierfsModel(RuleBasedStateMachine):
         body = blob.data()
         self.flush_all()  # nothing owed to the bucket races with the change
         self.m.s3.put_object(Bucket=self.m.bucket, Key=self.m.key(path), Body=body)
-        time.sleep(SETTLE)
+        self.await_external_change(path, body)
         at(self.ref, path).write_bytes(body)
 
     def _pick_file(self, data: st.DataObject) -> str:
@@ -534,7 +565,7 @@ class TierfsModel(RuleBasedStateMachine):
         body = blob.data()
         self.flush_all()
         self.m.s3.put_object(Bucket=self.m.bucket, Key=self.m.key(path), Body=body)
-        time.sleep(SETTLE)
+        self.await_external_change(path, body)
         at(self.ref, path).write_bytes(body)
 
     @precondition(has_files)
@@ -546,7 +577,7 @@ class TierfsModel(RuleBasedStateMachine):
         self.steps.append(f"  # external delete of {path!r}")
         self.flush_all()
         self.m.s3.delete_object(Bucket=self.m.bucket, Key=self.m.key(path))
-        time.sleep(SETTLE)
+        self.await_external_change(path, None)
         at(self.ref, path).unlink()
 
     # checks ------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ method here and converts the result; the control server calls ``where`` and
 
 Handles (``handles``): ``open`` returns a file handle number that maps to a ``Handle``
 (the inode's CachedFile plus the handle's readahead state); ``release``
-drops it.  Directory handles carry nothing: ``readdir`` resumes from the
-cookie of the last entry returned, which stays valid while entries come and
-go (see ``MetaDB`` dirseq).
+drops it.  Directory handles (``dirhandles``): ``opendir`` returns a handle
+whose readdir offsets are keys (``.``, ``..``, then dirseq cookies, see
+``MetaDB``), so that a seek is one LMDB lookup and a name renamed during a
+readdir is never returned twice; ``releasedir`` drops it.
 
 Composition.  TierFS is built from parts, each given its collaborators at
 construction, in this order (``__init__``; a part only calls parts built
@@ -41,6 +42,7 @@ stay on TierFS and delegate to the parts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import stat
@@ -59,6 +61,7 @@ from tierfs.tiers.tier import Tier
 from .blockcache import BlockCache
 from .clock import Clock
 from .damage import DamageLog
+from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
 from .handles import Handles
 from .journal import Entry, Journal
 from .lifecycle import Lifecycle
@@ -86,6 +89,10 @@ _ATIME_FLUSH_SECONDS = 5.0
 #: Metadata written since the last commit is at most this old (see MetaDB,
 #: "Group commit"): what a killed daemon can lose of writes not fsynced.
 COMMIT_INTERVAL = 0.2
+#: Entries one readdir request reads from LMDB: about what fits in the
+#: kernel's one-page readdirplus reply, so a seek does not build entries
+#: that are thrown away.
+READDIR_BATCH = 32
 
 
 class TierFS:
@@ -180,6 +187,9 @@ class TierFS:
         self.access_times = AccessTimes(meta)
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
         self.unlinked = UnlinkedInodes()
+        self.dir_handles = DirHandles()
+        #: Directory entries handed out by ``readdir_handle`` (``.``/``..`` too).
+        self.readdir_entries = 0
         self.sync = Sync(
             config,
             meta,
@@ -385,23 +395,69 @@ class TierFS:
             self.unlinked.forget(ino)
 
     async def lookup(self, parent: int, name: bytes) -> Attributes:
-        return self.attributes(await self.namespace.lookup(parent, name))
+        attrs = self.attributes(await self.namespace.lookup(parent, name))
+        return self._while_relisted(parent, attrs)
+
+    def _while_relisted(self, parent: int, attrs: Attributes) -> Attributes:
+        """``attrs`` of an entry of ``parent``; from an expired listing (being
+        re-listed), the kernel may not keep it: the next access asks again
+        and sees the re-listing as soon as it is done."""
+        if self.namespace.expired(parent):
+            return dataclasses.replace(attrs, timeout=0.0)
+        return attrs
 
     # --- directories -----------------------------------------------------------------
 
     async def opendir(self, ino: int) -> int:
+        """A directory handle for ``readdir_handle``; waits only for a
+        directory never listed (an expired listing is served and re-listed
+        in the background, see ``Namespace``)."""
         inode = self.namespace.get(ino)
         if not inode.is_dir:
             raise NotADirectory(f"inode {ino} is not a directory")
-        await self.namespace.ensure_listed(inode)
+        await self.namespace.ensure_listed(inode, stale_wait=0.0)
         self.access_times.accessed(inode)  # reading a directory is an access
-        return ino
+        return self.dir_handles.open(ino, self.namespace.get(ino).next_cookie)
+
+    async def readdir_handle(
+        self, fh: int, offset: int, limit: int = READDIR_BATCH
+    ) -> list[DirEntry]:
+        """Entries of open directory ``fh`` after readdir ``offset`` (0 is
+        the start), ``.`` and ``..`` first; each entry's ``cookie`` is the
+        offset to continue from.  An empty list is the end.  Offsets stay
+        valid while names come and go (``tierfs.core.dirhandles``)."""
+        handle = self.dir_handles.get(fh)
+        try:
+            inode = self.namespace.get(handle.ino)
+        except NotFound:
+            return []  # removed while open: reads as empty, as on ext4
+        if offset == 0:
+            handle.horizon = inode.next_cookie  # rewinddir: what is there now
+        out: list[DirEntry] = []
+        expired = self.namespace.expired(handle.ino)  # see ``_while_relisted``
+        if offset < DOT:
+            out.append(DirEntry(DOT, b".", self.attributes(inode)))
+        if offset < DOTDOT:
+            parent = self.namespace.get(inode.parent)
+            out.append(DirEntry(DOTDOT, b"..", self.attributes(parent)))
+        for entry in await self.readdir(handle.ino, cookie_after(offset), limit):
+            if entry.cookie >= handle.horizon:
+                break  # linked after the handle started: cookies only grow
+            attrs = dataclasses.replace(entry.attrs, timeout=0.0) if expired else entry.attrs
+            out.append(DirEntry(offset_of(entry.cookie), entry.name, attrs))
+        self.readdir_entries += len(out)
+        return out
+
+    def releasedir(self, fh: int) -> None:
+        self.dir_handles.release(fh)
 
     async def readdir(self, ino: int, after_cookie: int, limit: int = 256) -> list[DirEntry]:
-        """Entries after ``after_cookie``, in a stable order.  Use the last
-        entry's cookie to continue; an empty list is the end."""
-        # A listing running now may hold names whose attributes are not
-        # settled yet (see tierfs.core.namespace): never hand those out.
+        """Entries of directory ``ino`` after dirseq ``after_cookie``, in a
+        stable order, without ``.`` and ``..``.  Use the last entry's cookie
+        to continue; an empty list is the end."""
+        # A first listing running now holds names whose attributes are not
+        # settled yet: never hand those out.  Names a re-listing adds may go
+        # out provisional, owner-only (see tierfs.core.namespace).
         await self.namespace.wait_listing(ino)
         out: list[DirEntry] = []
         for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
@@ -693,6 +749,7 @@ class TierFS:
                 "stale_opens": self.namespace.stale_opens,
                 "damaged_dirty_blocks": self.damage.dirty_blocks,
                 "damaged_clean_blocks": self.damage.clean_blocks,
+                "readdir_entries": self.readdir_entries,
             },
             # Requests sent to the bucket per S3 operation (stores that count).
             "store_calls": dict(getattr(self.store, "calls", {})),

@@ -29,13 +29,62 @@ A directory that was listed once is never held hostage by the bucket
 - while the endpoint's circuit breaker is open, its LMDB listing is served
   at once and no re-listing is tried;
 - otherwise the re-listing runs as a background task (``spawn``, passed by
-  TierFS; inline when there is none), and a caller waits for it at most
-  ``STALE_LISTING_WAIT`` seconds from the start of that re-listing
-  (``stale_wait``; namespace changes pass 0) before it is served the
-  listing it has; not at all while the last request to the endpoint got no
-  answer or such a wait ran out less than ``SLOW_HOLDOFF`` seconds ago
-  (``endpoint_suspect``).  A slow re-listing finishes in the
-  background; one that fails leaves the old listing and is logged.
+  TierFS; inline when there is none) and the caller is served the listing
+  it has.  Lookups, ``opendir`` and ``readdir`` never wait for a
+  re-listing, and neither do namespace changes (``stale_wait=0``).  Only
+  callers that need every key of a subtree (a directory rename, a walk)
+  wait for it, at most ``STALE_LISTING_WAIT`` seconds from its start, and
+  not at all while the last request to the endpoint got no answer or such
+  a wait ran out less than ``SLOW_HOLDOFF`` seconds ago
+  (``endpoint_suspect``).  A re-listing that fails leaves the old listing
+  and is logged.
+- Background re-listings are bounded: single-flight per directory (one
+  entry in ``_listing``, queued or running), at most
+  ``RELIST_CONCURRENCY`` run at once (the others queue, in order), at most
+  ``RELIST_BACKLOG`` are queued or running (beyond, a directory is served
+  as it is and re-listed by a later lookup), and a directory whose
+  re-listing failed is not tried again before ``list_ttl`` has passed.  A
+  successful one stamps ``listed_at``, so a directory is re-listed at most
+  once per ``list_ttl``: a shuffled sweep over many directories costs about
+  one LIST per directory per ``list_ttl``, never one per lookup.
+- A lookup of a name that the expired listing does not hold answers ENOENT
+  at once and costs no request of its own (no LIST, no HEAD): the name
+  shows once the re-listing it started (or one already queued) is done.  A
+  HEAD of the key was tried here and dropped: a name found so must get the
+  attributes a LIST would give it (its shadow, else ``file_mode``), which
+  only a listing of the shadow can tell (the object's ``x-amz-meta-*`` may
+  be wider than its shadow); left provisional (owner-only), an open or a
+  write made those attributes permanent, and the next upload put them in
+  the bucket as a shadow that nobody asked for.  And negative lookups in an
+  expired directory (module imports, ``$PATH`` searches) would each have
+  cost a HEAD.
+- A name that a running re-listing added is provisional until that
+  re-listing settles its attributes (see below): a lookup of such a name
+  waits for that re-listing, at most ``STALE_LISTING_WAIT`` seconds from
+  its start and not while the endpoint is suspect (``_wait_settled``),
+  then is served what there is (owner-only at worst, never wider).  A
+  revalidation HEAD on open leaves a provisional inode provisional.
+
+Consistency a reader gets (what issue 15 builds on):
+
+- Names and attributes of a directory come from its last completed
+  listing, plus what a running re-listing merged so far (each page as it
+  arrives: new names, changed sizes; names gone from the bucket only when
+  it completes), plus this node's own changes, which are visible at once.
+  The kernel keeps an entry for ``list_ttl``, except one served from an
+  expired listing, which it must ask for again (timeout 0,
+  ``TierFS.lookup`` and ``TierFS.readdir_handle``).
+- A change in the bucket by another writer (new, changed or deleted object)
+  shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
+  of the directory after the first access past expiry (a lookup, a
+  readdir, an ``opendir`` or a stat through the kernel, whose entries from
+  an expired listing time out at once).  While re-listings are backlogged
+  (``RELIST_BACKLOG``) or the endpoint is out, a listing may be older.
+- A file's content is revalidated on open after ``revalidate_ttl`` (one
+  HEAD); a changed ETag drops the cached blocks.
+- An open directory handle shows the names that were there at ``opendir``
+  (or ``rewinddir``) and not yet removed; names linked later, by a listing
+  or a rename, are left to the next ``opendir`` (``tierfs.core.dirhandles``).
 
 A directory that was never listed needs the bucket: the caller waits for the
 listing, which fails with the store's errno (EIO within the store's
@@ -74,12 +123,14 @@ A listing therefore: merges the data pages (new names get *provisional*,
 owner-only attributes, see ``MetaDB``), then lists the shadow prefix (after
 the data, so a shadow written before its object is always seen), HEADs the
 few names too long to carry a shadow, and settles the attributes in one
-transaction (``MetaDB.settle_attrs``).  Lookups wait for a running listing
-and so does ``readdir`` (``wait_listing``): no name is handed to the kernel
-before its attributes are settled.  A re-listing of a directory listed
-before is waited for only within the outage bounds below; a name it adds
-meanwhile is shown provisional (owner-only), never wider.  If the shadow listing fails, the new
-names stay provisional (restrictive) and the error is that of the listing.
+transaction (``MetaDB.settle_attrs``).  Lookups wait for a running first
+listing and so does ``readdir`` (``wait_listing``): no name is handed to the
+kernel before its attributes are settled.  A re-listing of a directory
+listed before is not waited for (see above); a name it adds meanwhile may
+be shown provisional by ``readdir`` (owner-only, never wider, and with
+timeout 0), while a lookup of it waits for the settling (bounded, see
+``_wait_settled``).  If the shadow listing fails, the new names stay
+provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
 name whose shadow disappeared keeps its attributes until a HEAD (open of a
@@ -126,7 +177,15 @@ from tierfs.errors import (
     StoreError,
     StoreUnavailable,
 )
-from tierfs.meta import ROOT_INO, Inode, ListedEntry, MergeResult, MetaDB, SyncState
+from tierfs.meta import (
+    PROVISIONAL,
+    ROOT_INO,
+    Inode,
+    ListedEntry,
+    MergeResult,
+    MetaDB,
+    SyncState,
+)
 from tierfs.store import ObjectInfo, ObjectStore
 from tierfs.store.breaker import breaker_of
 
@@ -154,6 +213,12 @@ SLOW_HOLDOFF = 5.0
 
 #: A subtree walk reads this many directory entries from LMDB at a time.
 WALK_PAGE = 512
+#: Background re-listings that run at once (each holds a store thread while
+#: a page is on its way).
+RELIST_CONCURRENCY = 4
+#: Background re-listings queued or running; beyond, expired directories are
+#: served as they are until a slot frees.  Also bounds ``_relist_failed``.
+RELIST_BACKLOG = 4096
 
 #: Starts ``fn(*args)`` as a background task; False if there is no nursery.
 Spawn = Callable[..., bool]
@@ -238,8 +303,14 @@ class Namespace:
         self.orphan_shadows: dict[int, dict[bytes, list[ShadowAttrs]]] = {}
         self.spawn = spawn
         self.endpoint = breaker_of(store)
-        #: Directories being listed: (done, when it started on the trio clock).
+        #: Directories being listed (or queued for a background re-listing):
+        #: (done, when it started on the trio clock).
         self._listing: dict[int, tuple[trio.Event, float]] = {}
+        #: Background re-listings queued or running, and the slots they run in.
+        self._relists_pending = 0
+        self._relist_slots = trio.Semaphore(RELIST_CONCURRENCY)
+        #: dir ino -> trio time its last background re-listing failed.
+        self._relist_failed: dict[int, float] = {}
         self._warned: set[str] = set()
         self.listings_done = 0
         self._slow_until = -math.inf
@@ -299,11 +370,45 @@ class Namespace:
         if len(name) > NAME_MAX:
             # No such name can exist (listings skip them): say why, as POSIX does.
             raise NameTooLong(f"name longer than {NAME_MAX} bytes")
-        await self.ensure_listed(dir_inode)
+        await self.ensure_listed(dir_inode, stale_wait=0.0)
         ino = self.meta.lookup(parent, name)
+        if ino is not None and self._provisional(ino):
+            # Added by the re-listing running now (the listing served lacked
+            # it): its attributes come with that re-listing's shadow listing.
+            await self._wait_settled(parent)
+            ino = self.meta.lookup(parent, name)  # the loop ran meanwhile
         if ino is None:
             raise NotFound(name.decode(errors="replace"))
         return self.get(ino)
+
+    def _provisional(self, ino: int) -> bool:
+        """Are the attributes of ``ino`` not settled by a listing yet?"""
+        inode = self.meta.get_inode(ino)
+        return inode is not None and inode.validated_at == PROVISIONAL
+
+    async def _wait_settled(self, dir_ino: int) -> None:
+        """Wait for the listing of ``dir_ino`` that runs (or is queued), at
+        most ``STALE_LISTING_WAIT`` seconds from its start, not at all while
+        the endpoint is suspect.  Only lookups of names a re-listing added
+        wait so: a name of the listing served never does."""
+        running = self._listing.get(dir_ino)
+        if running is None or self.endpoint_suspect():
+            return
+        done, started = running
+        with trio.move_on_at(started + STALE_LISTING_WAIT) as waited:
+            await done.wait()
+        if waited.cancelled_caught:
+            self._waited_in_vain()
+
+    def expired(self, dir_ino: int) -> bool:
+        """Has directory ``dir_ino`` a listing older than ``list_ttl`` (served
+        while it is re-listed)?"""
+        inode = self.meta.get_inode(dir_ino)
+        return (
+            inode is not None
+            and inode.listed_at > 0
+            and time.time() - inode.listed_at >= self.config.list_ttl
+        )
 
     async def resolve(self, relpath: str) -> Inode:
         """Inode of a path relative to the mount root ("" is the root)."""
@@ -369,27 +474,18 @@ class Namespace:
                 stack.append([descend[0].ino, descend[1], 0])
             await trio.sleep(0)
 
-    async def wait_listing(self, ino: int, stale_wait: float = STALE_LISTING_WAIT) -> None:
-        """Wait for a listing of directory ``ino`` that is running, if any.
-
-        A first listing is waited for (its names are provisional until it
-        settles their attributes); a re-listing at most ``stale_wait``
-        seconds from its start, and not at all while the endpoint is
-        suspect: names it adds stay provisional (owner-only, never wider)
-        until it settles them.
-        """
+    async def wait_listing(self, ino: int) -> None:
+        """Wait for a first listing of directory ``ino`` that is running, if
+        any: its names are provisional until it settles their attributes.
+        A re-listing is not waited for: names it adds stay provisional
+        (owner-only, never wider) until it settles them."""
         running = self._listing.get(ino)
         if running is None:
             return
-        done, started = running
         inode = self.meta.get_inode(ino)
         if inode is not None and inode.listed_at > 0:
-            if self.endpoint_suspect():
-                return
-            with trio.move_on_at(started + stale_wait):
-                await done.wait()
             return
-        await done.wait()
+        await running[0].wait()
 
     def shadow_fits(self, key: str) -> bool:
         """Can the object (or directory, no trailing "/") at ``key`` carry a
@@ -411,8 +507,12 @@ class Namespace:
             return
         running = self._listing.get(ino)
         if running is None:
+            if have_listing and not self._relist_allowed(ino):
+                return  # served as it is (see "Background re-listings are bounded")
             running = self._listing[ino] = (trio.Event(), trio.current_time())
-            if not (have_listing and self.spawn(self._relist_quietly, dir_inode, running[0])):
+            if have_listing and self.spawn(self._relist_in_background, ino, running[0]):
+                self._relists_pending += 1
+            else:
                 await self._relist(dir_inode, running[0])
                 return
         done, started = running
@@ -434,13 +534,32 @@ class Namespace:
                 f"cannot list {self.prefix_of(dir_inode) or '/'!r}: the bucket did not answer"
             )
 
+    def _relist_allowed(self, ino: int) -> bool:
+        """May a background re-listing of ``ino`` be queued now?"""
+        if self._relists_pending >= RELIST_BACKLOG:
+            return False
+        failed_at = self._relist_failed.get(ino)
+        return failed_at is None or trio.current_time() - failed_at >= self.config.list_ttl
+
+    def _note_relist_failed(self, ino: int) -> None:
+        now = trio.current_time()
+        if len(self._relist_failed) >= RELIST_BACKLOG:
+            ttl = self.config.list_ttl
+            for old in [i for i, t in self._relist_failed.items() if now - t >= ttl]:
+                del self._relist_failed[old]
+            if len(self._relist_failed) >= RELIST_BACKLOG:
+                self._relist_failed.pop(next(iter(self._relist_failed)))  # the oldest
+        self._relist_failed[ino] = now
+
     async def _relist(self, dir_inode: Inode, done: trio.Event) -> None:
         """One listing of ``dir_inode``; a failed re-listing keeps the old one."""
         try:
             await self._list(dir_inode)
+            self._relist_failed.pop(dir_inode.ino, None)
         except StoreError as exc:
             if dir_inode.listed_at == 0:
                 raise
+            self._note_relist_failed(dir_inode.ino)
             if isinstance(exc, StoreUnavailable):  # the breaker logs the outage once
                 level = logging.DEBUG if isinstance(exc, EndpointUnreachable) else logging.INFO
                 log.log(
@@ -454,15 +573,25 @@ class Namespace:
                     "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
                 )
         finally:
-            del self._listing[dir_inode.ino]
+            self._listing.pop(dir_inode.ino, None)
             done.set()
 
-    async def _relist_quietly(self, dir_inode: Inode, done: trio.Event) -> None:
-        """``_relist`` as a background task: nothing may escape into the nursery."""
+    async def _relist_in_background(self, ino: int, done: trio.Event) -> None:
+        """``_relist`` as a queued background task (``RELIST_CONCURRENCY``
+        at once): nothing may escape into the nursery."""
         try:
-            await self._relist(dir_inode, done)
+            async with self._relist_slots:
+                # Read now, not when queued: it may have moved or gone since.
+                dir_inode = self.meta.get_inode(ino)
+                if dir_inode is not None:
+                    await self._relist(dir_inode, done)
         except Exception:
-            log.exception("background re-listing of %r failed", dir_inode.name)
+            log.exception("background re-listing of directory inode %d failed", ino)
+        finally:
+            self._relists_pending -= 1
+            if not done.is_set():  # removed while queued, or cancelled before it ran
+                self._listing.pop(ino, None)
+                done.set()
 
     async def _list(self, dir_inode: Inode) -> None:
         # Opened before the LIST is sent: a name whose delete completes
@@ -705,8 +834,13 @@ class Namespace:
             inode.size = info.size
             inode.mtime_ns = int(info.mtime * 1e9)
             inode.ctime_ns = time.time_ns()
-        self._apply_metadata(inode, info.metadata)
-        inode.validated_at = now
+        if inode.validated_at != PROVISIONAL:
+            self._apply_metadata(inode, info.metadata)
+            inode.validated_at = now
+        # else: a listing settles its attributes (shadow or defaults, never
+        # the object's metadata alone, which may be wider than its shadow);
+        # taking them here made the owner-only ones permanent, and a write
+        # then uploaded them as a shadow.
         self.meta.put_inode(inode)
         return inode, changed
 

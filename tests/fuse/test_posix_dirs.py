@@ -1,0 +1,267 @@
+"""Directories through a real mount (issue 14, sections 3 and 4).
+
+``.`` and ``..`` in readdir with their inode numbers; a readdir of 15,000
+entries renamed under it returns none twice; seekdir/telldir over 4,000
+entries reads from the offset (counted in the daemon's ``readdir_entries``);
+``stat``s across expired directories never wait for a re-listing, which
+runs in the background, bounded, and costs LISTs, not HEADs (counted in
+``store_calls``; the LISTs are held at the proxy meanwhile); a name the
+expired listing lacks costs no request and shows after the re-listing.  glibc's
+``readdir``/``telldir``/``seekdir`` are called through ctypes: Python's own
+listing functions drop ``.`` and ``..`` and cannot seek.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import random
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fuse.conftest import Mount, MountFactory, wait_until
+from tierfs.core.fs import READDIR_BATCH
+from tierfs.core.namespace import RELIST_CONCURRENCY
+
+
+class Dirent(ctypes.Structure):
+    """glibc's ``struct dirent`` on 64-bit Linux."""
+
+    _fields_ = [
+        ("d_ino", ctypes.c_uint64),
+        ("d_off", ctypes.c_int64),
+        ("d_reclen", ctypes.c_ushort),
+        ("d_type", ctypes.c_ubyte),
+        ("d_name", ctypes.c_char * 256),
+    ]
+
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.opendir.restype = ctypes.c_void_p
+libc.opendir.argtypes = [ctypes.c_char_p]
+libc.readdir.restype = ctypes.POINTER(Dirent)
+libc.readdir.argtypes = [ctypes.c_void_p]
+libc.telldir.restype = ctypes.c_long
+libc.telldir.argtypes = [ctypes.c_void_p]
+libc.seekdir.restype = None
+libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+libc.closedir.argtypes = [ctypes.c_void_p]
+
+
+class Dir:
+    """A ``DIR *`` of glibc."""
+
+    def __init__(self, path: Path) -> None:
+        handle = libc.opendir(os.fsencode(path))
+        if not handle:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
+        self.handle = handle
+
+    def read(self) -> tuple[bytes, int] | None:
+        """The next (name, d_ino), None at the end."""
+        ctypes.set_errno(0)
+        entry = libc.readdir(self.handle)
+        if not entry:
+            err = ctypes.get_errno()
+            if err:
+                raise OSError(err, os.strerror(err))
+            return None
+        return entry.contents.d_name, entry.contents.d_ino
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        while (item := self.read()) is not None:
+            yield item
+
+    def tell(self) -> int:
+        return int(libc.telldir(self.handle))
+
+    def seek(self, position: int) -> None:
+        libc.seekdir(self.handle, position)
+
+    def close(self) -> None:
+        libc.closedir(self.handle)
+
+
+def make_files(directory: Path, names: list[str]) -> None:
+    for name in names:
+        os.close(os.open(directory / name, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def store_calls(m: Mount) -> dict[str, int]:
+    calls: dict[str, int] = m.status()["store_calls"]
+    return calls
+
+
+def test_readdir_returns_dot_and_dotdot_with_their_inode_numbers(mount: MountFactory) -> None:
+    m = mount({"sub/a.txt": b"a"})
+    root_ino = os.stat(m.path).st_ino
+    sub_ino = os.stat(m.path / "sub").st_ino
+    for path, dot, dotdot, names in (
+        (m.path, root_ino, root_ino, {b"sub"}),  # ".." of the root is the root
+        (m.path / "sub", sub_ino, root_ino, {b"a.txt"}),
+    ):
+        d = Dir(path)
+        try:
+            entries = dict(d)
+        finally:
+            d.close()
+        assert entries.pop(b".") == dot
+        assert entries.pop(b"..") == dotdot
+        assert set(entries) == names
+    assert os.stat(m.path / "sub" / "..").st_ino == root_ino
+
+
+def test_renames_during_a_readdir_of_15000_entries_return_none_twice(
+    mount: MountFactory,
+) -> None:
+    # Nothing is uploaded while the test runs: renames stay local moves.
+    m = mount(upload_delay="1h", list_ttl="60s")
+    big = m.path / "big"
+    big.mkdir()
+    names = [f"e{i:05}" for i in range(15_000)]
+    make_files(big, names)
+    inode_of = {name: os.stat(big / name).st_ino for name in names}
+    d = Dir(big)
+    try:
+        seen: list[tuple[bytes, int]] = []
+        for _ in range(300):
+            item = d.read()
+            assert item is not None
+            seen.append(item)
+        # Rename every third entry: those already returned and those ahead.
+        renamed = set(names[::3])
+        for name in names[::3]:
+            os.rename(big / name, big / f"moved-{name}")
+        seen += list(d)
+    finally:
+        d.close()
+    entries = [(name, ino) for name, ino in seen if name not in (b".", b"..")]
+    inos = [ino for _name, ino in entries]
+    assert len(inos) == len(set(inos)), "an entry was returned twice"
+    returned = {name.decode() for name, _ino in entries}
+    kept = set(names) - renamed
+    assert kept <= returned, "an entry that was not renamed is missing"
+    assert all(inode_of[name.removeprefix("moved-")] in inos for name in returned)
+    assert len(entries) <= 15_000
+    assert len(os.listdir(big)) == 15_000
+
+
+def test_seekdir_over_4000_entries_reads_from_the_offset(mount: MountFactory) -> None:
+    m = mount(upload_delay="1h", list_ttl="60s")
+    big = m.path / "big"
+    big.mkdir()
+    make_files(big, [f"s{i:04}" for i in range(4000)])
+    d = Dir(big)
+    try:
+        positions: list[tuple[int, bytes]] = []
+        while True:
+            position = d.tell()
+            item = d.read()
+            if item is None:
+                break
+            positions.append((position, item[0]))
+        assert len(positions) == 4002
+        before = m.counters()["readdir_entries"]
+        random.Random(14).shuffle(positions)
+        for position, name in positions:
+            d.seek(position)
+            item = d.read()
+            assert item is not None and item[0] == name
+        built = m.counters()["readdir_entries"] - before
+    finally:
+        d.close()
+    # Each seek reads one kernel page of entries from its offset; a walk from
+    # the start per seek would build about 4000 * 2000 entries.
+    assert built <= len(positions) * (READDIR_BATCH + 2), built
+
+
+def test_stats_in_expired_directories_never_wait_for_a_relisting(
+    mount: MountFactory, fault_proxy: Any
+) -> None:
+    dirs = [f"d{i:02}" for i in range(30)]
+    objects = {f"{d}/f{j}.bin": b"x" * j for d in dirs for j in range(10)}
+    m = mount(objects, list_ttl="2s", endpoint_url=f"http://127.0.0.1:{fault_proxy.port}")
+    paths = [(m.path / key, len(body)) for key, body in objects.items()]
+    for path, size in paths:  # every directory listed once
+        assert os.stat(path).st_size == size
+    time.sleep(2.2)  # every listing and every kernel entry expired
+    before = store_calls(m)
+    listings = m.counters()["listings"]
+    gate = fault_proxy.hold_requests(match="list-type=2")
+    random.Random(7).shuffle(paths)
+    results: list[int] = []
+
+    def sweep() -> None:
+        results.extend(os.stat(path).st_size - size for path, size in paths)
+
+    worker = threading.Thread(target=sweep, daemon=True)
+    try:
+        worker.start()
+        # Every LIST is held at the proxy: a stat that waited for one would
+        # not finish until the gate opens.
+        worker.join(timeout=20)
+        assert not worker.is_alive(), "a stat waited for a re-listing"
+        held_lists = fault_proxy.held
+    finally:
+        gate.set()
+    worker.join(timeout=30)
+    assert results == [0] * len(paths)
+    # Only RELIST_CONCURRENCY re-listings were on the wire; the rest queued.
+    assert 1 <= held_lists <= RELIST_CONCURRENCY
+    assert wait_until(lambda: m.counters()["listings"] >= listings + len(dirs) + 1, 30)
+    calls = {op: n - before.get(op, 0) for op, n in store_calls(m).items()}
+    assert calls.get("HeadObject", 0) == 0  # every name was in its stale listing
+    # One re-listing (a data LIST and a shadow LIST) per directory and the
+    # root, not one per stat (a LIST per stat would be 300 and more).
+    assert calls["ListObjectsV2"] <= 2 * (len(dirs) + 1) * 2, calls
+
+
+def test_new_and_deleted_objects_show_after_one_background_relisting(
+    mount: MountFactory, fault_proxy: Any
+) -> None:
+    m = mount(
+        {"d/old.bin": b"old", "d/gone.bin": b"gone"},
+        list_ttl="2s",
+        endpoint_url=f"http://127.0.0.1:{fault_proxy.port}",
+    )
+    assert sorted(os.listdir(m.path / "d")) == ["gone.bin", "old.bin"]
+    m.put("d/new.bin", b"new!")
+    m.delete("d/gone.bin")
+    time.sleep(2.2)  # expired
+    before = store_calls(m)
+    gate = fault_proxy.hold_requests(match="list-type=2")
+    try:
+        # The listing served is the expired one: no HEAD, no LIST waited for.
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path / "d" / "new.bin")
+        assert os.stat(m.path / "d" / "gone.bin").st_size == 4
+        calls = {op: n - before.get(op, 0) for op, n in store_calls(m).items()}
+        assert calls.get("HeadObject", 0) == 0
+        assert wait_until(lambda: fault_proxy.held >= 1, 10), "no re-listing started"
+    finally:
+        gate.set()
+
+    def relisted() -> bool:
+        return sorted(os.listdir(m.path / "d")) == ["new.bin", "old.bin"]
+
+    # Within list_ttl plus one re-listing (plus the kernel's entry timeout).
+    assert wait_until(relisted, 15)
+    assert (m.path / "d" / "new.bin").read_bytes() == b"new!"
+    # Shown with the attributes of a listed name, not provisional owner-only ones.
+    assert stat.S_IMODE(os.stat(m.path / "d" / "new.bin").st_mode) == 0o644
+    with pytest.raises(FileNotFoundError):
+        os.stat(m.path / "d" / "gone.bin")
+    try:
+        os.stat(m.path / "d" / "never.bin")
+    except OSError as exc:
+        assert exc.errno == errno.ENOENT
+    else:
+        raise AssertionError("never.bin exists")
