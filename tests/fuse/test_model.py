@@ -682,7 +682,7 @@ def run_model(env: ModelEnv, *, max_examples: int, steps: int) -> None:
 
 
 def test_model(model_env: ModelEnv) -> None:
-    run_model(model_env, max_examples=8, steps=25)
+    run_model(model_env, max_examples=6, steps=25)
 
 
 @pytest.mark.slow
