@@ -144,6 +144,31 @@ async def test_relocate_moves_every_block_and_reads_back_equal(make_fs: Any, s3_
     assert mount.fs.status()["counters"]["verify_failures"] == 0  # type: ignore[index]
 
 
+async def test_relocate_right_after_a_relocate_waits_for_the_old_copy_unlink(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """A promotion asked for by the first read after a demotion comes while
+    the demotion's old copy still waits for the group commit (its tier is
+    fenced): it waits for the unlink instead of being refused as busy."""
+    mount = await make_fs()
+    data = pattern(2 * MiB + 512)
+    ino = await clean_file(mount, s3_store, "back.bin", data)
+    movement: DataMovement = mount.fs.movement
+    await movement.fill(ino, NVME)
+    assert await movement.relocate(ino, NVME, HDD) == len(data)
+    cf = mount.fs.blocks.files.get(ino)
+    assert cf is not None and cf.fenced_tier == NVME  # the old copy's unlink is pending
+    assert await movement.relocate(ino, HDD, NVME) == len(data)
+    assert one_record_per_block(mount, ino, 3) == dict.fromkeys(range(3), NVME)
+    with trio.fail_after(5):
+        while cache_file(mount, HDD, ino).exists() or ino in mount.fs.blocks.files:
+            await trio.sleep(0.01)
+    assert usage(mount) == [(len(data), 1), (0, 0)]
+    gets = len(mount.store.gets)
+    assert await mount.read_file("back.bin") == data
+    assert len(mount.store.gets) == gets
+
+
 async def test_relocate_while_a_reader_has_the_file_open(make_fs: Any, s3_store: Any) -> None:
     mount = await make_fs()
     data = pattern(2 * MiB)

@@ -175,6 +175,9 @@ FILL_BATCH = 64
 #: Seconds between two looks at whether the group commit that holds a
 #: switch has run (it runs every ``COMMIT_INTERVAL``, 0.2 s).
 SWITCH_COMMIT_POLL = 0.02
+#: Seconds a relocate waits for a fence on its file to go (``_wait_unfenced``):
+#: several group commits (``COMMIT_INTERVAL``).
+FENCE_WAIT = 5.0
 
 #: ``await throttle(nbytes)`` before each copied chunk: a caller's bandwidth cap.
 Throttle = Callable[[int], Awaitable[None]]
@@ -478,9 +481,8 @@ class DataMovement:
             self.blocks.release(cf)
 
     async def _relocate(self, cf: CachedFile, src: int, dst: int, throttle: Throttle | None) -> int:
+        await self._wait_unfenced(cf)
         self._refuse_if_busy(cf)
-        if cf.fenced_tier is not None:
-            raise Busy(f"inode {cf.ino} is being relocated already")
         damaged = set(self.meta.failed_blocks(cf.ino))
         plan = [
             (blockno, rec)
@@ -527,6 +529,20 @@ class DataMovement:
         self.relocated_bytes += nbytes
         await self._delete_old_copy(cf, src, [b for b, _rec in moved], switched_before)
         return nbytes
+
+    async def _wait_unfenced(self, cf: CachedFile) -> None:
+        """Wait (at most ``FENCE_WAIT`` seconds) until no other relocate of
+        the file and no unlink of its old copy (step 6) holds a tier fenced:
+        a promotion asked for by the first read after a demotion comes while
+        that demotion's old copy waits for the group commit, and must not be
+        dropped for it.  ``Busy`` if the fence outlasts the wait."""
+        if cf.fenced_tier is None:
+            return
+        with trio.move_on_after(FENCE_WAIT):
+            while cf.fenced_tier is not None:
+                await trio.sleep(SWITCH_COMMIT_POLL)
+        if cf.fenced_tier is not None:
+            raise Busy(f"inode {cf.ino} is being relocated already")
 
     async def _copy_and_verify(
         self,
