@@ -90,13 +90,10 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -111,6 +108,7 @@ from common import (
     log,
     parse_size,
     py_spy,
+    run_in_workdir,
     table,
 )
 
@@ -847,34 +845,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    parent = args.workdir or Path("/var/tmp")
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="tierfs-bench-lifecycle-", dir=parent))
-    log(f"work directory {work}")
-    bench: LifecycleBench | None = None
-    code = 0
-    try:
-        bench = LifecycleBench(args, work)
-        bench.run()
-    except BenchError as exc:
-        log(f"ERROR: {exc}")
-        code = 2
-    except KeyboardInterrupt:
-        log("interrupted")
-        code = 130
-    except Exception:
-        log(f"unexpected error:\n{traceback.format_exc()}")
-        code = 1
-    finally:
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    if args.workdir is None:
+        args.workdir = Path("/var/tmp")  # the tiers need a disk, not a tmpfs $TMPDIR
+    bench, code = run_in_workdir(
+        args, "tierfs-bench-lifecycle-", lambda work: LifecycleBench(args, work)
+    )
     if bench is not None and bench.results.samples:
         if code:
             print("(incomplete run)")

@@ -112,7 +112,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -133,6 +132,7 @@ from common import (
     parse_size,
     put_directory_markers,
     py_spy,
+    run_in_workdir,
     table,
 )
 
@@ -1028,31 +1028,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="tierfs-bench-preload-", dir=args.workdir))
-    log(f"work directory {work}")
-    bench: PreloadBench | None = None
-    code = 0
-    try:
-        bench = PreloadBench(args, work)
-        bench.run()
-    except BenchError as exc:
-        log(f"ERROR: {exc}")
-        code = 2
-    except KeyboardInterrupt:
-        log("interrupted")
-        code = 130
-    finally:
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    bench, code = run_in_workdir(
+        args, "tierfs-bench-preload-", lambda work: PreloadBench(args, work)
+    )
     if bench is not None:
         res = bench.results
         if res.copies or res.latencies or res.epochs or res.rss:
