@@ -522,3 +522,29 @@ def other_uid() -> Iterator[int]:
     finally:
         if created.returncode == 0:
             subprocess.run(["userdel", OTHER_USER], capture_output=True)
+
+
+def run_as_user(uid: int, fn: Callable[[], str]) -> str:
+    """``fn()`` in a forked child running as ``uid`` (its own group only, no
+    supplementary groups); the text it returned.  ``fn`` reports its own
+    errors in that text; the child failing otherwise fails the test."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.write(write_end, fn().encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        text = reader.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text

@@ -15,6 +15,7 @@ from tests.fuse.conftest import (
     MountFactory,
     daemon_env,
     daemons_using,
+    run_as_user,
     run_tierfs,
     tierfs_command,
     wait_until,
@@ -140,30 +141,14 @@ def test_mount_foreground_stays_until_umount(mount: MountFactory, tmp_path: Path
 def as_user(uid: int, fn: Callable[[], str]) -> str:
     """``fn()`` in a forked child running as ``uid`` (no groups); its result
     or the error it raised, as text."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 0
+
+    def child() -> str:
         try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            try:
-                text = f"ok: {fn()}"
-            except Exception as exc:  # reported to the parent
-                text = f"{type(exc).__name__}: {exc}"
-            os.write(write_end, text.encode())
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as reader:
-        text = reader.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, text
-    return text
+            return f"ok: {fn()}"
+        except Exception as exc:  # reported to the parent
+            return f"{type(exc).__name__}: {exc}"
+
+    return run_as_user(uid, child)
 
 
 def test_other_users_are_refused_clearly_and_logged(mount: MountFactory, other_uid: int) -> None:

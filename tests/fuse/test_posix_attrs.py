@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuse.conftest import Mount, MountFactory, wait_until
+from tests.fuse.conftest import Mount, MountFactory, run_as_user, wait_until
 
 DAY_NS = 24 * 3600 * 10**9
 
@@ -28,30 +28,17 @@ def as_user(m: Mount, uid: int, fn: Callable[[int], object]) -> object:
     test's 0700 temp directories above the mount point stay closed to it).
     Returns what ``fn`` returned (JSON), or the errno it failed with."""
     root_fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 0
+
+    def child() -> str:
         try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            try:
-                out = json.dumps({"ok": fn(root_fd)})
-            except OSError as exc:
-                out = json.dumps({"errno": exc.errno})
-            os.write(write_end, out.encode())
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    os.close(root_fd)
-    with os.fdopen(read_end, "rb") as reader:
-        text = reader.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, text
+            return json.dumps({"ok": fn(root_fd)})
+        except OSError as exc:
+            return json.dumps({"errno": exc.errno})
+
+    try:
+        text = run_as_user(uid, child)
+    finally:
+        os.close(root_fd)
     result = json.loads(text)
     assert "ok" in result, f"failed with {errno.errorcode.get(result['errno'])}"
     return result["ok"]
