@@ -130,10 +130,11 @@ class Tier:
         except FileNotFoundError:
             if not create:
                 return None
+        # The fan-out directory is missing.  Fetch threads create cache files
+        # concurrently, so another thread may make it first.
+        with contextlib.suppress(FileExistsError):
             os.mkdir(f"{ino % 256:02x}", 0o700, dir_fd=self._dir_fd)
-            return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
-        except FileExistsError:  # fan-out dir raced into existence
-            return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
+        return os.open(rel, flags, 0o600, dir_fd=self._dir_fd)
 
     def open_direct(self, ino: int) -> int | None:
         """A second, O_DIRECT write-only fd on an existing cache file, for
