@@ -131,14 +131,22 @@ class TierfsOperations(pyfuse3.Operations):
 
     @_errno
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        # One batch per request, even when the kernel's buffer has room for
-        # more: a short reply is not the end (an empty one is), and a seek
-        # then costs one batch, not the rest of the directory.
-        for entry in await self.fs.readdir_handle(fh, start_id):
-            if not pyfuse3.readdir_reply(
-                token, entry.name, entry_attributes(entry.attrs), entry.cookie
-            ):
+        # Batches until the kernel's buffer is full (``readdir_reply`` refuses
+        # an entry; the next request starts after the last one taken) or the
+        # directory ends: one request per buffer, as a passthrough does,
+        # instead of one per batch (a newer kernel's buffer holds a hundred
+        # entries and more).  What is built in vain is at most one batch
+        # less one entry, and a seek still costs one batch.
+        while True:
+            entries = await self.fs.readdir_handle(fh, start_id)
+            if not entries:
                 return
+            for entry in entries:
+                if not pyfuse3.readdir_reply(
+                    token, entry.name, entry_attributes(entry.attrs), entry.cookie
+                ):
+                    return
+            start_id = entries[-1].cookie
 
     async def releasedir(self, fh: int) -> None:
         self.fs.releasedir(fh)

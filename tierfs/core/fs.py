@@ -42,7 +42,6 @@ stay on TierFS and delegate to the parts.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import stat
@@ -375,12 +374,15 @@ class TierFS:
 
     # --- attributes ------------------------------------------------------------------
 
-    def attributes(self, inode: Inode) -> Attributes:
+    def attributes(self, inode: Inode, timeout: float | None = None) -> Attributes:
+        """What the kernel sees of ``inode``; ``timeout`` (seconds it may
+        keep them) defaults to ``list_ttl``."""
         return attributes_of(
             inode,
             self.config,
             unlinked=inode.ino in self.unlinked,
             atime_ns=self.access_times.atime_of(inode),
+            timeout=timeout,
         )
 
     async def getattr(self, ino: int) -> Attributes:
@@ -395,16 +397,12 @@ class TierFS:
             self.unlinked.forget(ino)
 
     async def lookup(self, parent: int, name: bytes) -> Attributes:
-        attrs = self.attributes(await self.namespace.lookup(parent, name))
-        return self._while_relisted(parent, attrs)
-
-    def _while_relisted(self, parent: int, attrs: Attributes) -> Attributes:
-        """``attrs`` of an entry of ``parent``; from an expired listing (being
-        re-listed), the kernel may not keep it: the next access asks again
-        and sees the re-listing as soon as it is done."""
-        if self.namespace.expired(parent):
-            return dataclasses.replace(attrs, timeout=0.0)
-        return attrs
+        """Attributes of ``name`` in ``parent``; from an expired listing
+        (being re-listed) with timeout 0, so the kernel may not keep them:
+        the next access asks again and sees the re-listing as soon as it
+        is done."""
+        inode, expired = await self.namespace.lookup_entry(parent, name)
+        return self.attributes(inode, timeout=0.0 if expired else None)
 
     # --- directories -----------------------------------------------------------------
 
@@ -434,27 +432,30 @@ class TierFS:
         if offset == 0:
             handle.horizon = inode.next_cookie  # rewinddir: what is there now
         out: list[DirEntry] = []
-        expired = self.namespace.expired(handle.ino)  # see ``_while_relisted``
+        # From an expired listing the kernel may not keep entries (``lookup``).
+        timeout = 0.0 if self.namespace.expired(handle.ino) else None
         if offset < DOT:
-            out.append(DirEntry(DOT, b".", self.attributes(inode)))
+            out.append(DirEntry(DOT, b".", self.attributes(inode, timeout)))
         if offset < DOTDOT:
             parent = self.namespace.get(inode.parent)
-            out.append(DirEntry(DOTDOT, b"..", self.attributes(parent)))
-        for entry in await self.readdir(handle.ino, cookie_after(offset), limit):
+            out.append(DirEntry(DOTDOT, b"..", self.attributes(parent, timeout)))
+        for entry in await self.readdir(handle.ino, cookie_after(offset), limit, timeout=timeout):
             if entry.cookie >= handle.horizon:
                 break  # linked after the handle started: cookies only grow
-            attrs = dataclasses.replace(entry.attrs, timeout=0.0) if expired else entry.attrs
-            out.append(DirEntry(offset_of(entry.cookie), entry.name, attrs))
+            out.append(DirEntry(offset_of(entry.cookie), entry.name, entry.attrs))
         self.readdir_entries += len(out)
         return out
 
     def releasedir(self, fh: int) -> None:
         self.dir_handles.release(fh)
 
-    async def readdir(self, ino: int, after_cookie: int, limit: int = 256) -> list[DirEntry]:
+    async def readdir(
+        self, ino: int, after_cookie: int, limit: int = 256, *, timeout: float | None = None
+    ) -> list[DirEntry]:
         """Entries of directory ``ino`` after dirseq ``after_cookie``, in a
         stable order, without ``.`` and ``..``.  Use the last entry's cookie
-        to continue; an empty list is the end."""
+        to continue; an empty list is the end.  ``timeout``: see
+        ``attributes``."""
         # A first listing running now holds names whose attributes are not
         # settled yet: never hand those out.  Names a re-listing adds may go
         # out provisional, owner-only (see tierfs.core.namespace).
@@ -463,7 +464,7 @@ class TierFS:
         for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
             inode = self.meta.get_inode(child)
             if inode is not None:
-                out.append(DirEntry(cookie, name, self.attributes(inode)))
+                out.append(DirEntry(cookie, name, self.attributes(inode, timeout)))
         return out
 
     # --- files ---------------------------------------------------------------------------

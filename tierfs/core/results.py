@@ -50,9 +50,15 @@ class FsStats:
 
 
 def attributes_of(
-    inode: Inode, config: Config, *, unlinked: bool = False, atime_ns: int | None = None
+    inode: Inode,
+    config: Config,
+    *,
+    unlinked: bool = False,
+    atime_ns: int | None = None,
+    timeout: float | None = None,
 ) -> Attributes:
-    """The attributes the kernel sees for ``inode``, cached for ``list_ttl``.
+    """The attributes the kernel sees for ``inode``, cached for ``timeout``
+    seconds (default ``list_ttl``).
 
     nlink: 0 once ``unlinked`` (removed from the namespace while still open
     or referenced), 2 + its subdirectories for a directory (as on ext4; a
@@ -75,5 +81,5 @@ def attributes_of(
         mtime_ns=inode.mtime_ns,
         ctime_ns=inode.ctime_ns,
         atime_ns=inode.atime_ns if atime_ns is None else atime_ns,
-        timeout=config.namespace.list_ttl,
+        timeout=config.namespace.list_ttl if timeout is None else timeout,
     )
