@@ -37,9 +37,7 @@ async def test_eight_cold_readers_have_eight_gets_in_flight_and_send_nothing_els
     lock = threading.Lock()
     real_get = store.get_range_into
 
-    def gated_get(
-        key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
-    ) -> int:
+    def gated_get(key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None) -> int:
         nonlocal in_flight, peak
         with lock:
             in_flight += 1
