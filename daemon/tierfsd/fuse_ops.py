@@ -49,7 +49,7 @@ import pyfuse3
 
 from tierfs.core import Attributes, TierFS
 from tierfs.core.posix_attrs import Caller
-from tierfs.errors import EndpointUnreachable, TierfsError
+from tierfs.errors import EndpointUnreachable, NotFound, TierfsError
 from tierfs.workers.metrics import LatencyTable, Metrics
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,15 @@ def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
     return entry
 
 
+def negative_entry(timeout: float) -> pyfuse3.EntryAttributes:
+    """ "No such name" that the kernel may remember for ``timeout`` seconds."""
+    entry = pyfuse3.EntryAttributes()
+    entry.st_ino = 0
+    entry.entry_timeout = timeout
+    entry.attr_timeout = 0
+    return entry
+
+
 def caller_of(ctx: Any) -> Caller:
     return Caller(uid=ctx.uid, gid=ctx.gid, pid=ctx.pid)
 
@@ -137,7 +146,16 @@ class TierfsOperations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: Any = None
     ) -> pyfuse3.EntryAttributes:
-        return entry_attributes(await self.fs.lookup(parent_inode, name))
+        try:
+            return entry_attributes(await self.fs.lookup(parent_inode, name))
+        except NotFound:
+            # A negative entry (inode 0) that the kernel keeps while the
+            # directory's listing is fresh (``TierFS.negative_timeout``):
+            # module imports and $PATH searches ask for absent names often.
+            timeout = self.fs.negative_timeout(parent_inode)
+            if timeout <= 0:
+                raise
+            return negative_entry(timeout)
 
     @_errno
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:

@@ -44,7 +44,10 @@ Like with like
 The ceiling must pay for what tierfs is asked to do, and no more: the
 passthrough gives entries and attributes the kernel timeouts tierfs gives
 (``list_ttl``, 60 s by default, ``--passthrough-timeout`` otherwise), replies
-``keep_cache`` as tierfs does for unchanged files, and answers FLUSH (a
+``keep_cache`` as tierfs does for unchanged files, is mounted read-write
+as tierfs is (on a read-only mount the kernel does not mark the atime
+stale after each read, which spares it the GETATTR of the next ``stat``),
+and answers FLUSH (a
 no-op) as tierfs must for its writers: a filesystem that leaves FLUSH
 unimplemented is never sent one again, which saves one request per
 ``close`` that no writable filesystem can save (pyfuse3 3.5 cannot set

@@ -404,6 +404,21 @@ class TierFS:
         inode, expired = await self.namespace.lookup_entry(parent, name)
         return self.attributes(inode, timeout=0.0 if expired else None)
 
+    def negative_timeout(self, parent: int) -> float:
+        """Seconds the kernel may remember that a name is absent from
+        directory ``parent`` (a negative entry): what is left of its
+        listing's ``list_ttl``.  The contract is that of the names that
+        exist (``Namespace``, "Consistency a reader gets"): a name another
+        writer adds to the bucket shows within ``list_ttl`` plus one
+        re-listing; a name made through this mount replaces the kernel's
+        negative entry itself (the kernel links the new entry).  0 for a
+        listing that expired (being re-listed: its additions show at the
+        next access) or was never made."""
+        inode = self.meta.get_inode(parent)
+        if inode is None or inode.listed_at <= 0:
+            return 0.0
+        return max(0.0, inode.listed_at + self.config.namespace.list_ttl - time.time())
+
     # --- directories -----------------------------------------------------------------
 
     async def opendir(self, ino: int) -> int:
