@@ -73,7 +73,10 @@ Consistency a reader gets (what issue 15 builds on):
   it completes), plus this node's own changes, which are visible at once.
   The kernel keeps an entry for ``list_ttl``, except one served from an
   expired listing, which it must ask for again (timeout 0,
-  ``TierFS.lookup`` and ``TierFS.readdir_handle``).
+  ``TierFS.lookup`` and ``TierFS.readdir_handle``).  It keeps "no such
+  name" (a negative entry) for what is left of the directory's ``list_ttl``,
+  and not at all from an expired listing (``TierFS.negative_timeout``);
+  names made through the mount replace a negative entry at once.
 - A change in the bucket by another writer (new, changed or deleted object)
   shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
   of the directory after the first access past expiry (a lookup, a
