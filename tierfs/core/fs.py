@@ -457,7 +457,8 @@ class TierFS:
         for entry in await self.readdir(handle.ino, cookie_after(offset), limit, timeout=timeout):
             if entry.cookie >= handle.horizon:
                 break  # linked after the handle started: cookies only grow
-            out.append(DirEntry(offset_of(entry.cookie), entry.name, entry.attrs))
+            entry.cookie = offset_of(entry.cookie)  # ours: no second DirEntry
+            out.append(entry)
         self.readdir_entries += len(out)
         return out
 
