@@ -33,6 +33,29 @@ What one run does
    HEAD and GET requests each scenario sent (``tierfs status`` ``store_calls``,
    counted by the daemon's store).
 
+``--scenarios`` picks a subset (``warm,cold,ttl1s,threads``) while
+iterating; ``--trace`` adds, per scenario and mount, the FUSE requests the
+kernel sent (kernel tracepoints, ``common.FuseTrace``); ``--py-spy DIR``
+records the tierfs daemon during every timed tierfs step (collapsed stacks,
+``DIR/<tree>-<scenario>.txt``).
+
+Like with like
+--------------
+The ceiling must pay for what tierfs is asked to do, and no more: the
+passthrough gives entries and attributes the kernel timeouts tierfs gives
+(``list_ttl``, 60 s by default, ``--passthrough-timeout`` otherwise), replies
+``keep_cache`` as tierfs does for unchanged files, is mounted read-write
+as tierfs is (on a read-only mount the kernel does not mark the atime
+stale after each read, which spares it the GETATTR of the next ``stat``),
+and answers FLUSH (a
+no-op) as tierfs must for its writers: a filesystem that leaves FLUSH
+unimplemented is never sent one again, which saves one request per
+``close`` that no writable filesystem can save (pyfuse3 3.5 cannot set
+``FOPEN_NOFLUSH``).  Both mounts read the same files in the same shuffled
+order (``--seed``).  With a 1 s passthrough timeout (the earlier runs),
+the warm ``stat`` of tierfs compared a mount that answers from the kernel's
+cache against one that looks every file up again.
+
 One run, one round: on a shared machine the figures are noisy (the
 background load before the run is printed).  Everything it mounts is
 unmounted in a ``finally``; it stops only the processes it started, by PID;
@@ -60,12 +83,17 @@ from common import (
     REGION,
     BenchBase,
     BenchError,
+    FuseTrace,
+    OpStats,
     add_server_arguments,
+    cpu_seconds,
     drop_caches,
     fmt_size,
+    fuse_summary,
     log,
     parse_size,
     put_directory_markers,
+    py_spy,
     run_in_workdir,
     s3_client,
     table,
@@ -77,6 +105,9 @@ OPERATIONS = ("find", "stat", "read")
 PREFIX = "meta"
 THREADS = 8
 TTL_WAIT = 1.5
+SCENARIOS = ("warm", "cold", "ttl1s", "threads")
+#: tierfs's default ``list_ttl``: the passthrough's kernel timeouts.
+DEFAULT_TIMEOUT = 60.0
 #: tierfs store calls reported per scenario.
 COUNTED = {"LIST": "ListObjectsV2", "HEAD": "HeadObject", "GET": "GetObject"}
 
@@ -96,6 +127,15 @@ class Result:
     seconds: float
     count: int
     calls: dict[str, int] | None = None
+    fuse: str = ""  # the FUSE requests of the step (--trace)
+    #: CPU seconds of the mount's daemon (the GET loop: of this process)
+    #: and of the S3 server during the step: on a busy machine a steadier
+    #: figure than the rate.
+    daemon_cpu: float = 0.0
+    server_cpu: float = 0.0
+    #: Another process dropped the page cache since the mount's warm-up
+    #: (``/proc/vmstat`` drop_pagecache): a warm step was not warm.
+    dropped: bool = False
 
     @property
     def rate(self) -> float:
@@ -115,6 +155,16 @@ class Results:
 
 
 # --- the operations, timed by the caller ----------------------------------------------------
+
+
+def page_cache_drops() -> int:
+    """How often anyone wrote to ``drop_caches`` since boot (other benches on
+    a shared machine do): a warm step that saw one measured cold reads."""
+    with open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("drop_pagecache "):
+                return int(line.split()[1])
+    return 0
 
 
 def op_find(root: Path) -> int:
@@ -158,6 +208,12 @@ class MetaBench(BenchBase):
         self.cases = [c for c in CASES if c in args.cases]
         self.source = work / "source"
         self.results = Results()
+        self.trace: FuseTrace | None = None
+        #: ``page_cache_drops()`` when the mount in use was warmed (or after
+        #: this bench's own drop for a cold step).
+        self.drops_before = 0
+        #: PID of the daemon of the mount in use (py-spy's target, CPU time).
+        self.daemon_pid: int | None = None
 
     def check_prerequisites(self) -> None:
         self.check_common_prerequisites(set(self.cases))
@@ -239,12 +295,15 @@ class MetaBench(BenchBase):
                         self.run_quiet([self.tierfs_bin, "status", str(mp), "--json"]).stdout
                     )["pid"]
                 )
+                self.daemon_pid = pid
                 yield mp, lambda: self.tierfs_calls(mp)
             finally:
+                self.daemon_pid = None
                 self.unmount_tierfs(mp, pid)
             return
         if name == "passthrough":
             cmd = [sys.executable, str(HERE / "passthrough.py"), str(self.source), str(mp)]
+            cmd += ["--timeout", f"{self.args.passthrough_timeout:g}"]
         elif name == "rclone":
             self.rclone_remote_env()
             conf = self.work / "rclone.conf"
@@ -261,8 +320,12 @@ class MetaBench(BenchBase):
                 "ro",
             ]
             cmd = ["s3fs", f"{BUCKET}:/{PREFIX}", str(mp), "-f", "-o", ",".join(opts)]
-        with self.mount_peer(name, cmd, mp, lambda: bool(os.listdir(mp))):
-            yield mp, None
+        with self.mount_peer(name, cmd, mp, lambda: bool(os.listdir(mp))) as pid:
+            self.daemon_pid = pid
+            try:
+                yield mp, None
+            finally:
+                self.daemon_pid = None
 
     # --- scenarios ---
 
@@ -275,17 +338,57 @@ class MetaBench(BenchBase):
         calls: Callable[[], dict[str, int]] | None,
     ) -> None:
         before = calls() if calls else None
-        t0 = time.perf_counter()
-        count = op()
-        seconds = time.perf_counter() - t0
+        requests: dict[str, OpStats] = {}
+        mp = self.work / f"mnt-{mount}"
+        spy = self.args.py_spy if mount == "tierfs" else None
+        name = f"{tree.name}-{scenario.replace(' ', '-')}"
+        server = self.s3_server_proc.pid if self.s3_server_proc else None
+        with (
+            py_spy(spy, self.daemon_pid, name),
+            self.trace.record(mp, requests) if self.trace else contextlib.nullcontext(),
+        ):
+            cpu0 = self.daemon_cpu()
+            server0 = cpu_seconds(server)
+            t0 = time.perf_counter()
+            count = op()
+            seconds = time.perf_counter() - t0
+            daemon_cpu = self.daemon_cpu() - cpu0
+            server_cpu = cpu_seconds(server) - server0
+        dropped = page_cache_drops() != self.drops_before
         sent = None
         if calls and before is not None:
             after = calls()
             sent = {k: after[k] - before[k] for k in after}
-        row = Result(tree.name, scenario, mount, seconds, count, sent)
+        row = Result(
+            tree.name,
+            scenario,
+            mount,
+            seconds,
+            count,
+            sent,
+            fuse_summary(requests),
+            daemon_cpu,
+            server_cpu,
+            dropped,
+        )
         self.results.rows.append(row)
         extra = f" ({', '.join(f'{k} {v}' for k, v in sent.items())})" if sent else ""
+        extra += (
+            f" CPU/item: daemon {1e6 * daemon_cpu / max(count, 1):,.0f} us,"
+            f" server {1e6 * server_cpu / max(count, 1):,.0f} us"
+        )
         log(f"  {tree.name} {scenario:<16} {mount:<11} {row.rate:>10,.0f}/s{extra}")
+        if row.fuse:
+            log(f"    FUSE: {row.fuse}")
+        if dropped:
+            log("    (another process dropped the page cache meanwhile: not comparable)")
+
+    def daemon_cpu(self) -> float:
+        """CPU seconds of the daemon of the mount in use; of this process
+        (the GET loop's threads) when there is none."""
+        if self.daemon_pid is None:
+            return time.process_time()
+        return cpu_seconds(self.daemon_pid)
 
     def operations(self, tree: Tree, mp: Path) -> dict[str, Callable[[], int]]:
         root = mp / tree.name
@@ -300,19 +403,25 @@ class MetaBench(BenchBase):
         }
 
     def run_mount_case(self, tree: Tree, name: str) -> None:
-        with self.mount(name) as (mp, calls):
-            ops = self.operations(tree, mp)
-            for op in OPERATIONS:  # the warm-up pass, untimed
-                ops[op]()
-            for op in OPERATIONS:
-                self.timed(tree, f"warm {op}", name, ops[op], calls)
-        for op in (*OPERATIONS, "8 threads"):
+        wanted = self.args.scenarios
+        if "warm" in wanted:
+            with self.mount(name) as (mp, calls):
+                ops = self.operations(tree, mp)
+                self.drops_before = page_cache_drops()
+                for op in OPERATIONS:  # the warm-up pass, untimed
+                    ops[op]()
+                for op in OPERATIONS:
+                    self.timed(tree, f"warm {op}", name, ops[op], calls)
+        cold = [*(OPERATIONS if "cold" in wanted else ()), *(["8 threads"] * ("threads" in wanted))]
+        for op in cold:
             drop_caches()
+            self.drops_before = page_cache_drops()
             with self.mount(name) as (mp, calls):
                 self.timed(tree, f"cold {op}", name, self.operations(tree, mp)[op], calls)
-        if name == "tierfs":
+        if name == "tierfs" and "ttl1s" in wanted:
             with self.mount(name, list_ttl=1.0) as (mp, calls):
                 ops = self.operations(tree, mp)
+                self.drops_before = page_cache_drops()
                 for op in OPERATIONS:
                     ops[op]()
                 for op in OPERATIONS:
@@ -342,12 +451,21 @@ class MetaBench(BenchBase):
             sizes = [self.args.files] + ([self.args.large_files] if self.args.large else [])
             load = self.wait_idle()
             self.results.notes["CPU busy with other work before the run"] = f"{100 * load:.0f}%"
-            for count in sizes:
-                tree = self.make_tree(count)
-                self.run_get_loop(tree)
-                for name in self.cases:
-                    log(f"{tree.name}: {name}")
-                    self.run_mount_case(tree, name)
+            if self.args.trace:
+                self.trace = FuseTrace(self.work)
+                if not self.trace.available:
+                    log(f"--trace: {self.trace.why_not}")
+            try:
+                for count in sizes:
+                    tree = self.make_tree(count)
+                    if "threads" in self.args.scenarios:
+                        self.run_get_loop(tree)
+                    for name in self.cases:
+                        log(f"{tree.name}: {name}")
+                        self.run_mount_case(tree, name)
+            finally:
+                if self.trace is not None:
+                    self.trace.close()
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -385,9 +503,10 @@ def report(res: Results, a: argparse.Namespace) -> str:
         for scenario in scenarios(res, tree):
             rates = {m: res.rate(tree, scenario, m) for m in mounts}
             ours = rates.get("tierfs")
+            spoilt = any(r.dropped for r in res.rows if (r.tree, r.scenario) == (tree, scenario))
             rows.append(
                 [
-                    f"{tree} {scenario}",
+                    f"{tree} {scenario}" + (" (!)" if spoilt else ""),
                     *(fmt_rate(rates[m]) for m in mounts),
                     *(fmt_ratio(ours, rates.get(m)) for m in ("passthrough", "GET loop")),
                     *(fmt_ratio(ours, rates.get(m)) for m in ("rclone", "s3fs")),
@@ -404,7 +523,26 @@ def report(res: Results, a: argparse.Namespace) -> str:
             ]
             out += table(["tierfs requests", "items", *COUNTED], crow, left={0})
             out.append("")
+        cpu_rows = [
+            [
+                f"{r.tree} {r.scenario}",
+                r.mount,
+                f"{1e6 * r.daemon_cpu / max(r.count, 1):,.0f}",
+                f"{1e6 * r.server_cpu / max(r.count, 1):,.0f}",
+            ]
+            for r in res.rows
+            if r.tree == tree
+        ]
+        out += table(["CPU per item", "mount", "daemon us", "S3 server us"], cpu_rows, left={0, 1})
+        out.append("")
+        traced = [r for r in res.rows if r.tree == tree and r.fuse]
+        if traced:
+            out.append("FUSE requests per step (count, median latency, total latency):")
+            out += [f"  {r.tree} {r.scenario} {r.mount}: {r.fuse}" for r in traced]
+            out.append("")
     out.append("(/X: tierfs rate / X rate; tierfs requests: sent to the bucket during the step)")
+    if any(r.dropped for r in res.rows):
+        out.append("(!): another process dropped the page cache during the step: not comparable")
     out += [f"{k}: {v}" for k, v in res.notes.items()]
     return "\n".join(out)
 
@@ -427,6 +565,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: [c for c in s.split(",") if c],
         help=f"mounts to measure ({','.join(CASES)})",
     )
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        type=lambda s: [c for c in s.split(",") if c],
+        help=f"scenarios to run ({','.join(SCENARIOS)})",
+    )
+    p.add_argument(
+        "--passthrough-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="kernel entry/attr timeout of the passthrough, seconds (60: tierfs's list_ttl)",
+    )
+    p.add_argument("--trace", action="store_true", help="count FUSE requests per step")
+    p.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record the tierfs daemon with py-spy during each timed step into DIR",
+    )
     p.add_argument("--tier-capacity", type=parse_size, default=parse_size("8GiB"))
     p.add_argument(
         "--wait-idle",
@@ -439,10 +597,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = p.parse_args(argv)
-    args.py_spy = None  # check_common_prerequisites asks
     bad = [c for c in args.cases if c not in CASES]
     if bad:
         p.error(f"unknown case: {', '.join(bad)}")
+    bad = [c for c in args.scenarios if c not in SCENARIOS]
+    if bad:
+        p.error(f"unknown scenario: {', '.join(bad)}")
     if args.files < 1 or args.dirs < 1 or not 0 < args.file_min <= args.file_max:
         p.error("need --files >= 1, --dirs >= 1 and 0 < --file-min <= --file-max")
     return args

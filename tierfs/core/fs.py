@@ -42,7 +42,6 @@ stay on TierFS and delegate to the parts.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import stat
@@ -375,12 +374,15 @@ class TierFS:
 
     # --- attributes ------------------------------------------------------------------
 
-    def attributes(self, inode: Inode) -> Attributes:
+    def attributes(self, inode: Inode, timeout: float | None = None) -> Attributes:
+        """What the kernel sees of ``inode``; ``timeout`` (seconds it may
+        keep them) defaults to ``list_ttl``."""
         return attributes_of(
             inode,
             self.config,
             unlinked=inode.ino in self.unlinked,
             atime_ns=self.access_times.atime_of(inode),
+            timeout=timeout,
         )
 
     async def getattr(self, ino: int) -> Attributes:
@@ -395,16 +397,27 @@ class TierFS:
             self.unlinked.forget(ino)
 
     async def lookup(self, parent: int, name: bytes) -> Attributes:
-        attrs = self.attributes(await self.namespace.lookup(parent, name))
-        return self._while_relisted(parent, attrs)
+        """Attributes of ``name`` in ``parent``; from an expired listing
+        (being re-listed) with timeout 0, so the kernel may not keep them:
+        the next access asks again and sees the re-listing as soon as it
+        is done."""
+        inode, expired = await self.namespace.lookup_entry(parent, name)
+        return self.attributes(inode, timeout=0.0 if expired else None)
 
-    def _while_relisted(self, parent: int, attrs: Attributes) -> Attributes:
-        """``attrs`` of an entry of ``parent``; from an expired listing (being
-        re-listed), the kernel may not keep it: the next access asks again
-        and sees the re-listing as soon as it is done."""
-        if self.namespace.expired(parent):
-            return dataclasses.replace(attrs, timeout=0.0)
-        return attrs
+    def negative_timeout(self, parent: int) -> float:
+        """Seconds the kernel may remember that a name is absent from
+        directory ``parent`` (a negative entry): what is left of its
+        listing's ``list_ttl``.  The contract is that of the names that
+        exist (``Namespace``, "Consistency a reader gets"): a name another
+        writer adds to the bucket shows within ``list_ttl`` plus one
+        re-listing; a name made through this mount replaces the kernel's
+        negative entry itself (the kernel links the new entry).  0 for a
+        listing that expired (being re-listed: its additions show at the
+        next access) or was never made."""
+        inode = self.meta.get_inode(parent)
+        if inode is None or inode.listed_at <= 0:
+            return 0.0
+        return max(0.0, inode.listed_at + self.config.namespace.list_ttl - time.time())
 
     # --- directories -----------------------------------------------------------------
 
@@ -434,27 +447,31 @@ class TierFS:
         if offset == 0:
             handle.horizon = inode.next_cookie  # rewinddir: what is there now
         out: list[DirEntry] = []
-        expired = self.namespace.expired(handle.ino)  # see ``_while_relisted``
+        # From an expired listing the kernel may not keep entries (``lookup``).
+        timeout = 0.0 if self.namespace.expired(handle.ino) else None
         if offset < DOT:
-            out.append(DirEntry(DOT, b".", self.attributes(inode)))
+            out.append(DirEntry(DOT, b".", self.attributes(inode, timeout)))
         if offset < DOTDOT:
             parent = self.namespace.get(inode.parent)
-            out.append(DirEntry(DOTDOT, b"..", self.attributes(parent)))
-        for entry in await self.readdir(handle.ino, cookie_after(offset), limit):
+            out.append(DirEntry(DOTDOT, b"..", self.attributes(parent, timeout)))
+        for entry in await self.readdir(handle.ino, cookie_after(offset), limit, timeout=timeout):
             if entry.cookie >= handle.horizon:
                 break  # linked after the handle started: cookies only grow
-            attrs = dataclasses.replace(entry.attrs, timeout=0.0) if expired else entry.attrs
-            out.append(DirEntry(offset_of(entry.cookie), entry.name, attrs))
+            entry.cookie = offset_of(entry.cookie)  # ours: no second DirEntry
+            out.append(entry)
         self.readdir_entries += len(out)
         return out
 
     def releasedir(self, fh: int) -> None:
         self.dir_handles.release(fh)
 
-    async def readdir(self, ino: int, after_cookie: int, limit: int = 256) -> list[DirEntry]:
+    async def readdir(
+        self, ino: int, after_cookie: int, limit: int = 256, *, timeout: float | None = None
+    ) -> list[DirEntry]:
         """Entries of directory ``ino`` after dirseq ``after_cookie``, in a
         stable order, without ``.`` and ``..``.  Use the last entry's cookie
-        to continue; an empty list is the end."""
+        to continue; an empty list is the end.  ``timeout``: see
+        ``attributes``."""
         # A first listing running now holds names whose attributes are not
         # settled yet: never hand those out.  Names a re-listing adds may go
         # out provisional, owner-only (see tierfs.core.namespace).
@@ -463,7 +480,7 @@ class TierFS:
         for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
             inode = self.meta.get_inode(child)
             if inode is not None:
-                out.append(DirEntry(cookie, name, self.attributes(inode)))
+                out.append(DirEntry(cookie, name, self.attributes(inode, timeout)))
         return out
 
     # --- files ---------------------------------------------------------------------------

@@ -73,7 +73,10 @@ Consistency a reader gets (what issue 15 builds on):
   it completes), plus this node's own changes, which are visible at once.
   The kernel keeps an entry for ``list_ttl``, except one served from an
   expired listing, which it must ask for again (timeout 0,
-  ``TierFS.lookup`` and ``TierFS.readdir_handle``).
+  ``TierFS.lookup`` and ``TierFS.readdir_handle``).  It keeps "no such
+  name" (a negative entry) for what is left of the directory's ``list_ttl``,
+  and not at all from an expired listing (``TierFS.negative_timeout``);
+  names made through the mount replace a negative entry at once.
 - A change in the bucket by another writer (new, changed or deleted object)
   shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
   of the directory after the first access past expiry (a lookup, a
@@ -360,26 +363,54 @@ class Namespace:
     # --- lookup and listing ----------------------------------------------------------
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
+        inode, _expired = await self.lookup_entry(parent, name)
+        return inode
+
+    async def lookup_entry(self, parent: int, name: bytes) -> tuple[Inode, bool]:
+        """``lookup``, and whether the listing of ``parent`` that answered
+        is expired (``expired``; being re-listed).
+
+        The warm path (a fresh listing, a settled name) reads two LMDB
+        records, the directory's and the child's, and decodes each once:
+        a fresh listing stays fresh across ``ensure_listed``, which then
+        returns without yielding to the loop.  Only after a wait (a
+        listing, a settling) is the directory read again.
+        """
         dir_inode = self.get(parent)
         if not dir_inode.is_dir:
             raise NotADirectory(f"inode {parent} is not a directory")
+        fresh = time.time() - dir_inode.listed_at < self.config.list_ttl
         if name == b".":
-            return dir_inode
+            return dir_inode, not fresh and dir_inode.listed_at > 0
         if name == b"..":
-            return self.get(dir_inode.parent)
+            return self.get(dir_inode.parent), not fresh and dir_inode.listed_at > 0
         if len(name) > NAME_MAX:
             # No such name can exist (listings skip them): say why, as POSIX does.
             raise NameTooLong(f"name longer than {NAME_MAX} bytes")
-        await self.ensure_listed(dir_inode, stale_wait=0.0)
-        ino = self.meta.lookup(parent, name)
-        if ino is not None and self._provisional(ino):
+        if not fresh:
+            await self.ensure_listed(dir_inode, stale_wait=0.0)
+        child, provisional = self._entry_inode(self.meta.lookup(parent, name))
+        if provisional:
             # Added by the re-listing running now (the listing served lacked
             # it): its attributes come with that re-listing's shadow listing.
             await self._wait_settled(parent)
-            ino = self.meta.lookup(parent, name)  # the loop ran meanwhile
-        if ino is None:
+            fresh = False  # the loop ran meanwhile: ask the directory again
+            child, _provisional = self._entry_inode(self.meta.lookup(parent, name))
+        if child is None:
             raise NotFound(name.decode(errors="replace"))
-        return self.get(ino)
+        return child, (not fresh and self.expired(parent))
+
+    def _entry_inode(self, ino: int | None) -> tuple[Inode | None, bool]:
+        """The inode a dentry names (the live one of an open file; None if
+        none) and whether its attributes are provisional (``_provisional``),
+        with one decode of its record when it is not open."""
+        if ino is None:
+            return None, False
+        live = self.live_inode(ino)
+        if live is not None:
+            return live, self._provisional(ino)
+        inode = self.meta.get_inode(ino)
+        return inode, inode is not None and inode.validated_at == PROVISIONAL
 
     def _provisional(self, ino: int) -> bool:
         """Are the attributes of ``ino`` not settled by a listing yet?"""
