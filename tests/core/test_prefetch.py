@@ -209,6 +209,50 @@ async def test_a_fill_the_reader_passed_is_cancelled(
         gets.gate.set()
 
 
+async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """Prefetch fills are ahead of demand: they may take every free fetch
+    slot (preload takes at most half), and a demand read that waits for a
+    slot still goes before the fills queued behind it."""
+    paths = put_files(s3_store, 8)
+    put(s3_store, "other.bin", b"o" * FILE_BYTES)
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4)
+    mount = await make_fs(fetch=fetch)
+    assert Prefetcher(mount.fs).tasks == 3  # the default: three quarters of the slots
+    assert mount.fs.blocks.background_slots.total_tokens == 2  # preload's share
+    gets = GatedGets(mount, {*paths, "other.bin"})
+    try:
+        prefetcher = await start_prefetcher(nursery, mount, paths, window_files=6, tasks=6)
+        # All 4 fetch slots hold prefetch GETs: twice preload's share.
+        with trio.fail_after(10):
+            while len(gets.started) < 4:
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)
+        assert len(gets.started) == 4
+        assert len(prefetcher._in_flight) == 6  # two more fills wait for a slot
+        read_done = trio.Event()
+
+        async def read_other() -> None:
+            assert await mount.read_file("other.bin") == b"o" * FILE_BYTES
+            read_done.set()
+
+        nursery.start_soon(read_other)
+        with trio.fail_after(10):
+            while mount.fs.blocks.demand_waiting != 1:
+                await trio.sleep(0.01)
+        gets.gate.set()
+        with trio.fail_after(20):
+            await read_done.wait()
+        await settled(prefetcher)
+        # The first slot that freed went to the demand read, not to the two
+        # prefetch fills that were waiting before it.
+        assert gets.started[4].endswith("other.bin")
+        assert resident(mount, paths) == list(range(6))
+    finally:
+        gets.gate.set()
+
+
 async def test_missing_files_are_named_and_an_empty_order_stops(
     make_fs: Any, s3_store: Any, nursery: trio.Nursery
 ) -> None:

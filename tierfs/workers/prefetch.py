@@ -4,9 +4,15 @@ A client (``tierfs prefetch MOUNTPOINT --order FILE``, or
 ``tierfs.client.set_order`` from a DataLoader sampler) hands the daemon the
 order in which it will open files.  The ``Prefetcher`` follows the readers'
 position from their opens and keeps a bounded *window* of the next files
-resident ahead of them, through ``DataMovement.fill`` (background priority:
-demand reads go first and share in-flight fetches, see
-``tierfs.core.blockcache``).
+resident ahead of them, through ``DataMovement.fill(..., ahead=True)``:
+demand reads go first and share in-flight fetches, but unlike preload the
+fills are not held to the background half of the fetch slots (see
+"Priority" in ``tierfs.core.blockcache``).  Why: the readers of an epoch
+keep one GET each in flight (8 DataLoader workers, 8 GETs); the window is
+worth something only if it keeps more in flight than they do, so it runs
+up to ``tasks`` fills at once (three quarters of ``fetch.concurrency``, 24
+of the default 32; the rest stays free for the readers' misses, which
+never wait behind queued prefetch work, only behind running fetches).
 
 The order (``_Order``).  The paths arrive in chunks and are spooled to an
 unnamed temporary file in the state directory (``PathSpool``), then resolved
@@ -77,6 +83,8 @@ log = logging.getLogger(__name__)
 #: Default window: the next 64 files or 2 GiB, whichever is smaller.
 DEFAULT_WINDOW_FILES = 64
 DEFAULT_WINDOW_BYTES = 2 * 1024 * 1024 * 1024
+#: Share of ``fetch.concurrency`` the prefetcher's fills may use at once.
+FILL_SHARE = 0.75
 #: Recent open positions that define the readers' span (a DataLoader with
 #: 8 workers and prefetch_factor 2 has ~16 files open at once).
 DEFAULT_READERS_KEPT = 32
@@ -173,9 +181,9 @@ class Prefetcher:
         self.default_window = (window_files, window_bytes)
         self.window_files = window_files
         self.window_bytes = window_bytes
-        #: Fills at once: background fetches take at most half the fetch
-        #: slots anyway (``blockcache``); more tasks would only queue.
-        self.tasks = tasks or max(2, fs.config.fetch.concurrency // 2)
+        #: Fills at once (each is one GET for a small file): well above the
+        #: readers' own GETs, below ``fetch.concurrency`` (see the docstring).
+        self.tasks = tasks or max(2, int(fs.config.fetch.concurrency * FILL_SHARE))
         self.spool_dir = fs.config.state.dir / "prefetch"
         self._order: _Order | None = None
         self._recent: collections.deque[int] = collections.deque(maxlen=readers_kept)
@@ -367,7 +375,7 @@ class Prefetcher:
         state = _IDLE
         try:
             with scope:
-                nbytes = await self.movement.fill(order.inos[position])
+                nbytes = await self.movement.fill(order.inos[position], ahead=True)
                 state = _FILLED if nbytes else _RESIDENT
                 if nbytes and order is self._order:
                     self.prefetched_files += 1
