@@ -50,6 +50,19 @@ shares its fetches).  At most ``tasks`` fills run at once, started in order;
 a fill is never started for a position outside the window, so the files
 made resident by prefetch and not opened yet never exceed the window.
 
+Cheap hits: a file this prefetcher filled and no reader opened yet is
+*held*: the prefetcher keeps a reference to its ``CachedFile``, as an open
+handle would (``_held``, position -> CachedFile and the time of its fill).
+The reader's open then finds it in memory: no LMDB read of its block map,
+its cache file already open, no HEAD (a busy file is not revalidated at
+open: the fill's GET checked its ETag with If-Match a moment ago; past
+``revalidate_ttl`` a hold is let go, so the open revalidates as usual).
+The open takes its own reference and ``opened`` lets go of the hold.  A
+hold is also let go when its position leaves the window unopened, when a
+new order replaces this one and when the worker stops.  Held files are busy
+(never evicted while held): they are the window's filled files, so at most
+``window_files`` files and ``window_bytes`` bytes.
+
 Eviction hint: a file opened in this order (read in this epoch) is the
 first candidate to leave the first tier (``SpaceManager.demote_first``),
 at its open (it is busy while open, so it stays while read) and again when
@@ -74,6 +87,7 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
+from tierfs.core.blockcache import CachedFile
 from tierfs.errors import IsADirectory, TierfsError
 
 from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, _reason
@@ -189,6 +203,9 @@ class Prefetcher:
         self._recent: collections.deque[int] = collections.deque(maxlen=readers_kept)
         self._demoted_to = 0
         self._in_flight: dict[int, trio.CancelScope] = {}
+        #: position -> (the CachedFile held for the reader, trio time of the fill)
+        self._held: dict[int, tuple[CachedFile, float]] = {}
+        self.hold_seconds = fs.config.namespace.revalidate_ttl
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._reset_counters()
@@ -219,12 +236,15 @@ class Prefetcher:
                 self._nursery = nursery
                 task_status.started()
                 while True:
-                    await self._changed.wait()
+                    # Woken at least every half ``hold_seconds``: old holds go.
+                    with trio.move_on_after(max(0.05, self.hold_seconds / 2)):
+                        await self._changed.wait()
                     self._changed = trio.Event()
                     self._schedule()
         finally:
             self._nursery = None
             self._in_flight.clear()
+            self._let_go(list(self._held))
             observers.remove(self.opened)
             if sections.get(STATUS_SECTION) == self.status:
                 del sections[STATUS_SECTION]
@@ -276,6 +296,7 @@ class Prefetcher:
         for scope in self._in_flight.values():
             scope.cancel()
         self._in_flight.clear()
+        self._let_go(list(self._held))
         self._order = order
         self._recent.clear()
         self._demoted_to = 0
@@ -295,7 +316,11 @@ class Prefetcher:
         if position is None:
             return
         self.opens += 1
-        if order.fill_state[position] == _FILLED and self._resident(ino, order.sizes[position]):
+        if position in self._held:
+            # The open took its own reference already (``Handles.open``).
+            self.hits += 1
+            self._let_go([position])
+        elif order.fill_state[position] == _FILLED and self._resident(ino, order.sizes[position]):
             self.hits += 1
         order.opened[position] = 1
         self.fs.space.demote_first(ino)
@@ -308,6 +333,19 @@ class Prefetcher:
         recent.append(position)
         self._demote_passed(order)
         self._changed.set()
+
+    def _hold(self, ino: int) -> CachedFile | None:
+        """A reference to the file's CachedFile (None: not a file any more)."""
+        blocks = self.fs.blocks
+        inode = blocks.live_inode(ino) or self.fs.meta.get_inode(ino)
+        if inode is None or not inode.is_file:
+            return None
+        return blocks.acquire(inode)
+
+    def _let_go(self, positions: list[int]) -> None:
+        for position in positions:
+            cf, _filled_at = self._held.pop(position)
+            self.fs.blocks.release(cf)
 
     def _resident(self, ino: int, size: int) -> bool:
         return sum(self.fs.meta.residency(ino).values()) >= size
@@ -362,6 +400,10 @@ class Prefetcher:
         for position in passed:
             self._in_flight.pop(position).cancel()
             self.cancelled += 1
+        oldest = trio.current_time() - self.hold_seconds
+        self._let_go(
+            [p for p, (_cf, filled_at) in self._held.items() if p not in keep or filled_at < oldest]
+        )
         for position in wanted:
             if len(self._in_flight) >= self.tasks:
                 break
@@ -373,8 +415,10 @@ class Prefetcher:
 
     async def _fill(self, order: _Order, position: int, scope: trio.CancelScope) -> None:
         state = _IDLE
+        held: CachedFile | None = None
         try:
             with scope:
+                held = self._hold(order.inos[position])
                 nbytes = await self.movement.fill(order.inos[position], ahead=True)
                 state = _FILLED if nbytes else _RESIDENT
                 if nbytes and order is self._order:
@@ -393,7 +437,12 @@ class Prefetcher:
                 order.fill_state[position] = state
                 if self._in_flight.get(position) is scope:
                     del self._in_flight[position]
+                if held is not None and state == _FILLED and not order.opened[position]:
+                    self._held[position] = (held, trio.current_time())
+                    held = None
                 self._changed.set()
+            if held is not None:
+                self.fs.blocks.release(held)
 
     # --- status --------------------------------------------------------------------
 
@@ -408,6 +457,7 @@ class Prefetcher:
             "window_bytes": self.window_bytes,
             "window": len(window),
             "in_flight": len(self._in_flight),
+            "held": len(self._held),
             "files_prefetched": self.prefetched_files,
             "bytes_prefetched": self.prefetched_bytes,
             "files_failed": self.failed_files,
