@@ -89,6 +89,7 @@ import trio
 from tierfs.core import TierFS
 from tierfs.core.blockcache import CachedFile
 from tierfs.errors import IsADirectory, TierfsError
+from tierfs.meta import Inode
 
 from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, _reason
 
@@ -102,6 +103,8 @@ FILL_SHARE = 0.75
 #: Recent open positions that define the readers' span (a DataLoader with
 #: 8 workers and prefetch_factor 2 has ~16 files open at once).
 DEFAULT_READERS_KEPT = 32
+#: Directories kept resolved while an order loads (``_resolve``).
+PARENTS_KEPT = 4096
 #: The name of the prefetcher's section of ``TierFS.status()`` (while it runs).
 STATUS_SECTION = "prefetch"
 
@@ -266,12 +269,13 @@ class Prefetcher:
         order = _Order(spool.count)
         missing: list[str] = []
         nmissing = 0
+        parents: dict[str, int] = {}
         try:
             for count, relpath in enumerate(spool.lines()):
                 if count % SPOOL_BATCH == 0:
                     await trio.sleep(0)
                 try:
-                    inode = await self.fs.namespace.resolve(relpath)
+                    inode = await self._resolve(relpath, parents)
                     if not inode.is_file:
                         raise IsADirectory("is not a regular file")
                 except TierfsError as exc:
@@ -289,6 +293,22 @@ class Prefetcher:
         summary["missing_named"] = missing
         log.info("prefetch order: %d files, %d missing", len(order), nmissing)
         return summary
+
+    async def _resolve(self, relpath: str, parents: dict[str, int]) -> Inode:
+        """The inode of a (normalized) relpath; its directory is looked up
+        once per ``parents`` (an order's files share a few directories: one
+        name lookup per file instead of one per path component)."""
+        namespace = self.fs.namespace
+        parent_path, _, name = relpath.rpartition("/")
+        if not name:
+            return await namespace.resolve(relpath)
+        parent = parents.get(parent_path)
+        if parent is None:
+            parent = (await namespace.resolve(parent_path)).ino
+            if len(parents) >= PARENTS_KEPT:
+                parents.clear()
+            parents[parent_path] = parent
+        return await namespace.lookup(parent, name.encode())
 
     def _replace(
         self, order: _Order | None, window_files: int | None, window_bytes: int | None
