@@ -209,6 +209,10 @@ class Prefetcher:
         #: position -> (the CachedFile held for the reader, trio time of the fill)
         self._held: dict[int, tuple[CachedFile, float]] = {}
         self.hold_seconds = fs.config.namespace.revalidate_ttl
+        #: ``low`` when ``_schedule`` last looked for what left the window:
+        #: fills and holds leave it only when ``low`` moves (see ``_schedule``).
+        self._window_low: int | None = None
+        self._holds_due = False
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._reset_counters()
@@ -237,11 +241,10 @@ class Prefetcher:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._expire_holds)
                 task_status.started()
                 while True:
-                    # Woken at least every half ``hold_seconds``: old holds go.
-                    with trio.move_on_after(max(0.05, self.hold_seconds / 2)):
-                        await self._changed.wait()
+                    await self._changed.wait()
                     self._changed = trio.Event()
                     self._schedule()
         finally:
@@ -251,6 +254,15 @@ class Prefetcher:
             observers.remove(self.opened)
             if sections.get(STATUS_SECTION) == self.status:
                 del sections[STATUS_SECTION]
+
+    async def _expire_holds(self) -> None:
+        """Let ``_schedule`` look for holds older than ``hold_seconds``, at
+        least every half of it (and every second)."""
+        while True:
+            await trio.sleep(min(1.0, max(0.05, self.hold_seconds / 2)))
+            if self._held:
+                self._holds_due = True
+                self._changed.set()
 
     def new_spool(self) -> PathSpool:
         return PathSpool(Path(self.spool_dir))
@@ -319,6 +331,7 @@ class Prefetcher:
         self._let_go(list(self._held))
         self._order = order
         self._recent.clear()
+        self._window_low = None
         self._demoted_to = 0
         self.window_files = max(1, window_files or self.default_window[0])
         self.window_bytes = max(1, window_bytes or self.default_window[1])
@@ -414,16 +427,23 @@ class Prefetcher:
         if order is None or self._nursery is None:
             return
         wanted = self.window()
-        keep = set(wanted)
-        # A fill a reader reached goes on (the read shares its fetches).
-        passed = [p for p in self._in_flight if p not in keep and not order.opened[p]]
-        for position in passed:
-            self._in_flight.pop(position).cancel()
-            self.cancelled += 1
-        oldest = trio.current_time() - self.hold_seconds
-        self._let_go(
-            [p for p, (_cf, filled_at) in self._held.items() if p not in keep or filled_at < oldest]
-        )
+        # The window starts at ``low`` and only an open changes it: one inside
+        # it takes a position out (its fill goes on, it has no hold) and lets
+        # the next one in; only a move of ``low`` (the slowest reader went on,
+        # or a jump) can leave fills and holds outside.  So the scans below
+        # run when ``low`` moved, not at every open.
+        low = self.low
+        if low != self._window_low or self._holds_due:
+            keep = set(wanted)
+            # A fill a reader reached goes on (the read shares its fetches).
+            passed = [p for p in self._in_flight if p not in keep and not order.opened[p]]
+            for position in passed:
+                self._in_flight.pop(position).cancel()
+                self.cancelled += 1
+            oldest = trio.current_time() - self.hold_seconds
+            self._let_go([p for p, (_cf, at) in self._held.items() if p not in keep or at < oldest])
+            self._window_low = low
+            self._holds_due = False
         for position in wanted:
             if len(self._in_flight) >= self.tasks:
                 break
