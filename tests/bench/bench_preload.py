@@ -695,6 +695,7 @@ class PreloadBench(BenchBase):
                 t0 = time.perf_counter()
                 if variant == "with":
                     tierfs.client.set_order(mp, order)
+                order_s = time.perf_counter() - t0
                 self.read_epoch(mp, order)
                 dt = time.perf_counter() - t0
             cpu = cpu_seconds(pid) - cpu0
@@ -703,6 +704,7 @@ class PreloadBench(BenchBase):
             if variant == "with":
                 p = self.tierfs_status(mp)["prefetch"] or {}
                 note = (
+                    f", set_order {order_s:.2f}s"
                     f", prefetched {p.get('files_prefetched', 0):,} files, hits "
                     f"{p.get('hits', 0):,} of {p.get('opens', 0):,} opens"
                 )

@@ -135,6 +135,9 @@ async def test_a_reader_that_jumps_moves_the_window_and_it_stays_bounded(
     await settled(prefetcher)
     assert resident(mount, paths) == [0, 1, 2, 3, 30, 31, 32, 33]
     assert prefetcher.status()["slowest"] == 30
+    # Only the new window's files are held for the reader; 1-3 were let go.
+    assert sorted(prefetcher._held) == prefetcher.window() == [31, 32, 33]
+    assert sorted(mount.fs.blocks.files) == sorted(_ino(mount, paths[p]) for p in (31, 32, 33))
     # And back: files behind the new position are prefetched, none past the window.
     await open_file(mount, paths[15])
     await settled(prefetcher)
@@ -186,6 +189,45 @@ class GatedGets:
         return self.inner(key, start, bufs, etag)
 
 
+async def test_a_prefetched_file_is_held_so_its_open_is_cheap(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """The reader's open of a file prefetched for it finds the file in use
+    (held): no HEAD, even past ``revalidate_ttl`` (its fill's GET checked
+    the ETag); the hold goes at the open, and after ``hold_seconds``."""
+    paths = put_files(s3_store, 8)
+    mount = await make_fs()
+    # Every file's ETag was last confirmed long ago: an open of a resident
+    # file nobody uses HEADs it.
+    for path in paths:
+        inode = await mount.fs.namespace.resolve(path)
+        inode.validated_at = 1.0
+        mount.fs.meta.put_inode(inode)
+    prefetcher = await start_prefetcher(nursery, mount, paths, window_files=3)
+    await settled(prefetcher)
+    assert prefetcher.status()["held"] == 3
+    heads = mount.store.heads
+    for position in range(3):
+        await open_file(mount, paths[position])
+    await settled(prefetcher)
+    assert mount.store.heads == heads
+    assert prefetcher.status()["hits"] == 3
+    # Opened and closed: not held any more; the next window is.
+    assert sorted(prefetcher._held) == [3, 4, 5]
+    assert sorted(mount.fs.blocks.files) == sorted(_ino(mount, paths[p]) for p in (3, 4, 5))
+    # The HEAD a hold saved: a resident file nobody holds is revalidated.
+    await open_file(mount, paths[0])
+    assert mount.store.heads == heads + 1
+    # A hold older than ``hold_seconds`` goes (its open revalidates again).
+    prefetcher.hold_seconds = 0.1
+    with trio.fail_after(5):
+        while prefetcher._held:
+            await trio.sleep(0.05)
+    assert not mount.fs.blocks.files
+    await open_file(mount, paths[3])
+    assert mount.store.heads == heads + 2
+
+
 async def test_a_fill_the_reader_passed_is_cancelled(
     make_fs: Any, s3_store: Any, nursery: trio.Nursery
 ) -> None:
@@ -207,6 +249,91 @@ async def test_a_fill_the_reader_passed_is_cancelled(
         assert 0 not in prefetcher.window()
     finally:
         gets.gate.set()
+
+
+class GetsOneByOne:
+    """Holds every GET until ``release`` lets that one go (or ``release_all``)."""
+
+    def __init__(self, mount: CoreMount) -> None:
+        self.inner = mount.store.get_range_into
+        self.started: list[str] = []
+        self._gates: dict[str, threading.Event] = {}
+        self._all = threading.Event()
+        self._lock = threading.Lock()
+        mount.store.get_range_into = self  # type: ignore[method-assign]
+
+    def _gate(self, key: str) -> threading.Event:
+        with self._lock:
+            return self._gates.setdefault(key, threading.Event())
+
+    def release(self, key: str) -> None:
+        self._gate(key).set()
+
+    def release_all(self) -> None:
+        self._all.set()
+        with self._lock:
+            for gate in self._gates.values():
+                gate.set()
+
+    def __call__(
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+    ) -> int:
+        gate = self._gate(key)
+        self.started.append(key)
+        if self._all.is_set():
+            gate.set()
+        assert gate.wait(20)
+        return self.inner(key, start, bufs, etag)
+
+
+async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """Prefetch fills are ahead of demand: they may take every free fetch
+    slot (preload takes at most half), and a demand read that waits for a
+    slot still goes before the fills queued behind it."""
+    paths = put_files(s3_store, 8)
+    put(s3_store, "other.bin", b"o" * FILE_BYTES)
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4)
+    mount = await make_fs(fetch=fetch)
+    assert Prefetcher(mount.fs).tasks == 3  # the default: three quarters of the slots
+    assert mount.fs.blocks.background_slots.total_tokens == 2  # preload's share
+    gets = GetsOneByOne(mount)
+    try:
+        prefetcher = await start_prefetcher(nursery, mount, paths, window_files=6, tasks=6)
+        # All 4 fetch slots hold prefetch GETs: twice preload's share.
+        with trio.fail_after(10):
+            while len(gets.started) < 4:
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)
+        assert len(gets.started) == 4
+        assert len(prefetcher._in_flight) == 6  # two more fills wait for a slot
+        read_done = trio.Event()
+
+        async def read_other() -> None:
+            assert await mount.read_file("other.bin") == b"o" * FILE_BYTES
+            read_done.set()
+
+        nursery.start_soon(read_other)
+        with trio.fail_after(10):
+            while mount.fs.blocks.demand_waiting != 1:
+                await trio.sleep(0.01)
+        # One slot frees: it goes to the demand read, not to the two
+        # prefetch fills that were waiting before it.
+        gets.release(gets.started[0])
+        with trio.fail_after(10):
+            while len(gets.started) < 5:
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)
+        assert len(gets.started) == 5
+        assert gets.started[4].endswith("other.bin"), gets.started
+        gets.release_all()
+        with trio.fail_after(20):
+            await read_done.wait()
+        await settled(prefetcher)
+        assert resident(mount, paths) == list(range(6))
+    finally:
+        gets.release_all()
 
 
 async def test_missing_files_are_named_and_an_empty_order_stops(

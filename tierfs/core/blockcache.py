@@ -87,6 +87,11 @@ Concurrency rules:
   needs a block a background fetch is waiting to start promotes that
   flight to demand (``_Flight.background``), so the shared fetch does not
   wait behind the priority it is being served for.
+* Ahead of demand (``fill(..., ahead=True)``: order-aware prefetch, whose
+  files a reader will open next): the same rule without the
+  ``background_slots`` cap, so such fills may use every free fetch slot (the
+  prefetcher bounds how many it starts), and still never take a slot while
+  a demand fetch waits for one.
 * A block record is committed to LMDB (on the loop, after the thread wrote
   the bytes) only if the file's ``generation`` did not change meanwhile; an
   ETag change bumps the generation, so a late GET of the old content is
@@ -187,13 +192,15 @@ async def _nothing() -> None:
 class _Flight:
     """One fetch or verification of one block, shared by all who wait for it."""
 
-    __slots__ = ("background", "done", "error")
+    __slots__ = ("ahead", "background", "done", "error")
 
-    def __init__(self, *, background: bool = False) -> None:
+    def __init__(self, *, background: bool = False, ahead: bool = False) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
         #: A ``fill`` started it and no demand read waits for it (yet).
         self.background = background
+        #: Its ``fill`` is ahead of demand: no ``background_slots`` cap.
+        self.ahead = ahead
 
 
 class _CacheFiles:
@@ -650,11 +657,14 @@ class BlockCache:
                     raise type(err)(str(err), errno=err.errno) from err
                 raise StoreError(f"{cf.key}: {err}") from err
 
-    async def fill(self, cf: CachedFile, blocknos: Iterable[int], tier: int | None) -> None:
+    async def fill(
+        self, cf: CachedFile, blocknos: Iterable[int], tier: int | None, *, ahead: bool = False
+    ) -> None:
         """Fetch the absent blocks ``blocknos`` (those holding origin bytes)
         into ``tier`` if it has room (None, or no room: the normal
         placement).  A block already being fetched is waited for, not
-        fetched twice; present blocks are left alone (not verified)."""
+        fetched twice; present blocks are left alone (not verified).
+        ``ahead``: the fetches are ahead of demand (see "Priority")."""
         waits: list[_Flight] = []
         absent: list[int] = []
         for blockno in blocknos:
@@ -665,7 +675,7 @@ class BlockCache:
                 waits.append(flight)
             else:
                 absent.append(blockno)
-        waits += self._start_fetches(cf, absent, tier, background=True)
+        waits += self._start_fetches(cf, absent, tier, background=True, ahead=ahead)
         await self._wait_flights(cf, waits)
 
     def _start_flight(self, cf: CachedFile, blockno: int) -> _Flight:
@@ -689,6 +699,7 @@ class BlockCache:
         tier: int | None = None,
         *,
         background: bool = False,
+        ahead: bool = False,
     ) -> list[_Flight]:
         """Fetch absent blocks, consecutive ones together: one ranged GET per
         run of up to ``max_run_blocks`` (fewer, larger requests cost the
@@ -697,17 +708,22 @@ class BlockCache:
         run: list[int] = []
         for blockno in sorted(blocknos):
             if run and (blockno != run[-1] + 1 or len(run) >= self.max_run_blocks):
-                flights.append(self._start_run(cf, run, tier, background))
+                flights.append(self._start_run(cf, run, tier, background, ahead))
                 run = []
             run.append(blockno)
         if run:
-            flights.append(self._start_run(cf, run, tier, background))
+            flights.append(self._start_run(cf, run, tier, background, ahead))
         return flights
 
     def _start_run(
-        self, cf: CachedFile, run: list[int], tier: int | None = None, background: bool = False
+        self,
+        cf: CachedFile,
+        run: list[int],
+        tier: int | None = None,
+        background: bool = False,
+        ahead: bool = False,
     ) -> _Flight:
-        flight = _Flight(background=background)
+        flight = _Flight(background=background, ahead=ahead)
         for blockno in run:
             cf.flights[blockno] = flight
         assert self._nursery is not None, "BlockCache.start() was not called"
@@ -818,10 +834,12 @@ class BlockCache:
             if (
                 not self.demand_waiting
                 and self.fetch_limiter.available_tokens >= 1
-                and self.background_slots.available_tokens >= 1
+                and (flight.ahead or self.background_slots.available_tokens >= 1)
             ):
-                self.background_slots.acquire_nowait()
                 self.fetch_limiter.acquire_nowait()
+                if flight.ahead:
+                    return False
+                self.background_slots.acquire_nowait()
                 return True
             await self._background_lot.park()
         self.demand_waiting += 1

@@ -4,9 +4,15 @@ A client (``tierfs prefetch MOUNTPOINT --order FILE``, or
 ``tierfs.client.set_order`` from a DataLoader sampler) hands the daemon the
 order in which it will open files.  The ``Prefetcher`` follows the readers'
 position from their opens and keeps a bounded *window* of the next files
-resident ahead of them, through ``DataMovement.fill`` (background priority:
-demand reads go first and share in-flight fetches, see
-``tierfs.core.blockcache``).
+resident ahead of them, through ``DataMovement.fill(..., ahead=True)``:
+demand reads go first and share in-flight fetches, but unlike preload the
+fills are not held to the background half of the fetch slots (see
+"Priority" in ``tierfs.core.blockcache``).  Why: the readers of an epoch
+keep one GET each in flight (8 DataLoader workers, 8 GETs); the window is
+worth something only if it keeps more in flight than they do, so it runs
+up to ``tasks`` fills at once (three quarters of ``fetch.concurrency``, 24
+of the default 32; the rest stays free for the readers' misses, which
+never wait behind queued prefetch work, only behind running fetches).
 
 The order (``_Order``).  The paths arrive in chunks and are spooled to an
 unnamed temporary file in the state directory (``PathSpool``), then resolved
@@ -44,6 +50,19 @@ shares its fetches).  At most ``tasks`` fills run at once, started in order;
 a fill is never started for a position outside the window, so the files
 made resident by prefetch and not opened yet never exceed the window.
 
+Cheap hits: a file this prefetcher filled and no reader opened yet is
+*held*: the prefetcher keeps a reference to its ``CachedFile``, as an open
+handle would (``_held``, position -> CachedFile and the time of its fill).
+The reader's open then finds it in memory: no LMDB read of its block map,
+its cache file already open, no HEAD (a busy file is not revalidated at
+open: the fill's GET checked its ETag with If-Match a moment ago; past
+``revalidate_ttl`` a hold is let go, so the open revalidates as usual).
+The open takes its own reference and ``opened`` lets go of the hold.  A
+hold is also let go when its position leaves the window unopened, when a
+new order replaces this one and when the worker stops.  Held files are busy
+(never evicted while held): they are the window's filled files, so at most
+``window_files`` files and ``window_bytes`` bytes.
+
 Eviction hint: a file opened in this order (read in this epoch) is the
 first candidate to leave the first tier (``SpaceManager.demote_first``),
 at its open (it is busy while open, so it stays while read) and again when
@@ -68,7 +87,9 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
+from tierfs.core.blockcache import CachedFile
 from tierfs.errors import IsADirectory, TierfsError
+from tierfs.meta import Inode
 
 from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, _reason
 
@@ -77,9 +98,13 @@ log = logging.getLogger(__name__)
 #: Default window: the next 64 files or 2 GiB, whichever is smaller.
 DEFAULT_WINDOW_FILES = 64
 DEFAULT_WINDOW_BYTES = 2 * 1024 * 1024 * 1024
+#: Share of ``fetch.concurrency`` the prefetcher's fills may use at once.
+FILL_SHARE = 0.75
 #: Recent open positions that define the readers' span (a DataLoader with
 #: 8 workers and prefetch_factor 2 has ~16 files open at once).
 DEFAULT_READERS_KEPT = 32
+#: Directories kept resolved while an order loads (``_resolve``).
+PARENTS_KEPT = 4096
 #: The name of the prefetcher's section of ``TierFS.status()`` (while it runs).
 STATUS_SECTION = "prefetch"
 
@@ -173,14 +198,21 @@ class Prefetcher:
         self.default_window = (window_files, window_bytes)
         self.window_files = window_files
         self.window_bytes = window_bytes
-        #: Fills at once: background fetches take at most half the fetch
-        #: slots anyway (``blockcache``); more tasks would only queue.
-        self.tasks = tasks or max(2, fs.config.fetch.concurrency // 2)
+        #: Fills at once (each is one GET for a small file): well above the
+        #: readers' own GETs, below ``fetch.concurrency`` (see the docstring).
+        self.tasks = tasks or max(2, int(fs.config.fetch.concurrency * FILL_SHARE))
         self.spool_dir = fs.config.state.dir / "prefetch"
         self._order: _Order | None = None
         self._recent: collections.deque[int] = collections.deque(maxlen=readers_kept)
         self._demoted_to = 0
         self._in_flight: dict[int, trio.CancelScope] = {}
+        #: position -> (the CachedFile held for the reader, trio time of the fill)
+        self._held: dict[int, tuple[CachedFile, float]] = {}
+        self.hold_seconds = fs.config.namespace.revalidate_ttl
+        #: ``low`` when ``_schedule`` last looked for what left the window:
+        #: fills and holds leave it only when ``low`` moves (see ``_schedule``).
+        self._window_low: int | None = None
+        self._holds_due = False
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._reset_counters()
@@ -209,6 +241,7 @@ class Prefetcher:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._expire_holds)
                 task_status.started()
                 while True:
                     await self._changed.wait()
@@ -217,9 +250,19 @@ class Prefetcher:
         finally:
             self._nursery = None
             self._in_flight.clear()
+            self._let_go(list(self._held))
             observers.remove(self.opened)
             if sections.get(STATUS_SECTION) == self.status:
                 del sections[STATUS_SECTION]
+
+    async def _expire_holds(self) -> None:
+        """Let ``_schedule`` look for holds older than ``hold_seconds``, at
+        least every half of it (and every second)."""
+        while True:
+            await trio.sleep(min(1.0, max(0.05, self.hold_seconds / 2)))
+            if self._held:
+                self._holds_due = True
+                self._changed.set()
 
     def new_spool(self) -> PathSpool:
         return PathSpool(Path(self.spool_dir))
@@ -238,12 +281,13 @@ class Prefetcher:
         order = _Order(spool.count)
         missing: list[str] = []
         nmissing = 0
+        parents: dict[str, int] = {}
         try:
             for count, relpath in enumerate(spool.lines()):
                 if count % SPOOL_BATCH == 0:
                     await trio.sleep(0)
                 try:
-                    inode = await self.fs.namespace.resolve(relpath)
+                    inode = await self._resolve(relpath, parents)
                     if not inode.is_file:
                         raise IsADirectory("is not a regular file")
                 except TierfsError as exc:
@@ -262,14 +306,32 @@ class Prefetcher:
         log.info("prefetch order: %d files, %d missing", len(order), nmissing)
         return summary
 
+    async def _resolve(self, relpath: str, parents: dict[str, int]) -> Inode:
+        """The inode of a (normalized) relpath; its directory is looked up
+        once per ``parents`` (an order's files share a few directories: one
+        name lookup per file instead of one per path component)."""
+        namespace = self.fs.namespace
+        parent_path, _, name = relpath.rpartition("/")
+        if not name:
+            return await namespace.resolve(relpath)
+        parent = parents.get(parent_path)
+        if parent is None:
+            parent = (await namespace.resolve(parent_path)).ino
+            if len(parents) >= PARENTS_KEPT:
+                parents.clear()
+            parents[parent_path] = parent
+        return await namespace.lookup(parent, name.encode())
+
     def _replace(
         self, order: _Order | None, window_files: int | None, window_bytes: int | None
     ) -> None:
         for scope in self._in_flight.values():
             scope.cancel()
         self._in_flight.clear()
+        self._let_go(list(self._held))
         self._order = order
         self._recent.clear()
+        self._window_low = None
         self._demoted_to = 0
         self.window_files = max(1, window_files or self.default_window[0])
         self.window_bytes = max(1, window_bytes or self.default_window[1])
@@ -287,7 +349,11 @@ class Prefetcher:
         if position is None:
             return
         self.opens += 1
-        if order.fill_state[position] == _FILLED and self._resident(ino, order.sizes[position]):
+        if position in self._held:
+            # The open took its own reference already (``Handles.open``).
+            self.hits += 1
+            self._let_go([position])
+        elif order.fill_state[position] == _FILLED and self._resident(ino, order.sizes[position]):
             self.hits += 1
         order.opened[position] = 1
         self.fs.space.demote_first(ino)
@@ -300,6 +366,19 @@ class Prefetcher:
         recent.append(position)
         self._demote_passed(order)
         self._changed.set()
+
+    def _hold(self, ino: int) -> CachedFile | None:
+        """A reference to the file's CachedFile (None: not a file any more)."""
+        blocks = self.fs.blocks
+        inode = blocks.live_inode(ino) or self.fs.meta.get_inode(ino)
+        if inode is None or not inode.is_file:
+            return None
+        return blocks.acquire(inode)
+
+    def _let_go(self, positions: list[int]) -> None:
+        for position in positions:
+            cf, _filled_at = self._held.pop(position)
+            self.fs.blocks.release(cf)
 
     def _resident(self, ino: int, size: int) -> bool:
         return sum(self.fs.meta.residency(ino).values()) >= size
@@ -348,12 +427,23 @@ class Prefetcher:
         if order is None or self._nursery is None:
             return
         wanted = self.window()
-        keep = set(wanted)
-        # A fill a reader reached goes on (the read shares its fetches).
-        passed = [p for p in self._in_flight if p not in keep and not order.opened[p]]
-        for position in passed:
-            self._in_flight.pop(position).cancel()
-            self.cancelled += 1
+        # The window starts at ``low`` and only an open changes it: one inside
+        # it takes a position out (its fill goes on, it has no hold) and lets
+        # the next one in; only a move of ``low`` (the slowest reader went on,
+        # or a jump) can leave fills and holds outside.  So the scans below
+        # run when ``low`` moved, not at every open.
+        low = self.low
+        if low != self._window_low or self._holds_due:
+            keep = set(wanted)
+            # A fill a reader reached goes on (the read shares its fetches).
+            passed = [p for p in self._in_flight if p not in keep and not order.opened[p]]
+            for position in passed:
+                self._in_flight.pop(position).cancel()
+                self.cancelled += 1
+            oldest = trio.current_time() - self.hold_seconds
+            self._let_go([p for p, (_cf, at) in self._held.items() if p not in keep or at < oldest])
+            self._window_low = low
+            self._holds_due = False
         for position in wanted:
             if len(self._in_flight) >= self.tasks:
                 break
@@ -365,9 +455,11 @@ class Prefetcher:
 
     async def _fill(self, order: _Order, position: int, scope: trio.CancelScope) -> None:
         state = _IDLE
+        held: CachedFile | None = None
         try:
             with scope:
-                nbytes = await self.movement.fill(order.inos[position])
+                held = self._hold(order.inos[position])
+                nbytes = await self.movement.fill(order.inos[position], ahead=True)
                 state = _FILLED if nbytes else _RESIDENT
                 if nbytes and order is self._order:
                     self.prefetched_files += 1
@@ -385,7 +477,12 @@ class Prefetcher:
                 order.fill_state[position] = state
                 if self._in_flight.get(position) is scope:
                     del self._in_flight[position]
+                if held is not None and state == _FILLED and not order.opened[position]:
+                    self._held[position] = (held, trio.current_time())
+                    held = None
                 self._changed.set()
+            if held is not None:
+                self.fs.blocks.release(held)
 
     # --- status --------------------------------------------------------------------
 
@@ -400,6 +497,7 @@ class Prefetcher:
             "window_bytes": self.window_bytes,
             "window": len(window),
             "in_flight": len(self._in_flight),
+            "held": len(self._held),
             "files_prefetched": self.prefetched_files,
             "bytes_prefetched": self.prefetched_bytes,
             "files_failed": self.failed_files,
