@@ -47,6 +47,16 @@ A directory that was listed once is never held hostage by the bucket
   successful one stamps ``listed_at``, so a directory is re-listed at most
   once per ``list_ttl``: a shuffled sweep over many directories costs about
   one LIST per directory per ``list_ttl``, never one per lookup.
+- A re-listing that fails (the bucket's error, or a defect: any exception,
+  logged with its traceback) leaves a listing that is still right, only
+  older: every page merged before the failure was merged whole, in one
+  transaction (names it added exist in the bucket; the ones new to this
+  node stay provisional, owner-only, until a listing settles them); no
+  name is swept, since only a complete listing proves a name gone;
+  ``listed_at`` is not stamped, so the directory stays expired and is
+  re-listed by an access after ``list_ttl`` (``_relist_failed``).  A first
+  listing that fails leaves the directory never listed, and its caller
+  gets the error.
 - A lookup of a name that the expired listing does not hold answers ENOENT
   at once and costs no request of its own (no LIST, no HEAD): the name
   shows once the re-listing it started (or one already queued) is done.  A
@@ -572,6 +582,17 @@ class Namespace:
                 log.warning(
                     "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
                 )
+        except Exception:
+            # A defect, not the bucket: what the pages merged so far stays
+            # (each page is one transaction), nothing is swept, the listing
+            # stays expired; the traceback goes to the log.
+            if dir_inode.listed_at == 0:
+                raise
+            self._note_relist_failed(dir_inode.ino)
+            log.exception(
+                "re-listing of directory inode %d failed, serving the cached listing",
+                dir_inode.ino,
+            )
         finally:
             self._listing.pop(dir_inode.ino, None)
             done.set()
@@ -585,6 +606,8 @@ class Namespace:
                 dir_inode = self.meta.get_inode(ino)
                 if dir_inode is not None:
                     await self._relist(dir_inode, done)
+        except StoreError as exc:  # its listing was dropped meanwhile (``_forget_vanished``)
+            log.warning("background listing of directory inode %d failed: %s", ino, exc)
         except Exception:
             log.exception("background re-listing of directory inode %d failed", ino)
         finally:
