@@ -74,6 +74,11 @@ A directory that was listed once is never held hostage by the bucket
   its start and not while the endpoint is suspect (``_wait_settled``),
   then is served what there is (owner-only at worst, never wider).  A
   revalidation HEAD on open leaves a provisional inode provisional.
+  Provisional attributes never leave the node and never outlive a change:
+  before an upload, copy, metadata rewrite or marker of a provisional
+  inode, and before a chmod or chown of it, ``settle_provisional`` gives
+  it what a listing would (one LIST of its directory's shadow prefix, or a
+  HEAD for a name too long for a shadow; else the defaults).
 
 Consistency a reader gets (what issue 15 builds on):
 
@@ -722,6 +727,70 @@ class Namespace:
             self.orphan_shadows[dir_ino] = {name: seen[name] for name in orphans if name in seen}
         else:
             self.orphan_shadows.pop(dir_ino, None)
+
+    def is_provisional(self, inode: Inode) -> bool:
+        """Are ``inode``'s attributes not settled by a listing yet (its
+        in-memory copy, or LMDB's)?"""
+        return inode.validated_at == PROVISIONAL or self._provisional(inode.ino)
+
+    async def settle_provisional(self, inode: Inode, listed_key: str | None = None) -> None:
+        """Give a provisional inode now the attributes a listing would give
+        it: its shadow entries (one LIST of its directory's shadow prefix),
+        for a key too long for a shadow its object's metadata (one HEAD),
+        else ``file_mode``/``dir_mode`` and the mount's owner.
+
+        ``listed_key``: where a listing found it (a rename's pending copy
+        still reads from there); default its ``origin_key`` (files) or its
+        current key (directories).  Called before anything of the inode
+        leaves the node (``SyncOps``: upload, copy, metadata, marker) and
+        before a chmod or chown of it (``WriteOps.setattr``): provisional,
+        owner-only attributes must never become a shadow object or object
+        metadata (a write after a lookup whose ``_wait_settled`` ran out
+        once uploaded a 0600 shadow nobody asked for).  Raises the store's
+        error; the inode then stays provisional.
+        """
+        if not self.is_provisional(inode):
+            return
+        if listed_key is None:
+            listed_key = (
+                self.prefix_of(inode) if inode.is_dir or not inode.origin_key else inode.origin_key
+            )
+        key = listed_key.rstrip("/")
+        parent_key, _, name = key.rpartition("/")
+        dir_prefix = parent_key + "/" if parent_key else ""
+        seen: list[ShadowAttrs] = []
+        found: ShadowAttrs | None = None
+        if self.shadow_fits(key):
+            seen = (await self._list_shadow(dir_prefix)).get(name.encode(), [])
+            found = combine(seen)
+        else:
+            try:
+                info = await trio.to_thread.run_sync(
+                    self.store.head, listed_key, limiter=self._limiter
+                )
+                found = attrs_from_metadata(info.metadata)
+            except ObjectNotFound:
+                pass  # an implied directory or a vanished object: defaults
+        ident = self.identity
+        self.meta.settle_one(
+            inode.ino,
+            None if found is None else (found.perm, found.uid, found.gid),
+            [(key, a.perm, a.uid, a.gid) for a in seen],
+            file_mode=ident.file_mode,
+            dir_mode=ident.dir_mode,
+            uid=ident.uid,
+            gid=ident.gid,
+            now=time.time(),
+        )
+        # Settled now, or by a listing meanwhile: the copies in memory too.
+        current = self.meta.get_inode(inode.ino)
+        if current is None or current.validated_at == PROVISIONAL:
+            return
+        for copy in (inode, self.live_inode(inode.ino)):
+            if copy is not None:
+                copy.mode, copy.uid, copy.gid = current.mode, current.uid, current.gid
+                if copy.validated_at == PROVISIONAL:
+                    copy.validated_at = current.validated_at
 
     async def _list_shadow(self, prefix: str) -> dict[bytes, list[ShadowAttrs]]:
         """name -> shadow entries under the shadow prefix of a directory."""

@@ -642,6 +642,11 @@ class FileWrites:
         without CAP_FSETID, and any chown of a non-directory, clear
         setuid/setgid by the kernel's rules (``posix_attrs``)."""
         inode = self.namespace.get(ino)
+        if (mode, uid, gid) != (None, None, None) and self.namespace.is_provisional(inode):
+            # A chmod or chown changes the attributes a listing gives the
+            # name, not its provisional owner-only ones, which the next
+            # listing would otherwise put back over it.
+            await self.namespace.settle_provisional(inode, self.journal.read_origin(ino))
         if size is not None and size != inode.size:
             await self.truncate(inode, size)
             inode = self.namespace.get(ino)
