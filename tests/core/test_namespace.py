@@ -153,6 +153,9 @@ class SyntheticBucket:
     def key_fits(self, key: str) -> bool:
         return len(key.encode()) <= 1024
 
+    def reserved(self, key: str) -> bool:
+        return False
+
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         if prefix != "big/":
             yield ListPage(objects=[], prefixes=["big/"]) if prefix == "" else ListPage([], [])
