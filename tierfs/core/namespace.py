@@ -78,7 +78,10 @@ A directory that was listed once is never held hostage by the bucket
   before an upload, copy, metadata rewrite or marker of a provisional
   inode, and before a chmod or chown of it, ``settle_provisional`` gives
   it what a listing would (one LIST of its directory's shadow prefix, or a
-  HEAD for a name too long for a shadow; else the defaults).
+  HEAD for a name too long for a shadow; else the defaults).  While the
+  bucket cannot answer, such an upload waits in the journal like any
+  other, and a chmod or chown of a provisional name fails with the
+  store's errno (EIO) rather than be undone by the next listing.
 
 Consistency a reader gets (what issue 15 builds on):
 
