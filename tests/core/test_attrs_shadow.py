@@ -408,3 +408,76 @@ async def test_another_nodes_chmod_reaches_an_open_file_at_the_next_listing(
     finally:
         await reader.fs.release(opened.fh)
     assert stat.S_IMODE((await reader.fs.getattr(seen.ino)).mode) == 0o600
+
+
+async def test_provisional_attributes_never_reach_the_bucket(
+    make_fs: Any, s3_store: Any, tmp_path: Path
+) -> None:
+    """A name a listing merged but never settled keeps provisional,
+    owner-only attributes (here the shadow listing failed; on a mount, a
+    lookup whose wait for the re-listing ran out, or readdirplus of a
+    running re-listing).  A write over it, a chmod of it and a rename of it
+    must not upload those as a shadow or as object metadata: each first
+    settles the name as a listing would (its shadow, else the defaults)."""
+    writer = await make_fs()
+    for name, perm, owner in (
+        ("private.bin", 0o640, 1000),
+        ("plain.bin", 0o644, 0),
+        ("chmodded.bin", 0o644, 0),
+        ("moved.bin", 0o600, 1000),
+    ):
+        await create_file(writer, name, b"old " + name.encode(), perm, owner, owner)
+    await writer.flush()
+    before = shadow_keys(s3_store)
+    assert before == {
+        f"{SHADOW}/private.bin@m0640,u1000,g1000",
+        f"{SHADOW}/moved.bin@m0600,u1000,g1000",
+    }
+    failing = ShadowListFails(writer.store)
+    node = await fresh_node(writer, tmp_path, "node2", store=failing)
+    with pytest.raises(TierfsError):
+        await node.fs.lookup(ROOT_INO, b"private.bin")
+    fs = node.fs
+    inos = {name: fs.meta.lookup(ROOT_INO, name.encode()) for name in ("private.bin", "plain.bin")}
+    inos["chmodded.bin"] = fs.meta.lookup(ROOT_INO, b"chmodded.bin")
+    inos["moved.bin"] = fs.meta.lookup(ROOT_INO, b"moved.bin")
+    for name, ino in inos.items():
+        assert ino is not None and fs.namespace.is_provisional(fs.namespace.get(ino)), name
+    failing.fail = False  # the bucket answers again; no listing has run since
+    for name in ("private.bin", "plain.bin"):  # by inode, as the kernel does after readdirplus
+        ino = inos[name]
+        assert ino is not None
+        opened = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+        await fs.write(opened.fh, 0, b"new " + name.encode())
+        await fs.release(opened.fh)
+    chmodded = inos["chmodded.bin"]
+    assert chmodded is not None
+    await fs.setattr(chmodded, mode=0o604)
+    await fs.rename(ROOT_INO, b"moved.bin", ROOT_INO, b"renamed.bin", 0)
+    await node.flush()
+    assert shadow_keys(s3_store) == {
+        f"{SHADOW}/private.bin@m0640,u1000,g1000",
+        f"{SHADOW}/chmodded.bin@m0604,u0,g0",
+        f"{SHADOW}/renamed.bin@m0600,u1000,g1000",
+    }
+    for key, perm, owner in (
+        ("private.bin", 0o640, "1000"),
+        ("plain.bin", 0o644, "0"),
+        ("chmodded.bin", 0o604, "0"),
+        ("renamed.bin", 0o600, "1000"),
+    ):
+        metadata = s3_store.head(key).metadata
+        assert (int(metadata["mode"]) & 0o7777, metadata["uid"]) == (perm, owner), key
+    ident = fs.identity
+    expected = {
+        "private.bin": (0o640, 1000, 1000),
+        "plain.bin": (ident.file_mode, ident.uid, ident.gid),
+        "chmodded.bin": (0o604, ident.uid, ident.gid),
+        "moved.bin": (0o600, 1000, 1000),
+    }
+    for name, (perm, uid, gid) in expected.items():
+        ino = inos[name]
+        assert ino is not None
+        inode = fs.namespace.get(ino)
+        assert not fs.namespace.is_provisional(inode), name
+        assert (stat.S_IMODE(inode.mode), inode.uid, inode.gid) == (perm, uid, gid), name

@@ -184,3 +184,35 @@ async def test_delete_completing_during_a_listing_does_not_bring_the_name_back(
     finish()
     names = sorted(name for _cookie, name, _ino in fs.meta.read_dir(ROOT_INO, 0, 100))
     assert names == [b"c.bin"], f"the listing brought deleted names back: {names}"
+
+
+async def test_overlapping_listings_each_see_the_deletes_completed_while_they_ran(
+    make_fs: Any,
+) -> None:
+    """Two listings overlap (here of the root and of ``d``; in the model, the
+    background re-listings of two directories) and the one opened second
+    ends first.  Its close must not take the other's watch of completed
+    deletes away: the watchers were a list emptied with ``list.remove``,
+    which compares sets by value, so the second listing's close removed the
+    first one's (equal, empty) set.  The first listing then missed the
+    delete completed after that, brought the unlinked name back, and its
+    own close raised ValueError (the model saw "background re-listing of
+    directory inode 1 failed")."""
+    mount = await make_fs(write=HELD)
+    fs = mount.fs
+    await mount.write_file("a.bin", b"x" * 10)
+    subdir = await fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
+    await mount.flush()
+    finish_root = listing_taken_now(
+        mount,
+        ROOT_INO,
+        [ListedEntry(b"a.bin", False, 10, "e"), ListedEntry(b"d", True)],
+    )
+    finish_subdir = listing_taken_now(mount, subdir.ino, [])
+    finish_subdir()  # opened second, closed first
+    await fs.unlink(ROOT_INO, b"a.bin")
+    await mount.flush()  # the delete of a.bin is done while the root's LIST is out
+    assert not fs.journal.being_deleted("a.bin")
+    finish_root()
+    names = sorted(name for _cookie, name, _ino in fs.meta.read_dir(ROOT_INO, 0, 100))
+    assert names == [b"d"], f"the listing brought the deleted name back: {names}"

@@ -58,6 +58,49 @@ async def test_new_and_deleted_objects_appear_after_list_ttl(make_fs: Any, s3_st
         await mount.fs.lookup(ROOT_INO, b"old.txt")
 
 
+async def test_a_relisting_that_fails_by_a_defect_keeps_a_right_listing(
+    make_fs: Any, s3_store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background re-listing that raises something other than a store
+    error (a defect, like the ValueError of ``Journal.watch_deletes`` the
+    model found) keeps what its pages merged, sweeps nothing, leaves the
+    directory expired, logs the traceback, and the next one completes."""
+    put(s3_store, "old.txt", b"1")
+    put(s3_store, "kept.txt", b"2")
+    mount = await make_fs(namespace=NamespaceConfig(list_ttl=0.3, revalidate_ttl=60))
+    namespace = mount.fs.namespace
+    assert await names(mount) == {"old.txt", "kept.txt"}
+    listed_at = namespace.get(ROOT_INO).listed_at
+    put(s3_store, "new.txt", b"3")
+    s3_store.delete("old.txt")
+    real_finish = mount.fs.meta.finish_listing
+
+    def broken_finish(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected defect")
+
+    monkeypatch.setattr(mount.fs.meta, "finish_listing", broken_finish)
+    await trio.sleep(0.35)
+    with caplog.at_level(logging.ERROR, logger="tierfs.core.namespace"):
+        await mount.fs.lookup(ROOT_INO, b"kept.txt")  # starts the re-listing
+        with trio.fail_after(10):
+            while ROOT_INO in namespace._listing:
+                await trio.sleep(0.01)
+    failures = [r for r in caplog.records if "re-listing" in r.getMessage()]
+    assert failures and failures[0].exc_info is not None, "no traceback in the log"
+    assert "injected defect" in str(failures[0].exc_info[1])
+    # The merged page stays (new.txt exists in the bucket); nothing is swept
+    # (only a complete listing proves old.txt gone); still expired.
+    assert await names(mount) == {"old.txt", "kept.txt", "new.txt"}
+    assert namespace.get(ROOT_INO).listed_at == listed_at
+    assert namespace.expired(ROOT_INO)
+    monkeypatch.setattr(mount.fs.meta, "finish_listing", real_finish)
+    await trio.sleep(0.35)  # a failed re-listing is not tried again within list_ttl
+    done = namespace.listings_done
+    await mount.fs.lookup(ROOT_INO, b"kept.txt")
+    await wait_listed(mount, done)
+    assert await names(mount) == {"kept.txt", "new.txt"}
+
+
 async def test_inode_numbers_are_stable_across_relisting_and_remount(
     make_fs: Any, s3_store: Any
 ) -> None:
@@ -152,6 +195,9 @@ class SyntheticBucket:
 
     def key_fits(self, key: str) -> bool:
         return len(key.encode()) <= 1024
+
+    def reserved(self, key: str) -> bool:
+        return False
 
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         if prefix != "big/":

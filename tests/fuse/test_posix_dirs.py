@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import os
 import random
 import stat
@@ -265,3 +266,61 @@ def test_new_and_deleted_objects_show_after_one_background_relisting(
         assert exc.errno == errno.ENOENT
     else:
         raise AssertionError("never.bin exists")
+
+
+@pytest.mark.slow
+def test_shuffled_stats_over_expired_directories_measured(mount: MountFactory) -> None:
+    """The acceptance figures of issue 14, section 4, measured and printed
+    (``--run-slow -s``): 30 directories of 400 files, ``list_ttl = 1s``,
+    300 ``stat``s in shuffled order after every listing expired.  The
+    median ``stat`` against the median time of one LIST of a directory
+    (ListObjectsV2 of its 400 keys, sent by boto3 to the same server), and
+    the LISTs the daemon sent against one per directory per ``list_ttl``
+    (each re-listing is a data LIST and a shadow LIST).  Before the
+    stale-while-revalidate listings: 323 LISTs for 300 stats, each stat as
+    slow as a LIST."""
+    ndirs, nfiles, nstats, ttl = 30, 400, 300, 1.0
+    dirs = [f"d{i:02}" for i in range(ndirs)]
+    objects = {f"{d}/f{j:03}.bin": b"x" * (j % 7) for d in dirs for j in range(nfiles)}
+    m = mount(objects, list_ttl=f"{ttl}s")
+    for d in dirs:  # every directory listed once (warm)
+        assert len(os.listdir(m.path / d)) == nfiles
+
+    list_times = []
+    for d in dirs[:10]:
+        start = time.perf_counter()
+        pages = m.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=m.bucket, Prefix=m.key(d) + "/", Delimiter="/"
+        )
+        assert sum(len(page.get("Contents", [])) for page in pages) == nfiles
+        list_times.append(time.perf_counter() - start)
+
+    picks = random.Random(14).sample(sorted(objects), nstats)
+    time.sleep(ttl + 0.3)  # every listing and every kernel entry expired
+    before = store_calls(m)
+    stat_times = []
+    sweep_start = time.perf_counter()
+    for key in picks:
+        start = time.perf_counter()
+        assert os.stat(m.path / key).st_size == len(objects[key])
+        stat_times.append(time.perf_counter() - start)
+    sweep = time.perf_counter() - sweep_start
+    time.sleep(2 * ttl)  # the re-listings the sweep started finish
+    calls = {op: n - before.get(op, 0) for op, n in store_calls(m).items()}
+    lists = calls.get("ListObjectsV2", 0)
+    stat_median = sorted(stat_times)[len(stat_times) // 2]
+    list_median = sorted(list_times)[len(list_times) // 2]
+    ttl_periods = math.ceil(sweep / ttl) + 1
+    print(
+        f"\n{ndirs} dirs x {nfiles} files, list_ttl {ttl:g}s, {nstats} shuffled stats in "
+        f"{sweep:.2f} s: stat median {stat_median * 1e3:.3f} ms, p90 "
+        f"{sorted(stat_times)[nstats * 9 // 10] * 1e3:.3f} ms, max {max(stat_times) * 1e3:.3f} ms; "
+        f"one LIST of a directory (boto3) median {list_median * 1e3:.1f} ms "
+        f"(stat/LIST {stat_median / list_median:.3f}); daemon LISTs during and after the "
+        f"sweep: {lists} (data + shadow), HEADs {calls.get('HeadObject', 0)}; "
+        f"bound 2 x {ndirs + 1} dirs x {ttl_periods} list_ttl periods = "
+        f"{2 * (ndirs + 1) * ttl_periods}"
+    )
+    assert stat_median < list_median / 5, (stat_median, list_median)
+    assert calls.get("HeadObject", 0) == 0
+    assert lists <= 2 * (ndirs + 1) * ttl_periods, calls

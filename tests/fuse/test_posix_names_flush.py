@@ -70,6 +70,55 @@ def test_a_lookup_of_a_name_over_255_bytes_is_enametoolong(mount: MountFactory) 
     assert errno_of(lambda: os.stat(m.path / ("n" * 255))) == errno.ENOENT
 
 
+@pytest.mark.parametrize("backing", ["s3", "file"])
+def test_reserved_names_are_eperm_on_both_backings(
+    mount: MountFactory, tmp_path: Path, backing: str
+) -> None:
+    """``.tierfs-attrs`` in the root is reserved on every backing; the
+    ``file://`` backing also keeps every ``.tierfs-*`` name for itself (its
+    markers, sidecars, temp files).  Both refuse with EPERM (the README's
+    departure list), never ENAMETOOLONG: the name is not too long.  On S3
+    the other ``.tierfs-*`` names are ordinary names."""
+    backing_dir = None
+    if backing == "file":
+        backing_dir = tmp_path / "backing"
+        backing_dir.mkdir()
+    m = mount(backing_dir=backing_dir, upload_delay="600s")
+    (m.path / "d").mkdir()
+    (m.path / "f").write_bytes(b"f")
+    (m.path / "e").mkdir()
+    eperm = errno.EPERM
+    shadow_root = m.path / ".tierfs-attrs"
+    assert errno_of(lambda: shadow_root.write_bytes(b"x")) == eperm
+    assert errno_of(lambda: os.mkdir(shadow_root)) == eperm
+    assert errno_of(lambda: os.rename(m.path / "f", shadow_root)) == eperm
+    assert errno_of(lambda: os.rename(m.path / "e", shadow_root)) == eperm
+
+    in_root, in_dir = m.path / ".tierfs-meta", m.path / "d" / ".tierfs-x"
+    attempts: list[tuple[str, Callable[[], Any]]] = [
+        ("create", lambda: in_dir.write_bytes(b"x")),
+        ("mkdir", lambda: os.mkdir(in_root)),
+        ("symlink", lambda: os.symlink("target", m.path / "d" / ".tierfs-link")),
+        ("mkfifo", lambda: os.mkfifo(m.path / "d" / ".tierfs-fifo")),
+        ("rename file", lambda: os.rename(m.path / "f", m.path / "d" / ".tierfs-f")),
+        ("rename dir", lambda: os.rename(m.path / "e", m.path / ".tierfs-e")),
+    ]
+    expected = eperm if backing == "file" else None
+    for what, attempt in attempts:
+        assert errno_of(attempt) == expected, f"{what} on {backing}"
+    names = (sorted(os.listdir(m.path)), sorted(os.listdir(m.path / "d")))
+    if backing == "file":
+        assert names == (["d", "e", "f"], [])
+    else:
+        assert names == (
+            [".tierfs-e", ".tierfs-meta", "d"],
+            [".tierfs-f", ".tierfs-fifo", ".tierfs-link", ".tierfs-x"],
+        )
+        done = run_tierfs("flush", str(m.path))
+        assert done.returncode == 0, done.stderr
+        assert {"d/.tierfs-x", "d/.tierfs-f", ".tierfs-meta/", ".tierfs-e/"} <= bucket_keys(m)
+
+
 def test_names_whose_object_key_would_be_too_long_are_refused_up_front(
     mount: MountFactory,
 ) -> None:

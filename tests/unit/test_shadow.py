@@ -117,6 +117,9 @@ def test_store_key_limits_decide_what_fits(tmp_path: object) -> None:
     local = LocalStore("file:///nonexistent-tierfs-test-root")
     assert local.key_fits(f"{SHADOW_ROOT}/a/b@m0600,u0,g0")
     assert not local.key_fits("a/.tierfs-attrs/b")  # reserved below the top
+    assert local.reserved("a/.tierfs-attrs/b") and local.reserved(".tierfs-meta/")
+    assert not local.reserved(f"{SHADOW_ROOT}/a/b@m0600,u0,g0") and not local.reserved("a/b")
+    assert not s3.reserved("a/.tierfs-x") and not local.reserved("a/" + "b" * 256)
     assert not local.key_fits("a/" + "b" * 256)  # one segment over 255 bytes
 
 

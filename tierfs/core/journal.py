@@ -200,9 +200,12 @@ class Journal:
         #: "Refused entries"): not retried on their own.
         self.refused: dict[int, str] = {}
         self._deleting: dict[str, int] = {}
-        #: One set per open ``watch_deletes``: the keys and prefixes whose
-        #: delete left the journal since it was opened.
-        self._delete_watchers: list[set[str]] = []
+        #: One set per open ``watch_deletes``, by the identity of the set:
+        #: the keys and prefixes whose delete left the journal since it was
+        #: opened.  (A list removed from by equality once dropped another
+        #: watcher's empty set: that listing missed the deletes completed
+        #: while it ran, and the close of its own raised ValueError.)
+        self._delete_watchers: dict[int, set[str]] = {}
         #: ino -> pending setmeta/mkdir entries of it.
         self._attr_entries: dict[int, int] = {}
         for entry in self.entries.values():
@@ -295,7 +298,7 @@ class Journal:
             prefix = "/".join(parts[:i]) + ("/" if i < len(parts) or key.endswith("/") else "")
             count = self._deleting.get(prefix, 0) + sign
             if sign < 0:
-                for done in self._delete_watchers:
+                for done in self._delete_watchers.values():
                     done.add(prefix)
             if count:
                 self._deleting[prefix] = count
@@ -320,11 +323,11 @@ class Journal:
         completed still shows the name; without this, the listing would
         bring the deleted name back until the next listing swept it."""
         done: set[str] = set()
-        self._delete_watchers.append(done)
+        self._delete_watchers[id(done)] = done
         try:
             yield lambda key_or_prefix: key_or_prefix in self._deleting or key_or_prefix in done
         finally:
-            self._delete_watchers.remove(done)
+            del self._delete_watchers[id(done)]
 
     def read_origin(self, ino: int) -> str | None:
         """Where the bytes of ``ino``'s origin are *now*, if a rename moved

@@ -47,6 +47,16 @@ A directory that was listed once is never held hostage by the bucket
   successful one stamps ``listed_at``, so a directory is re-listed at most
   once per ``list_ttl``: a shuffled sweep over many directories costs about
   one LIST per directory per ``list_ttl``, never one per lookup.
+- A re-listing that fails (the bucket's error, or a defect: any exception,
+  logged with its traceback) leaves a listing that is still right, only
+  older: every page merged before the failure was merged whole, in one
+  transaction (names it added exist in the bucket; the ones new to this
+  node stay provisional, owner-only, until a listing settles them); no
+  name is swept, since only a complete listing proves a name gone;
+  ``listed_at`` is not stamped, so the directory stays expired and is
+  re-listed by an access after ``list_ttl`` (``_relist_failed``).  A first
+  listing that fails leaves the directory never listed, and its caller
+  gets the error.
 - A lookup of a name that the expired listing does not hold answers ENOENT
   at once and costs no request of its own (no LIST, no HEAD): the name
   shows once the re-listing it started (or one already queued) is done.  A
@@ -64,6 +74,14 @@ A directory that was listed once is never held hostage by the bucket
   its start and not while the endpoint is suspect (``_wait_settled``),
   then is served what there is (owner-only at worst, never wider).  A
   revalidation HEAD on open leaves a provisional inode provisional.
+  Provisional attributes never leave the node and never outlive a change:
+  before an upload, copy, metadata rewrite or marker of a provisional
+  inode, and before a chmod or chown of it, ``settle_provisional`` gives
+  it what a listing would (one LIST of its directory's shadow prefix, or a
+  HEAD for a name too long for a shadow; else the defaults).  While the
+  bucket cannot answer, such an upload waits in the journal like any
+  other, and a chmod or chown of a provisional name fails with the
+  store's errno (EIO) rather than be undone by the next listing.
 
 Consistency a reader gets (what issue 15 builds on):
 
@@ -603,6 +621,17 @@ class Namespace:
                 log.warning(
                     "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
                 )
+        except Exception:
+            # A defect, not the bucket: what the pages merged so far stays
+            # (each page is one transaction), nothing is swept, the listing
+            # stays expired; the traceback goes to the log.
+            if dir_inode.listed_at == 0:
+                raise
+            self._note_relist_failed(dir_inode.ino)
+            log.exception(
+                "re-listing of directory inode %d failed, serving the cached listing",
+                dir_inode.ino,
+            )
         finally:
             self._listing.pop(dir_inode.ino, None)
             done.set()
@@ -616,6 +645,8 @@ class Namespace:
                 dir_inode = self.meta.get_inode(ino)
                 if dir_inode is not None:
                     await self._relist(dir_inode, done)
+        except StoreError as exc:  # its listing was dropped meanwhile (``_forget_vanished``)
+            log.warning("background listing of directory inode %d failed: %s", ino, exc)
         except Exception:
             log.exception("background re-listing of directory inode %d failed", ino)
         finally:
@@ -730,6 +761,70 @@ class Namespace:
             self.orphan_shadows[dir_ino] = {name: seen[name] for name in orphans if name in seen}
         else:
             self.orphan_shadows.pop(dir_ino, None)
+
+    def is_provisional(self, inode: Inode) -> bool:
+        """Are ``inode``'s attributes not settled by a listing yet (its
+        in-memory copy, or LMDB's)?"""
+        return inode.validated_at == PROVISIONAL or self._provisional(inode.ino)
+
+    async def settle_provisional(self, inode: Inode, listed_key: str | None = None) -> None:
+        """Give a provisional inode now the attributes a listing would give
+        it: its shadow entries (one LIST of its directory's shadow prefix),
+        for a key too long for a shadow its object's metadata (one HEAD),
+        else ``file_mode``/``dir_mode`` and the mount's owner.
+
+        ``listed_key``: where a listing found it (a rename's pending copy
+        still reads from there); default its ``origin_key`` (files) or its
+        current key (directories).  Called before anything of the inode
+        leaves the node (``SyncOps``: upload, copy, metadata, marker) and
+        before a chmod or chown of it (``WriteOps.setattr``): provisional,
+        owner-only attributes must never become a shadow object or object
+        metadata (a write after a lookup whose ``_wait_settled`` ran out
+        once uploaded a 0600 shadow nobody asked for).  Raises the store's
+        error; the inode then stays provisional.
+        """
+        if not self.is_provisional(inode):
+            return
+        if listed_key is None:
+            listed_key = (
+                self.prefix_of(inode) if inode.is_dir or not inode.origin_key else inode.origin_key
+            )
+        key = listed_key.rstrip("/")
+        parent_key, _, name = key.rpartition("/")
+        dir_prefix = parent_key + "/" if parent_key else ""
+        seen: list[ShadowAttrs] = []
+        found: ShadowAttrs | None = None
+        if self.shadow_fits(key):
+            seen = (await self._list_shadow(dir_prefix)).get(name.encode(), [])
+            found = combine(seen)
+        else:
+            try:
+                info = await trio.to_thread.run_sync(
+                    self.store.head, listed_key, limiter=self._limiter
+                )
+                found = attrs_from_metadata(info.metadata)
+            except ObjectNotFound:
+                pass  # an implied directory or a vanished object: defaults
+        ident = self.identity
+        self.meta.settle_one(
+            inode.ino,
+            None if found is None else (found.perm, found.uid, found.gid),
+            [(key, a.perm, a.uid, a.gid) for a in seen],
+            file_mode=ident.file_mode,
+            dir_mode=ident.dir_mode,
+            uid=ident.uid,
+            gid=ident.gid,
+            now=time.time(),
+        )
+        # Settled now, or by a listing meanwhile: the copies in memory too.
+        current = self.meta.get_inode(inode.ino)
+        if current is None or current.validated_at == PROVISIONAL:
+            return
+        for copy in (inode, self.live_inode(inode.ino)):
+            if copy is not None:
+                copy.mode, copy.uid, copy.gid = current.mode, current.uid, current.gid
+                if copy.validated_at == PROVISIONAL:
+                    copy.validated_at = current.validated_at
 
     async def _list_shadow(self, prefix: str) -> dict[bytes, list[ShadowAttrs]]:
         """name -> shadow entries under the shadow prefix of a directory."""

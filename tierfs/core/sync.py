@@ -39,7 +39,10 @@ inode's attributes, recorded in its ledger first) and ``_drop_shadows``
 entry with ``shadow_ino`` drops that key's shadow objects after the object.
 So the bucket never shows a name wider than what its inode allows, and an
 upload whose attributes changed while it ran goes again, like one whose
-content changed.
+content changed.  Before either, an inode whose attributes are still
+provisional (a listing added it and has not settled them) gets the ones a
+listing would give it (``Namespace.settle_provisional``): owner-only
+placeholders never become a shadow object or object metadata.
 
 Wrong bytes never reach the bucket: ``UploadSource`` checks every block
 that has a digest (clean ones, and dirty ones sealed at commit) as it reads
@@ -458,6 +461,8 @@ class Sync:
         entry["running_key"] = key
         cf = self.blocks.acquire(inode)
         try:
+            # Provisional attributes never go up (``Namespace.settle_provisional``).
+            await self.namespace.settle_provisional(cf.inode, self.journal.read_origin(ino))
             version = cf.version
             attrs = (cf.inode.mode, cf.inode.uid, cf.inode.gid)
             shadow = await self._put_shadow(ino, key, cf.inode)
@@ -661,6 +666,8 @@ class Sync:
 
     async def _run_copy(self, seq: int, entry: Entry) -> None:
         moved = self.linked_inode(entry["ino"])
+        if moved is not None:  # provisional attributes never go up
+            await self.namespace.settle_provisional(moved, entry["src"])
         shadow = await self._put_shadow(entry["ino"], entry["dst"], moved)
         try:
             etag = await self._store_call(self.store.copy, entry["src"], entry["dst"])
@@ -685,6 +692,8 @@ class Sync:
 
     async def _run_mkdir(self, seq: int, entry: Entry) -> None:
         inode = self.linked_inode(entry["ino"])
+        if inode is not None:  # provisional attributes never go up
+            await self.namespace.settle_provisional(inode, entry["key"])
         metadata = object_metadata(inode) if inode is not None else None
         shadow = await self._put_shadow(entry["ino"], entry["key"], inode)
         await self._store_call(self.store.put, entry["key"], b"", metadata)
@@ -711,6 +720,7 @@ class Sync:
             self._finish(seq)  # gone, or an upload carries the metadata instead
             return
         key = entry["key"]
+        await self.namespace.settle_provisional(inode, key)  # provisional attributes never go up
         shadow = await self._put_shadow(inode.ino, key, inode)
         try:
             etag = await self._store_call(self.store.copy, key, key, object_metadata(inode))

@@ -235,7 +235,11 @@ class FileWrites:
     def _check_key(self, key: str) -> None:
         """Refuse up front a name whose object key (store prefix included)
         the bucket would never take: it could be written locally but never
-        uploaded (S3: 1,024 bytes)."""
+        uploaded.  EPERM for a name the store reserves (the ``file://``
+        backing's ``.tierfs-*``, like ``.tierfs-attrs`` in the root on
+        every backing), else ENAMETOOLONG (S3: 1,024 bytes)."""
+        if self.namespace.store.reserved(key):
+            raise NotPermitted(f"{key[-64:]!r}: names starting with '.tierfs-' are reserved")
         if not self.namespace.store.key_fits(key):
             raise NameTooLong(f"the object key of {key[-64:]!r} would be too long for the bucket")
 
@@ -642,6 +646,11 @@ class FileWrites:
         without CAP_FSETID, and any chown of a non-directory, clear
         setuid/setgid by the kernel's rules (``posix_attrs``)."""
         inode = self.namespace.get(ino)
+        if (mode, uid, gid) != (None, None, None) and self.namespace.is_provisional(inode):
+            # A chmod or chown changes the attributes a listing gives the
+            # name, not its provisional owner-only ones, which the next
+            # listing would otherwise put back over it.
+            await self.namespace.settle_provisional(inode, self.journal.read_origin(ino))
         if size is not None and size != inode.size:
             await self.truncate(inode, size)
             inode = self.namespace.get(ino)

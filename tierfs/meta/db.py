@@ -612,9 +612,12 @@ class MetaDB:
                     continue  # the shadow's, below
                 perm = dir_mode if is_dir else file_mode
                 mode = stat.S_IFMT(mode) | (perm & 0o7777)
-                txn.put(
-                    key, patch_attrs(raw, mode, uid, gid, 0.0 if is_dir else now), db=self._inodes
-                )
+                validated_at = 0.0 if is_dir else now
+                txn.put(key, patch_attrs(raw, mode, uid, gid, validated_at), db=self._inodes)
+                live = live_inode(ino)
+                if live is not None:  # an open file: its in-memory inode too
+                    live.mode, live.uid, live.gid = mode, uid, gid
+                    live.validated_at = validated_at
             for name in attrs.keys() | seen.keys():
                 raw = txn.get(dentry_key(dir_ino, name), db=self._dentries)
                 if raw is None:
@@ -644,7 +647,44 @@ class MetaDB:
                 live = live_inode(ino)
                 if live is not None:  # an open file: its in-memory inode too
                     live.mode, live.uid, live.gid = inode.mode, inode.uid, inode.gid
+                    if provisional:
+                        live.validated_at = inode.validated_at
         return orphans
+
+    def settle_one(
+        self,
+        ino: int,
+        attrs: tuple[int, int, int] | None,
+        seen: list[tuple[str, int, int, int]],
+        *,
+        file_mode: int,
+        dir_mode: int,
+        uid: int,
+        gid: int,
+        now: float,
+    ) -> Inode | None:
+        """Settle ONE provisional inode as a listing's ``settle_attrs`` would
+        (one transaction): ``attrs`` (perm, uid, gid) from its shadow (or a
+        HEAD), else the mount's defaults; ``seen``: the shadow objects found
+        for its key, ``(key, perm, uid, gid)``, added to its ledger.
+        Returns the settled inode, or None if it is gone or no longer
+        provisional (a listing settled it meanwhile: nothing is changed)."""
+        with self.write() as w:
+            raw = w.txn.get(ino_key(ino), db=self._inodes)
+            if raw is None or raw_validated_at(raw) != PROVISIONAL:
+                return None
+            inode = decode_inode(ino, raw)
+            if seen:
+                ledger = w.shadow_ledger(ino)
+                w.set_shadow_ledger(ino, ledger + [item for item in seen if item not in ledger])
+            if not stat.S_ISLNK(inode.mode):
+                if attrs is None:
+                    attrs = (dir_mode if inode.is_dir else file_mode, uid, gid)
+                perm, inode.uid, inode.gid = attrs
+                inode.mode = stat.S_IFMT(inode.mode) | (perm & 0o7777)
+            inode.validated_at = 0.0 if inode.is_dir else now
+            w.put_inode(inode)
+            return inode
 
     def shadow_ledger(self, ino: int) -> list[tuple[str, int, int, int]]:
         with self._read() as txn:

@@ -125,6 +125,12 @@ class ObjectStore(Protocol):
         names)?  Pure: no request is sent."""
         ...
 
+    def reserved(self, key: str) -> bool:
+        """Does ``key`` use a name this store keeps for itself (the local
+        store's ``.tierfs-*``)?  Such a key does not fit either; the layers
+        above refuse it with EPERM, not as too long.  Pure."""
+        ...
+
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         """ListObjectsV2 with ``Delimiter="/"`` under ``prefix``, one page at a time.
 

@@ -320,6 +320,13 @@ class LocalStore:
                 f"local store directory '{self.root}' is not readable and writable"
             )
 
+    def reserved(self, key: str) -> bool:
+        segments = (key[:-1] if key.endswith("/") else key).split("/")
+        return any(
+            seg.startswith(RESERVED_PREFIX) and not (index == 0 and seg == SHADOW_ROOT)
+            for index, seg in enumerate(segments)
+        )
+
     def key_fits(self, key: str) -> bool:
         try:
             self._paths(key)

@@ -593,6 +593,9 @@ class S3Store:
             return False
         return True
 
+    def reserved(self, key: str) -> bool:
+        return False  # a bucket keeps no names for itself
+
     def list_pages(self, prefix: str, page_size: int = 1000) -> Iterator[ListPage]:
         """ListObjectsV2 with Delimiter="/", one request per page.
 
