@@ -215,10 +215,9 @@ class FetchSlots:
     async def run(self) -> None:
         """Wake what rule 4 held back when its time comes; runs until cancelled."""
         while True:
-            if self._timer_deadline == math.inf:
-                await self._timer_lot.park()
+            with trio.move_on_at(self._timer_deadline):
+                await self._timer_lot.park()  # an earlier deadline was set
                 continue
-            await trio.sleep_until(self._timer_deadline)
             self._timer_deadline = math.inf
             self._wake()
 
