@@ -184,3 +184,24 @@ async def test_delete_completing_during_a_listing_does_not_bring_the_name_back(
     finish()
     names = sorted(name for _cookie, name, _ino in fs.meta.read_dir(ROOT_INO, 0, 100))
     assert names == [b"c.bin"], f"the listing brought deleted names back: {names}"
+
+
+async def test_overlapping_listings_each_end_their_own_delete_watch(make_fs: Any) -> None:
+    """Two listings at once (a background re-listing and a lookup's) whose
+    watches end in the other order: each ends its own.  ``list.remove``
+    compared the watchers' sets by value, so the later listing, ending
+    first, removed the earlier one's (equal) set: that one then missed the
+    deletes that completed after, and its own end failed with ValueError
+    (the model test saw it in the daemon log)."""
+    mount = await make_fs(write=HELD)
+    journal = mount.fs.journal
+    first, second = journal.watch_deletes(), journal.watch_deletes()
+    seen_by_first = first.__enter__()
+    second.__enter__()
+    second.__exit__(None, None, None)
+    delete = {"op": "delete", "key": "gone.bin"}
+    journal._count_delete(delete, +1)  # a delete enters the journal...
+    journal._count_delete(delete, -1)  # ...and completes during the first listing
+    assert seen_by_first("gone.bin")
+    first.__exit__(None, None, None)
+    assert journal._delete_watchers == []

@@ -324,7 +324,10 @@ class Journal:
         try:
             yield lambda key_or_prefix: key_or_prefix in self._deleting or key_or_prefix in done
         finally:
-            self._delete_watchers.remove(done)
+            # By identity: ``list.remove`` compares sets by value, and two
+            # watchers with nothing seen yet are equal (one would lose its
+            # entry, and the other's remove would then fail).
+            self._delete_watchers[:] = [w for w in self._delete_watchers if w is not done]
 
     def read_origin(self, ino: int) -> str | None:
         """Where the bytes of ``ino``'s origin are *now*, if a rename moved
