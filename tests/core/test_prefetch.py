@@ -297,7 +297,7 @@ async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
     fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4)
     mount = await make_fs(fetch=fetch)
     assert Prefetcher(mount.fs).tasks == 3  # the default: three quarters of the slots
-    assert mount.fs.blocks.background_slots.total_tokens == 2  # preload's share
+    assert mount.fs.blocks.slots.background_max == 2  # preload's share
     gets = GetsOneByOne(mount)
     try:
         prefetcher = await start_prefetcher(nursery, mount, paths, window_files=6, tasks=6)
@@ -316,7 +316,7 @@ async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
 
         nursery.start_soon(read_other)
         with trio.fail_after(10):
-            while mount.fs.blocks.demand_waiting != 1:
+            while mount.fs.blocks.slots.demand_waiting != 1:
                 await trio.sleep(0.01)
         # One slot frees: it goes to the demand read, not to the two
         # prefetch fills that were waiting before it.

@@ -73,32 +73,35 @@ Concurrency rules:
 * Cache hits are served inline on the trio loop: one ``os.pread`` per run of
   blocks on the same tier.  No thread hop, no LMDB write.
 * Everything that may block for long runs in a thread: the GET + pwrite +
-  hash of a fetch (``fetch_limiter``, ``fetch.concurrency`` threads at most)
+  hash of a fetch (``_fetch_threads``, ``fetch.concurrency`` threads at most)
   and the first-read verification of a block (``io_limiter``).
 * One fetch or verification per block at a time (``_Flight``); other readers
   of the block wait for it and share its outcome.
-* Priority: demand fetches (reads and their readahead) go before background
-  fetches (``fill``: preload, pins, promotion).  The rule: a background
-  fetch first takes one of ``background_slots`` (half of
-  ``fetch.concurrency``, at least 1), then takes a fetch slot only while no
-  demand fetch is waiting for one and a slot is free; it never queues on
-  ``fetch_limiter``, so a demand fetch waits at most for the fetches
-  already running, never for queued background work.  A demand read that
-  needs a block a background fetch is waiting to start promotes that
-  flight to demand (``_Flight.background``), so the shared fetch does not
-  wait behind the priority it is being served for.
-* Ahead of demand (``fill(..., ahead=True)``: order-aware prefetch, whose
-  files a reader will open next): the same rule without the
-  ``background_slots`` cap, so such fills may use every free fetch slot (the
-  prefetcher bounds how many it starts), and still never take a slot while
-  a demand fetch waits for one.
+* Priority (:mod:`tierfs.core.fetch_slots` has the rule and why): every
+  GET holds one of ``fetch.concurrency`` fetch slots (``self.slots``).
+  DEMAND fetches (reads and their readahead) go first and queue in
+  arrival order; AHEAD (``fill(..., priority=AHEAD)``: order-aware
+  prefetch) and BACKGROUND (``fill``: preload, pins, promotion) fetches
+  never queue ahead of a waiting demand fetch, BACKGROUND ones hold at most
+  half of the slots (AHEAD ones as many as the prefetcher starts), and
+  AHEAD goes before BACKGROUND.  While demand is active (a
+  demand fetch waits or runs, or ended less than 0.5 s ago) BACKGROUND
+  work shrinks to a trickle (one fetch at a time, at least 1 s apart), and
+  BACKGROUND fetches are GETs of at most ``BACKGROUND_RUN_BYTES`` (8 MiB),
+  so that those running when demand starts end soon: the S3 server, the
+  network and the disk then serve the demand read as if idle.  A demand
+  read that needs a block a lower-priority fetch is waiting to start
+  promotes that flight (``_Flight.priority``), so the shared fetch does
+  not wait behind the priority it is being served for; a ``fill`` that
+  joins a flight raises it to its own priority likewise.
 * A block record is committed to LMDB (on the loop, after the thread wrote
   the bytes) only if the file's ``generation`` did not change meanwhile; an
   ETag change bumps the generation, so a late GET of the old content is
   dropped instead of recorded.
 
 Fetches: consecutive absent blocks are fetched with one ranged GET of up to
-16 MiB (``FETCH_RUN_BYTES``); readahead holds the trailing partial run back
+16 MiB (``FETCH_RUN_BYTES``; 8 MiB for BACKGROUND fetches, see
+"Priority"); readahead holds the trailing partial run back
 until it is full.  The GET reads the socket straight into pooled block
 buffers (:mod:`tierfs.core.buffers`).  Whole fetched blocks are written to
 the tier with O_DIRECT from those buffers (filling the page cache was most
@@ -163,6 +166,7 @@ from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
 
 from .buffers import BlockBuffers
 from .digests import BlockHasher, block_digest, read_and_hash
+from .fetch_slots import FetchPriority, FetchSlots
 from .readahead import ReadaheadWindow
 from .space import SpaceManager
 from .upload_source import UploadSource
@@ -172,6 +176,11 @@ log = logging.getLogger(__name__)
 #: Sequential fetches are grouped into ranged GETs of up to this many bytes
 #: (DESIGN.md: 8-16 MiB), whatever the block size.
 FETCH_RUN_BYTES = 16 * 1024 * 1024
+
+#: BACKGROUND fetches (preload, pins, promotion) are cut into ranged GETs of
+#: up to this many bytes, so that those running when a demand read arrives
+#: end soon (see "Priority" and :mod:`tierfs.core.fetch_slots`).
+BACKGROUND_RUN_BYTES = 8 * 1024 * 1024
 
 #: O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
 _DIRECT_ALIGN = 4096
@@ -189,18 +198,20 @@ async def _nothing() -> None:
     return None
 
 
+def _demand_priority() -> FetchPriority:
+    return FetchPriority.DEMAND
+
+
 class _Flight:
     """One fetch or verification of one block, shared by all who wait for it."""
 
-    __slots__ = ("ahead", "background", "done", "error")
+    __slots__ = ("done", "error", "priority")
 
-    def __init__(self, *, background: bool = False, ahead: bool = False) -> None:
+    def __init__(self, priority: FetchPriority = FetchPriority.DEMAND) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
-        #: A ``fill`` started it and no demand read waits for it (yet).
-        self.background = background
-        #: Its ``fill`` is ahead of demand: no ``background_slots`` cap.
-        self.ahead = ahead
+        #: The most urgent of those waiting for it (see "Priority"); it only rises.
+        self.priority = priority
 
 
 class _CacheFiles:
@@ -350,15 +361,9 @@ class BlockCache:
         self.block_size = block_size
         self.max_window = max(1, readahead_max // block_size)
         #: Fetch slots: held by the task of each GET (see "Priority").
-        self.fetch_limiter = trio.CapacityLimiter(fetch_concurrency)
+        self.slots = FetchSlots(fetch_concurrency)
         #: The GET threads (a task holds a fetch slot while its thread runs).
         self._fetch_threads = trio.CapacityLimiter(fetch_concurrency)
-        #: Background fetches (``fill``) in flight or waiting for a fetch slot.
-        self.background_slots = trio.CapacityLimiter(max(1, fetch_concurrency // 2))
-        #: Demand fetches waiting for a fetch slot.
-        self.demand_waiting = 0
-        #: Background fetches parked until a slot frees or demand stops waiting.
-        self._background_lot = trio.lowlevel.ParkingLot()
         self._thread_buffers = threading.local()
         #: (ino, blockno) -> (pooled buffer, valid bytes) of blocks just fetched.
         self._recent: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, int]] = (
@@ -366,6 +371,7 @@ class BlockCache:
         )
         self.recent_max = max(readahead_max, 16 * block_size)
         self.max_run_blocks = max(1, FETCH_RUN_BYTES // block_size)
+        self.background_run_blocks = max(1, BACKGROUND_RUN_BYTES // block_size)
         # Recent blocks plus a full readahead window in flight.
         self.buffers = BlockBuffers(block_size, keep=2 * (self.recent_max // block_size))
         self.io_limiter = trio.CapacityLimiter(4)
@@ -391,6 +397,12 @@ class BlockCache:
 
     def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+        nursery.start_soon(self.slots.run)
+
+    @property
+    def demand_waiting(self) -> int:
+        """Demand fetches waiting for a fetch slot."""
+        return self.slots.demand_waiting
 
     def new_read_state(self) -> ReadState:
         """Readahead state for a new handle (see :mod:`tierfs.core.readahead`)."""
@@ -658,13 +670,18 @@ class BlockCache:
                 raise StoreError(f"{cf.key}: {err}") from err
 
     async def fill(
-        self, cf: CachedFile, blocknos: Iterable[int], tier: int | None, *, ahead: bool = False
+        self,
+        cf: CachedFile,
+        blocknos: Iterable[int],
+        tier: int | None,
+        priority: FetchPriority = FetchPriority.BACKGROUND,
     ) -> None:
         """Fetch the absent blocks ``blocknos`` (those holding origin bytes)
         into ``tier`` if it has room (None, or no room: the normal
-        placement).  A block already being fetched is waited for, not
-        fetched twice; present blocks are left alone (not verified).
-        ``ahead``: the fetches are ahead of demand (see "Priority")."""
+        placement), at ``priority`` (see "Priority").  A block already being
+        fetched is waited for, not fetched twice (its fetch goes at the
+        higher of the two priorities); present blocks are left alone (not
+        verified)."""
         waits: list[_Flight] = []
         absent: list[int] = []
         for blockno in blocknos:
@@ -672,20 +689,25 @@ class BlockCache:
                 continue
             flight = cf.flights.get(blockno)
             if flight is not None:
+                self._raise_priority(flight, priority)
                 waits.append(flight)
             else:
                 absent.append(blockno)
-        waits += self._start_fetches(cf, absent, tier, background=True, ahead=ahead)
+        waits += self._start_fetches(cf, absent, tier, priority=priority)
         await self._wait_flights(cf, waits)
 
+    def _raise_priority(self, flight: _Flight, priority: FetchPriority) -> None:
+        """``flight`` is needed at ``priority`` too (a lower value is more urgent)."""
+        if priority < flight.priority:
+            flight.priority = priority
+            self.slots.priority_raised()
+
     def _start_flight(self, cf: CachedFile, blockno: int) -> _Flight:
-        """The flight of a block a demand read needs (a background one is
-        promoted: see "Priority")."""
+        """The flight of a block a demand read needs (one of lower priority
+        is promoted: see "Priority")."""
         flight = cf.flights.get(blockno)
         if flight is not None:
-            if flight.background:
-                flight.background = False
-                self._background_lot.unpark_all()
+            self._raise_priority(flight, FetchPriority.DEMAND)
             return flight
         flight = cf.flights[blockno] = _Flight()
         assert self._nursery is not None, "BlockCache.start() was not called"
@@ -698,21 +720,26 @@ class BlockCache:
         blocknos: list[int],
         tier: int | None = None,
         *,
-        background: bool = False,
-        ahead: bool = False,
+        priority: FetchPriority = FetchPriority.DEMAND,
     ) -> list[_Flight]:
         """Fetch absent blocks, consecutive ones together: one ranged GET per
         run of up to ``max_run_blocks`` (fewer, larger requests cost the
-        store and us less CPU per byte than one GET per block)."""
+        store and us less CPU per byte than one GET per block); up to
+        ``background_run_blocks`` for a BACKGROUND fetch (see "Priority")."""
+        longest = (
+            self.background_run_blocks
+            if priority is FetchPriority.BACKGROUND
+            else self.max_run_blocks
+        )
         flights: list[_Flight] = []
         run: list[int] = []
         for blockno in sorted(blocknos):
-            if run and (blockno != run[-1] + 1 or len(run) >= self.max_run_blocks):
-                flights.append(self._start_run(cf, run, tier, background, ahead))
+            if run and (blockno != run[-1] + 1 or len(run) >= longest):
+                flights.append(self._start_run(cf, run, tier, priority))
                 run = []
             run.append(blockno)
         if run:
-            flights.append(self._start_run(cf, run, tier, background, ahead))
+            flights.append(self._start_run(cf, run, tier, priority))
         return flights
 
     def _start_run(
@@ -720,10 +747,9 @@ class BlockCache:
         cf: CachedFile,
         run: list[int],
         tier: int | None = None,
-        background: bool = False,
-        ahead: bool = False,
+        priority: FetchPriority = FetchPriority.DEMAND,
     ) -> _Flight:
-        flight = _Flight(background=background, ahead=ahead)
+        flight = _Flight(priority)
         for blockno in run:
             cf.flights[blockno] = flight
         assert self._nursery is not None, "BlockCache.start() was not called"
@@ -826,37 +852,6 @@ class BlockCache:
             dirty=True,
         )
 
-    async def _take_fetch_slot(self, flight: _Flight | None) -> bool:
-        """Take a fetch slot for ``flight`` (None: a demand fetch) by the
-        priority rule of the module docstring; True if a background slot
-        was taken with it.  ``_give_fetch_slot`` gives them back."""
-        while flight is not None and flight.background:
-            if (
-                not self.demand_waiting
-                and self.fetch_limiter.available_tokens >= 1
-                and (flight.ahead or self.background_slots.available_tokens >= 1)
-            ):
-                self.fetch_limiter.acquire_nowait()
-                if flight.ahead:
-                    return False
-                self.background_slots.acquire_nowait()
-                return True
-            await self._background_lot.park()
-        self.demand_waiting += 1
-        try:
-            await self.fetch_limiter.acquire()
-        finally:
-            self.demand_waiting -= 1
-            if not self.demand_waiting:
-                self._background_lot.unpark_all()
-        return False
-
-    def _give_fetch_slot(self, background: bool) -> None:
-        self.fetch_limiter.release()
-        if background:
-            self.background_slots.release()
-        self._background_lot.unpark_all()
-
     async def _get_in_thread(
         self,
         flight: _Flight | None,
@@ -867,11 +862,18 @@ class BlockCache:
         lengths: list[int],
         files: list[_CacheFiles | None],
     ) -> list[tuple[int, bytes, mmap.mmap | None]]:
-        """``_get_and_store`` in a thread, holding a fetch slot meanwhile."""
-        background = await self._take_fetch_slot(flight)
+        """``_get_and_store`` in a thread, holding a fetch slot meanwhile
+        (taken at the priority of ``flight``; None: DEMAND).  At debug
+        level, a demand fetch logs how long it waited for its slot, for the
+        thread (GET, write, hash) and for the loop to take the result."""
+        asked = time.perf_counter()
+        taken = await self.slots.take(
+            (lambda: flight.priority) if flight is not None else _demand_priority
+        )
         try:
-            return await trio.to_thread.run_sync(
-                self._get_and_store,
+            started = time.perf_counter()
+            results, thread_done = await trio.to_thread.run_sync(
+                self._timed_get_and_store,
                 key,
                 etag,
                 offset,
@@ -880,8 +882,33 @@ class BlockCache:
                 files,
                 limiter=self._fetch_threads,
             )
+            if taken is FetchPriority.DEMAND and log.isEnabledFor(logging.DEBUG):
+                back = time.perf_counter()
+                log.debug(
+                    "demand GET %s @%d+%d: slot %.1f ms, thread %.1f ms, loop %.1f ms; running %s",
+                    key,
+                    offset,
+                    length,
+                    1e3 * (started - asked),
+                    1e3 * (thread_done - started),
+                    1e3 * (back - thread_done),
+                    self.slots.running,
+                )
+            return results
         finally:
-            self._give_fetch_slot(background)
+            self.slots.give(taken)
+
+    def _timed_get_and_store(
+        self,
+        key: str,
+        etag: str,
+        offset: int,
+        length: int,
+        lengths: list[int],
+        files: list[_CacheFiles | None],
+    ) -> tuple[list[tuple[int, bytes, mmap.mmap | None]], float]:
+        """Thread: ``_get_and_store``, and when it ended."""
+        return self._get_and_store(key, etag, offset, length, lengths, files), time.perf_counter()
 
     async def _fetch(
         self, cf: CachedFile, run: list[int], tier: int | None = None, flight: _Flight | None = None
@@ -889,7 +916,7 @@ class BlockCache:
         """Fetch consecutive blocks ``run`` with one ranged GET, write each to
         ``tier`` if given and with room, else the first tier with room, and
         record it (or keep it in memory if no tier has room).  ``flight``:
-        the shared flight of the run (its ``background`` sets the priority)."""
+        the shared flight of the run (its ``priority`` sets when it gets a fetch slot)."""
         bs = self.block_size
         offset = run[0] * bs
         lengths = [min(bs, cf.size - b * bs) for b in run]

@@ -149,6 +149,7 @@ from tierfs.tiers.tier import Tier, pwrite_all
 
 from .blockcache import BlockCache, CachedFile
 from .digests import BlockHasher, block_digest
+from .fetch_slots import FetchPriority
 from .journal import Journal
 from .space import SpaceManager
 
@@ -396,19 +397,18 @@ class DataMovement:
         tier: int | None = None,
         *,
         blocks: range | None = None,
-        ahead: bool = False,
+        priority: FetchPriority = FetchPriority.BACKGROUND,
     ) -> int:
         """Fetch the absent blocks of the file (all, or those in ``blocks``)
         into ``tier`` (None: the normal placement; a tier without room also
         falls back to it, and with no room anywhere a block is not kept).
+        ``priority``: BACKGROUND (preload, pins, promotion) or AHEAD (just
+        ahead of a reader), see :mod:`tierfs.core.fetch_slots`.
         Returns the bytes that became resident (fetched by this fill, or by
         a demand read it shared a fetch with).  Of a file with changes not
         uploaded yet, fetched blocks are recorded with the file's next
-        commit, as for a demand read (see ``BlockCache._store_fetched``).
-        ``ahead``: the fill is ahead of demand (order-aware prefetch): it is
-        not held to the background share of the fetch slots, and still
-        yields to waiting demand reads (``BlockCache`` "Priority")."""
-        return (await self.fill_range(ino, tier, blocks=blocks, ahead=ahead)).nbytes
+        commit, as for a demand read (see ``BlockCache._store_fetched``)."""
+        return (await self.fill_range(ino, tier, blocks=blocks, priority=priority)).nbytes
 
     async def fill_range(
         self,
@@ -416,7 +416,7 @@ class DataMovement:
         tier: int | None = None,
         *,
         blocks: range | None = None,
-        ahead: bool = False,
+        priority: FetchPriority = FetchPriority.BACKGROUND,
     ) -> FillOutcome:
         """``fill``, and whether the range is all resident afterwards (from
         the block map in memory: a caller such as preload needs no second
@@ -430,7 +430,7 @@ class DataMovement:
             candidates = blocks if blocks is not None else range(nblocks)
             wanted = [b for b in candidates if 0 <= b < nblocks and b not in cf.blocks]
             for start in range(0, len(wanted), FILL_BATCH):
-                await self.blocks.fill(cf, wanted[start : start + FILL_BATCH], tier, ahead=ahead)
+                await self.blocks.fill(cf, wanted[start : start + FILL_BATCH], tier, priority)
             nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
             return FillOutcome(
                 nbytes=sum(cf.blocks[b].nbytes for b in wanted if b in cf.blocks),

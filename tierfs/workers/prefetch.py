@@ -4,7 +4,7 @@ A client (``tierfs prefetch MOUNTPOINT --order FILE``, or
 ``tierfs.client.set_order`` from a DataLoader sampler) hands the daemon the
 order in which it will open files.  The ``Prefetcher`` follows the readers'
 position from their opens and keeps a bounded *window* of the next files
-resident ahead of them, through ``DataMovement.fill(..., ahead=True)``:
+resident ahead of them, through ``DataMovement.fill(..., priority=FetchPriority.AHEAD)``:
 demand reads go first and share in-flight fetches, but unlike preload the
 fills are not held to the background half of the fetch slots (see
 "Priority" in ``tierfs.core.blockcache``).  Why: the readers of an epoch
@@ -88,6 +88,7 @@ import trio
 
 from tierfs.core import TierFS
 from tierfs.core.blockcache import CachedFile
+from tierfs.core.fetch_slots import FetchPriority
 from tierfs.errors import IsADirectory, TierfsError
 from tierfs.meta import Inode
 
@@ -459,7 +460,9 @@ class Prefetcher:
         try:
             with scope:
                 held = self._hold(order.inos[position])
-                nbytes = await self.movement.fill(order.inos[position], ahead=True)
+                nbytes = await self.movement.fill(
+                    order.inos[position], priority=FetchPriority.AHEAD
+                )
                 state = _FILLED if nbytes else _RESIDENT
                 if nbytes and order is self._order:
                     self.prefetched_files += 1

@@ -30,8 +30,12 @@ of ``2 * tasks`` items, which ``tasks`` fetch tasks take from
 item each, several files at once.  A few huge ones: their ranges run in
 parallel (each range is a few ranged GETs of the block cache).  The GETs
 themselves are bounded by the block cache's fetch slots, where preload is
-background work: demand reads go first (see ``tierfs.core.blockcache``,
-"Priority"), and a demand read of a block being preloaded shares its fetch.
+BACKGROUND work: demand reads go first, and while they are active the
+preload shrinks to a trickle of one 8 MiB GET at a time (see
+:mod:`tierfs.core.fetch_slots`); its fetch tasks then wait in ``fill``, so
+no new file is started either (the channel fills, and the reader of the
+file spool waits).  A demand read of a block being preloaded shares its
+fetch.
 An optional bandwidth cap (``Throttle``) is applied to the bytes fetched:
 the worker's (shared by its jobs) and a job's own (``preload --bandwidth``).
 
