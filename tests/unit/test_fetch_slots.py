@@ -128,7 +128,7 @@ def test_while_demand_is_active_background_work_is_a_trickle() -> None:
 
 def test_ahead_goes_before_background_and_is_not_held_back_by_demand() -> None:
     async def main(clock: trio.testing.MockClock) -> None:
-        slots = FetchSlots(4)  # 2 slots for non-demand work
+        slots = FetchSlots(4)  # 2 slots for BACKGROUND work
         log: list[str] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(slots.run)
@@ -136,18 +136,21 @@ def test_ahead_goes_before_background_and_is_not_held_back_by_demand() -> None:
             await trio.testing.wait_all_tasks_blocked()
             await start(nursery, slots, log, "b2")
             await trio.testing.wait_all_tasks_blocked()
-            await start(nursery, slots, log, "a0", "a1")
+            assert log == ["b0", "b1"]  # b2 is held to BACKGROUND's half
+            # AHEAD work is not held to that half: it takes the free slots.
+            await start(nursery, slots, log, "a0", "a1", "a2")
             await trio.testing.wait_all_tasks_blocked()
+            assert log == ["b0", "b1", "a0", "a1"]
             await start(nursery, slots, log, "d0")
             await trio.testing.wait_all_tasks_blocked()
-            assert log == ["b0", "b1", "d0"]
+            assert log == ["b0", "b1", "a0", "a1"]  # no slot free
             for fetch in first:
                 fetch.end.set()
             await trio.testing.wait_all_tasks_blocked()
-            # Both freed slots go to AHEAD work, which demand does not hold back;
-            # b2 (parked before them) still waits.
-            assert log[:3] == ["b0", "b1", "d0"]
-            assert sorted(log[3:]) == ["a0", "a1"]
+            # The first freed slot goes to the waiting demand fetch, the second
+            # to AHEAD work, which active demand does not hold back; b2 (parked
+            # before a2) still waits.
+            assert log == ["b0", "b1", "a0", "a1", "d0", "a2"]
             nursery.cancel_scope.cancel()
 
     run_with_clock(main)
