@@ -104,6 +104,7 @@ from common import (
     VENV_BIN,
     BenchBase,
     BenchError,
+    comma_list,
     fmt_size,
     log,
     parse_size,
@@ -747,7 +748,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         default=",".join(parts),
-        type=lambda s: [x for x in s.split(",") if x],
+        type=comma_list,
         help=f"({','.join(parts)})",
     )
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported (3)")
@@ -783,7 +784,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--bandwidths",
-        type=lambda s: [x for x in s.split(",") if x],
+        type=comma_list,
         default=["0", "200MiB/s", "50MiB/s"],
         help="[mover] bandwidth values for the read case "
         '("0,200MiB/s,50MiB/s"; 0 = no cap, the default)',

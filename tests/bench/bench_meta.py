@@ -85,7 +85,9 @@ from common import (
     BenchError,
     FuseTrace,
     OpStats,
+    add_run_arguments,
     add_server_arguments,
+    comma_list,
     cpu_seconds,
     drop_caches,
     fmt_size,
@@ -562,13 +564,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cases",
         default=",".join(CASES),
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help=f"mounts to measure ({','.join(CASES)})",
     )
     p.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help=f"scenarios to run ({','.join(SCENARIOS)})",
     )
     p.add_argument(
@@ -593,9 +595,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before the run, wait up to this many seconds for other work to stop (60)",
     )
     add_server_arguments(p)
-    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    add_run_arguments(p, json_help="also write the rows to this file")
     args = p.parse_args(argv)
     bad = [c for c in args.cases if c not in CASES]
     if bad:

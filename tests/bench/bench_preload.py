@@ -125,7 +125,9 @@ from common import (
     REGION,
     BenchBase,
     BenchError,
+    add_run_arguments,
     add_server_arguments,
+    comma_list,
     cpu_seconds,
     fmt_size,
     log,
@@ -938,19 +940,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cases",
         default=",".join(CASES),
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help=f"cases to run ({','.join(CASES)})",
     )
     p.add_argument(
         "--shapes",
         default=",".join(SHAPES),
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help=f"shapes of the copy case ({','.join(SHAPES)})",
     )
     p.add_argument(
         "--epoch-variants",
         default=",".join(EPOCH_VARIANTS),
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help=f"variants of the epoch case ({','.join(EPOCH_VARIANTS)})",
     )
     p.add_argument("--files", type=int, default=10_000, help="small files (10000)")
@@ -999,9 +1001,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each round, wait up to this many seconds for other work to stop (120)",
     )
     add_server_arguments(p)
-    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    add_run_arguments(p, json_help="also write the raw figures here")
     p.add_argument(
         "--py-spy",
         type=Path,

@@ -86,8 +86,10 @@ from common import (
     BenchBase,
     BenchError,
     KernelKnobs,
+    add_run_arguments,
     add_server_arguments,
     children_cpu_seconds,
+    comma_list,
     cpu_seconds,
     fmt_size,
     is_mounted,
@@ -612,13 +614,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tuning",
         default="daemon,off",
-        type=lambda s: [t for t in s.split(",") if t],
+        type=comma_list,
         help="tierfs kernel-tuning variants: daemon, off, late (daemon,off)",
     )
     p.add_argument(
         "--cases",
         default="dd,s5cmd,tierfs,rclone,s3fs",
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help="cases to run (dd,s5cmd,tierfs,rclone,s3fs)",
     )
     p.add_argument(
@@ -634,9 +636,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each round, wait up to this many seconds for other work to stop (120)",
     )
     add_server_arguments(p)
-    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")
+    add_run_arguments(p, json_help="also write raw samples to this file")
     p.add_argument(
         "--py-spy", type=Path, default=None, help="record py-spy profiles of tierfsd here"
     )

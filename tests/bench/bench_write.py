@@ -97,8 +97,10 @@ from common import (
     BenchError,
     FuseTrace,
     OpStats,
+    add_run_arguments,
     add_server_arguments,
     children_cpu_seconds,
+    comma_list,
     cpu_seconds,
     drop_caches,
     fmt_size,
@@ -923,13 +925,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         default="big,small",
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help="big (the 2GiB checkpoint), small (the small files) (big,small)",
     )
     p.add_argument(
         "--cases",
         default=",".join(CASES),
-        type=lambda s: [c for c in s.split(",") if c],
+        type=comma_list,
         help=f"cases to run ({','.join(CASES)})",
     )
     p.add_argument("--upload-delay", type=parse_duration, default=1.0, help="tierfs (1s)")
@@ -954,9 +956,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-fuse-trace", action="store_true", help="do not trace FUSE requests (tracefs)"
     )
     add_server_arguments(p)
-    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")
+    add_run_arguments(p, json_help="also write raw samples to this file")
     p.add_argument(
         "--py-spy",
         type=Path,

@@ -458,6 +458,18 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def comma_list(text: str) -> list[str]:
+    """An argparse type: ``a,b,,c`` -> ``["a", "b", "c"]``."""
+    return [item for item in text.split(",") if item]
+
+
+def add_run_arguments(p: argparse.ArgumentParser, *, json_help: str) -> None:
+    """The work directory and output options every bench run shares."""
+    p.add_argument("--workdir", type=Path, default=None, help="temporary directory (under $TMPDIR)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--json", type=Path, default=None, help=json_help)
+
+
 class BenchBase:
     """What every bench needs; the benches subclass it."""
 
