@@ -127,12 +127,8 @@ def test_demand_read_during_a_long_preload_stays_within_twice_idle(
         list_ttl="600s",
         revalidate_ttl="600s",
         endpoint_url=fault_proxy.endpoint,
-        do_mount=False,
+        fetch_concurrency=2,
     )
-    config = m.config_path.read_text()
-    assert "concurrency = 8" in config
-    m.config_path.write_text(config.replace("concurrency = 8", "concurrency = 2"))
-    m.mount()
     # Listed before S3 slows down: the timed reads need no LIST.
     names = sorted(os.listdir(m.path / "lat"))
     assert len(names) == 2 * READS
@@ -201,12 +197,8 @@ def test_demand_reads_during_an_unpaced_preload_stay_within_twice_idle(
         readahead_max="16MiB",
         list_ttl="600s",
         revalidate_ttl="600s",
-        do_mount=False,
+        fetch_concurrency=16,
     )
-    config = m.config_path.read_text()
-    assert "concurrency = 8" in config
-    m.config_path.write_text(config.replace("concurrency = 8", "concurrency = 16"))
-    m.mount()
     # Listed first: the timed reads need no LIST.
     names = sorted(os.listdir(m.path / "lat"))
     assert len(names) == 3 * UNPACED_READS
