@@ -184,6 +184,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     prefetch = status.get("prefetch")
     if prefetch and prefetch["order_files"]:
         print(f"prefetch: {_prefetch_line(prefetch)}")
+    dir_readahead = status.get("dir_readahead")
+    if dir_readahead and dir_readahead["files_fetched"]:
+        print(
+            f"dir readahead: {dir_readahead['files_fetched']} files "
+            f"({format_size(dir_readahead['bytes_fetched'])}) fetched ahead of readers in "
+            f"listing order, {dir_readahead['hits']} opened, "
+            f"{dir_readahead['wrong_guesses']} wrong guesses"
+        )
     hit = status["hit_ratio"]
     counters = status["counters"]
     print(

@@ -55,6 +55,7 @@ from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
 from tierfs.tiers.tier import Tier
+from tierfs.workers.dirahead import DirectoryReadahead
 from tierfs.workers.metrics import Metrics, MetricsServer
 from tierfs.workers.mover import Mover
 from tierfs.workers.prefetch import Prefetcher
@@ -268,6 +269,8 @@ class Daemon:
             await supervisor.start(nursery, "preload", self.control.preloader.run)
             self.control.prefetcher = Prefetcher(self.fs)
             await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
+            dir_readahead = DirectoryReadahead(self.fs)
+            await supervisor.start(nursery, "dir-readahead", dir_readahead.run)
             if self.metrics_server is not None:
                 await supervisor.start(nursery, "metrics", self.metrics_server.serve)
             await supervisor.start(nursery, "control", self._serve_control)

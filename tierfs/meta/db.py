@@ -399,6 +399,13 @@ class MetaDB:
             raw = txn.get(dentry_key(parent, name), db=self._dentries)
             return None if raw is None else decode_dentry(raw)[0]
 
+    def dentry_cookie(self, parent: int, name: bytes) -> int | None:
+        """The readdir cookie of ``name`` in ``parent`` (its place in listing
+        order), or None when there is no such name."""
+        with self._read() as txn:
+            raw = txn.get(dentry_key(parent, name), db=self._dentries)
+            return None if raw is None else decode_dentry(raw)[1]
+
     def count_children(self, parent: int) -> int:
         prefix = U64.pack(parent)
         with self._read() as txn:
