@@ -126,9 +126,13 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
     CredentialRetrievalError,
+    EndpointConnectionError,
     NoCredentialsError,
     PartialCredentialsError,
+    ReadTimeoutError,
 )
 
 from tierfs.errors import (
@@ -177,6 +181,14 @@ from tierfs.store.retry import (
     error_code,
     http_status,
     run_with_retry,
+)
+from tierfs.store.s3_fast import (
+    NATIVE_GET_MAX,
+    NATIVE_PUT_MAX,
+    BotocoreCredentials,
+    NativeEngine,
+    native_key_ok,
+    native_metadata_ok,
 )
 
 log = logging.getLogger(__name__)
@@ -363,6 +375,71 @@ def map_s3_error(
     return None
 
 
+_STATUS_IN_TEXT = re.compile(r"status code: (\d{3})")
+_CODE_IN_TEXT = re.compile(r"<Code>([^<]{1,64})</Code>")
+#: reqwest's failure kind in obstore's text (``HttpError { kind: Timeout, ...``).
+_HTTP_KIND_IN_TEXT = re.compile(r"HttpError\s*\{\s*kind:\s*(\w+)")
+#: Status an obstore exception class stands for when its text names none.
+_OBSTORE_CLASS_STATUS = {
+    "FileNotFoundError": 404,
+    "NotFoundError": 404,
+    "PermissionDeniedError": 403,
+    "UnauthenticatedError": 403,
+    "PreconditionError": 412,
+    "NotModifiedError": 304,
+}
+
+
+def botocore_equivalent(exc: BaseException, operation: str, endpoint: str) -> BaseException:
+    """THE mapping of an obstore failure (the native engine, :mod:`.s3_fast`):
+    the botocore exception that the same failure raises on the botocore
+    path, so that :func:`~tierfs.store.retry.classify`, the breaker and
+    :func:`map_s3_error` (hence the StoreError subclass and its message)
+    treat both engines alike.
+
+    obstore tells an HTTP answer only in its message text: the status
+    (``status code: 503``) and the S3 error document (``<Code>SlowDown
+    </Code>``) become a ClientError with that status and code (so 404
+    NoSuchBucket gives BucketNotFound, 403 StoreAccessDenied, 412
+    PreconditionFailed, 416 InvalidRange the caller's "past the end", 5xx
+    and SlowDown a retry; ``Retry-After`` is not available).  No answer at
+    all becomes what botocore raises for it: a refused or failed connect
+    EndpointConnectionError, a timeout Connect/ReadTimeoutError (both count
+    towards the breaker), anything else on the wire (a reset, a body cut
+    short) ConnectionClosedError, retried like botocore's resets.
+    Anything that is not an obstore failure is returned unchanged (the
+    caller re-raises it as it was).
+    """
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if not (module.startswith("obstore") or isinstance(exc, FileNotFoundError)):
+        return exc
+    text = str(exc)
+    status_match = _STATUS_IN_TEXT.search(text)
+    status = int(status_match.group(1)) if status_match else _OBSTORE_CLASS_STATUS.get(name)
+    if status is None and "redirect" in text.lower():
+        status = 301
+    if status is not None:
+        code_match = _CODE_IN_TEXT.search(text)
+        code = code_match.group(1) if code_match else str(status)
+        response: dict[str, Any] = {
+            "Error": {"Code": code, "Message": f"HTTP {status} from {endpoint}"},
+            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {}},
+        }
+        return ClientError(response, operation)  # type: ignore[arg-type]
+    kind_match = _HTTP_KIND_IN_TEXT.search(text)
+    kind = kind_match.group(1) if kind_match else ""
+    if kind == "Timeout" or (kind == "Connect" and "TimedOut" in text):
+        if kind == "Connect":
+            return ConnectTimeoutError(endpoint_url=endpoint)
+        return ReadTimeoutError(endpoint_url=endpoint)
+    if kind == "Connect":
+        return EndpointConnectionError(endpoint_url=endpoint)
+    if kind or name == "GenericError":  # reset, cut short, undecodable: the wire failed
+        return ConnectionClosedError(endpoint_url=endpoint)
+    return exc
+
+
 class S3Store:
     """ObjectStore over boto3.  Thread-safe; share one instance.
 
@@ -386,6 +463,8 @@ class S3Store:
         upload_workers: int = DEFAULT_UPLOAD_WORKERS,
         circuit_breaker: bool = True,
         request_observer: RequestObserver | None = None,
+        native_get_max: int = NATIVE_GET_MAX,
+        native_put_max: int = NATIVE_PUT_MAX,
     ) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
@@ -451,6 +530,23 @@ class S3Store:
         )
         #: Over plain HTTP botocore signs each payload's SHA-256 already.
         self._send_md5 = str(self.client.meta.endpoint_url).startswith("https")
+        #: Ranged GETs up to this many bytes, and single PUTs up to
+        #: ``native_put_max``, go through the native engine (0: never).
+        self.native_get_max = native_get_max
+        self.native_put_max = native_put_max
+        self._native = NativeEngine(
+            bucket=self.bucket,
+            endpoint_url=self.endpoint if endpoint_url else None,
+            region=str(self.client.meta.region_name or "us-east-1"),
+            credentials=BotocoreCredentials(session.get_credentials()),
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            upload_read_timeout=upload_read_timeout,
+            on_request=self._native_request_done,
+            translate_error=lambda exc, operation: botocore_equivalent(
+                exc, operation, self.endpoint
+            ),
+        )
 
     def _count_call(self, model: Any, context: dict[str, Any], **_: Any) -> None:
         with self._calls_lock:
@@ -479,6 +575,23 @@ class S3Store:
             return
         try:
             observer(operation, time.perf_counter() - sent, failed)
+        except Exception:  # metrics must never fail a request
+            log.exception("request observer failed")
+
+    def _native_request_done(self, operation: str, seconds: float, status: int | None) -> None:
+        """The native engine sent a request: count it and tell the observer.
+
+        ``seconds`` covers the whole answer (a small body included);
+        ``status`` None means no answer at all.
+        """
+        with self._calls_lock:
+            self.calls[operation] += 1
+        observer = self.request_observer
+        if observer is None:
+            return
+        failed = status is None or (status >= 400 and status not in ORDINARY_ERROR_STATUSES)
+        try:
+            observer(operation, seconds, failed)
         except Exception:  # metrics must never fail a request
             log.exception("request observer failed")
 
@@ -695,12 +808,37 @@ class S3Store:
 
         return self._call("get_range", full, attempt, policy=self.foreground_retry)
 
+    def _native_get(self, full: str, start: int, length: int, etag: str | None) -> Any | None:
+        """A ranged GET of ``length > 0`` bytes through the native engine,
+        retried as a whole: a buffer of the bytes there are, or None when
+        ``start`` is at or beyond the object's end."""
+        if_match = _strip_etag(etag) if etag else None
+
+        def attempt() -> Any | None:
+            try:
+                body, size = self._native.get(full, start, length, if_match)
+            except ClientError as exc:
+                if http_status(exc) == 416 or _s3_code(exc) == "InvalidRange":
+                    return None
+                raise
+            expected = max(0, min(length, size - start))
+            if len(body) < expected:
+                raise TruncatedBody(len(body), expected)
+            if len(body) > length:
+                raise StoreError(f"get_range {full}: body longer than the range asked for")
+            return body
+
+        return self._call("get_range", full, attempt, policy=self.foreground_retry)
+
     def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
         full = self._full_key(key)
         if start < 0 or length < 0:
             raise InvalidArgument(f"get_range {key!r}: negative start or length")
         if length == 0:
             return b""
+        if length <= self.native_get_max and native_key_ok(full):
+            body = self._native_get(full, start, length, etag)
+            return b"" if body is None else bytes(body)
         return self._ranged_get(
             full,
             start,
@@ -719,6 +857,9 @@ class S3Store:
             raise InvalidArgument(f"get_range_into {key!r}: negative start")
         if length == 0:
             return 0
+        if length <= self.native_get_max and native_key_ok(full):
+            body = self._native_get(full, start, length, etag)
+            return 0 if body is None else _scatter(memoryview(body), bufs)
 
         def read(body: Any, resp: dict[str, Any]) -> int:
             try:
@@ -738,6 +879,9 @@ class S3Store:
         full = self._full_key(key)
         meta = validate_metadata(metadata)
         payload = bytes(data)
+        if len(payload) <= self.native_put_max and native_key_ok(full) and native_metadata_ok(meta):
+            etag = self._call("put", full, lambda: self._native.put(full, payload, meta))
+            return _strip_etag(etag)
         checksum = self._body_checksum(payload)
         resp = self._call(
             "put",
@@ -1158,9 +1302,9 @@ def _scatter(data: bytes | memoryview, bufs: Sequence[memoryview]) -> int:
     """Copy ``data`` into ``bufs`` in order; returns the bytes copied."""
     pos = 0
     for buf in bufs:
-        n = min(len(buf), len(data) - pos)
-        if n <= 0:
+        if pos >= len(data):
             break
+        n = min(len(buf), len(data) - pos)
         buf[:n] = data[pos : pos + n]
         pos += n
     return pos
