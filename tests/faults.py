@@ -215,6 +215,18 @@ def _error_answer(status: str) -> bytes:
     return head + body
 
 
+def single_put_of(name: str | None = None) -> Callable[[str], bool]:
+    """A ``match`` for the request lines of single PUTs (no query: not a part
+    upload), of keys that end in ``/name`` if ``name`` is given."""
+
+    def match(request_line: str) -> bool:
+        method, target = [*request_line.split(" "), ""][:2]
+        path, _, query = target.partition("?")
+        return method == "PUT" and not query and (name is None or path.endswith("/" + name))
+
+    return match
+
+
 @dataclass
 class _Rule:
     """``remaining`` more faults of ``kind`` for request lines that ``match``."""

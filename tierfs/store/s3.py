@@ -1,5 +1,15 @@
 """S3Store: the ObjectStore protocol over boto3, for AWS or any S3-compatible endpoint.
 
+Two request engines sit behind the one public API: the botocore client,
+and a native one, obstore (:mod:`tierfs.store.s3_fast`), for the requests
+whose cost is mostly per request: ranged GETs of up to ``native_get_max``
+bytes (``get_range`` and ``get_range_into``) and single PUTs of up to
+``native_put_max`` bytes.  HEAD, LIST, multipart, copy, delete, the
+breaker's probe and bigger GETs stay on botocore; so do keys that obstore
+would rewrite and PUTs whose metadata names a standard header (see
+``s3_fast``).  Every invariant below holds for both; where the native
+engine keeps it another way, the bullet says how.
+
 Invariants:
 
 - One S3 client per store, created in ``__init__`` from a private botocore
@@ -9,18 +19,30 @@ Invariants:
   least the number of parallel ranged GETs.  The sessions of all stores in a
   process share one botocore data loader (a read-only cache of the service
   model JSON), so a second store costs ~10 ms instead of ~150 ms; credentials
-  and config are still resolved per store.
+  and config are still resolved per store.  The native engine is one
+  obstore store per timeout class (GETs, PUTs), made with the store and
+  shared by all threads (its connection pool and tokio runtime are its own;
+  the calls release the GIL).
 - botocore's own retries are OFF (``total_max_attempts=1``).  All retrying
   happens in :mod:`tierfs.store.retry`, once per operation, so that attempts
   and the time budget are counted in one place.  botocore also never retries
   a body that is reset or truncated mid-read; we must, and a second retry
-  layer underneath would only multiply the worst case.
+  layer underneath would only multiply the worst case.  The native engine
+  runs with obstore's ``max_retries`` 0 inside the same ``_call``, so it
+  shares the loop, the budget and the breaker.
 - Every botocore failure is turned into a ``tierfs.errors.StoreError``
   subclass by ONE function, :func:`map_s3_error`.  Messages name the
   operation, ``s3://bucket/key``, the endpoint and the S3 error code; never
   credentials (they come only from the standard AWS chain and are never
   read, stored or logged here).  User info in an endpoint URL is stripped
-  from messages.
+  from messages.  A native-engine failure is first turned into the botocore
+  exception it equals by ONE function, :func:`botocore_equivalent` (HTTP
+  status and S3 code parsed from obstore's text; no answer becomes
+  EndpointConnectionError, Connect/ReadTimeoutError or
+  ConnectionClosedError), so the same classification and mapping apply.
+  Its credentials come from the same botocore session (an obstore
+  ``credential_provider`` over the session's credentials, asked again every
+  few minutes so refreshed ones are used).
 - Timeouts are bounded so that no FUSE request waits long on a dead or
   black-holed endpoint: ``CONNECT_TIMEOUT`` and ``READ_TIMEOUT`` (the wait
   for the next bytes of an answer) are a few seconds, and foreground
@@ -34,7 +56,10 @@ Invariants:
   ignores it and they get ``READ_TIMEOUT``, which only means more retries).
   A LIST gets ``LIST_READ_TIMEOUT`` the same way: the server builds a whole
   page before it sends a byte, which can take longer than ``READ_TIMEOUT``
-  for a large prefix, and then every retry would time out as well.
+  for a large prefix, and then every retry would time out as well.  The
+  native engine has the same connect timeout and per-read timeouts
+  (``read_timeout`` for GETs, ``upload_read_timeout`` for PUTs) in
+  reqwest's ``client_options``, plus a bound on the whole request.
 - One :class:`~tierfs.store.breaker.CircuitBreaker` (``self.breaker``) sits
   in the one retry path: every request asks it first, and while the
   endpoint is unreachable every call fails at once with
@@ -45,9 +70,12 @@ Invariants:
   ``request_observer``, reported with its latency and outcome
   (``after-call`` / ``after-call-error``): the metrics' one source, since
   this client is the one place requests are made.  The observer gets the
-  operation name only, never a key.
+  operation name only, never a key.  The native engine counts its requests
+  under the same names (``GetObject``, ``PutObject``) and tells the observer
+  each one once it ended (its latency includes the small body).
 - Path-style addressing is used whenever an ``endpoint_url`` is given
-  (moto, MinIO, Ceph, s3rver have no virtual-host DNS).
+  (moto, MinIO, Ceph, s3rver have no virtual-host DNS), by both engines;
+  the native one takes its region from the botocore client.
 - Checksums: ``request_checksum_calculation``/``response_checksum_validation``
   are ``when_required`` because many S3-compatible servers reject or mangle
   the newer flexible-checksum headers.  Every body we send carries exactly
@@ -55,7 +83,11 @@ Invariants:
   payload's SHA-256 (``x-amz-content-sha256``, verified by the server); over
   ``https://`` it does not, so a PUT or part carries ``Content-MD5``, which
   every implementation verifies.  (An MD5 on top of the SHA-256 cost a CPU
-  second per GiB uploaded.)
+  second per GiB uploaded.)  The native engine signs every payload
+  (``unsigned_payload`` off), over https too: a native PUT carries
+  ``x-amz-content-sha256`` of its body and nothing else.  A GET with an
+  ETag carries ``If-Match`` on both engines; ETags come back stripped of
+  their quotes.
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
 
