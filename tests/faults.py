@@ -16,6 +16,8 @@ Use it between an S3 client and a loopback S3 server::
     # the next 50 DELETE requests: answered 503 SlowDown by the proxy itself
     # (the server never sees them), so the deletes stay owed
     proxy.refuse_requests(50, status="503", match=lambda line: line.startswith("DELETE"))
+    # the same with any status and S3 error code (None: no body)
+    proxy.answer_requests(2, status=500, code="InternalError", match="GET ")
     # hold every matching request (before its head is forwarded) until the
     # gate is set; ``held`` counts the requests that waited
     gate = proxy.hold_requests(match=lambda line: line.startswith("DELETE"))
@@ -89,6 +91,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import http
 import ipaddress
 import random
 import socket
@@ -188,18 +191,40 @@ ERROR_ANSWERS = {
 
 
 def _error_answer(status: str) -> bytes:
-    """An S3 error response for ``status`` (a key of ERROR_ANSWERS), closing the connection."""
-    status_line, code = ERROR_ANSWERS[status]
+    """An S3 error response for ``status`` (a key of ERROR_ANSWERS, or
+    ``"<status> <code>"`` from ``answer_requests``; code ``-``: no body),
+    closing the connection."""
+    if status in ERROR_ANSWERS:
+        status_line, code = ERROR_ANSWERS[status]
+    else:
+        number, code = status.split(" ", 1)
+        status_line = f"{number} {http.HTTPStatus(int(number)).phrase}"
     body = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message>"
-        "<RequestId>faultproxy</RequestId></Error>"
-    ).encode()
+        (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message>"
+            "<RequestId>faultproxy</RequestId></Error>"
+        ).encode()
+        if code != "-"
+        else b""
+    )
     head = (
         f"HTTP/1.1 {status_line}\r\nContent-Type: application/xml\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     return head + body
+
+
+def single_put_of(name: str | None = None) -> Callable[[str], bool]:
+    """A ``match`` for the request lines of single PUTs (no query: not a part
+    upload), of keys that end in ``/name`` if ``name`` is given."""
+
+    def match(request_line: str) -> bool:
+        method, target = [*request_line.split(" "), ""][:2]
+        path, _, query = target.partition("?")
+        return method == "PUT" and not query and (name is None or path.endswith("/" + name))
+
+    return match
 
 
 @dataclass
@@ -357,6 +382,17 @@ class FaultProxy:
             raise ValueError(f"status must be one of {sorted(ERROR_ANSWERS)}, not {status!r}")
         with self._lock:
             self._refuse_rules.append(_Rule(n, status, match))
+
+    def answer_requests(
+        self, n: int, *, status: int, code: str | None, match: Match = None
+    ) -> None:
+        """Like ``refuse_requests``, with any HTTP ``status`` and S3 error
+        ``code`` (None: an empty body)."""
+        http.HTTPStatus(status)  # ValueError for a status that does not exist
+        if code is not None and not code.isalnum():
+            raise ValueError(f"S3 error codes are alphanumeric, not {code!r}")
+        with self._lock:
+            self._refuse_rules.append(_Rule(n, f"{status} {code or '-'}", match))
 
     def hold_requests(self, match: Match) -> threading.Event:
         """Hold every matching request until the returned gate is set."""
@@ -601,11 +637,14 @@ class FaultProxy:
         """Answer a request ourselves (it never reaches the server), then
         close both connections (the answer says ``Connection: close``).
         ``length`` body bytes are read and dropped first (0 when the client
-        waits for "100 Continue": S3 answers the head alone then too)."""
-        self._forget(upstream)
+        waits for "100 Continue": S3 answers the head alone then too).  The
+        answer goes out before the upstream connection is dropped: the
+        response pump closes the client connection when upstream ends, and
+        that must not cut the answer off."""
         with contextlib.suppress(OSError, _Closed):
             reader.discard(length)
             client.sendall(answer)
+        self._forget(upstream)
         self._forget(client)
 
     def _pump_responses(

@@ -199,6 +199,26 @@ async def _start(
 
 
 @pytest.fixture
+def s3_store_through_proxy(bucket: tuple[str, str], fault_proxy: Any) -> Iterator[Any]:
+    """Like ``s3_store``, with its requests through ``fault_proxy``: faults for
+    the native engine's GETs and PUTs, which botocore hooks do not see, are
+    injected on the wire.  A module overrides ``s3_store`` with it."""
+    from tierfs.store.retry import RetryPolicy
+    from tierfs.store.s3 import S3Store
+
+    store = S3Store(
+        f"s3://{bucket[1]}/pre/",
+        endpoint_url=fault_proxy.endpoint,
+        region="us-east-1",
+        retry=RetryPolicy(max_attempts=4, budget=10.0, base_delay=0.05, max_delay=0.5),
+    )
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
 async def make_fs(s3_store: Any, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     mounts: list[CoreMount] = []
     store = CountingStore(s3_store)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.unit.test_store_faults import Injector, error_response
+from tests.faults import FaultProxy, single_put_of
 from tierfs.errors import NameTooLong, NotFound, StoreError
 from tierfs.meta import ROOT_INO
 
@@ -120,25 +120,20 @@ async def test_rename_checks_the_new_key_and_the_deepest_key_below_a_directory(
     assert moved.is_file
 
 
-def _put_of(name: str, injector: Injector) -> Any:
-    """before-send hook: ``injector`` answers the PUTs of keys ending in ``name``."""
-
-    def hook(request: Any, **kwargs: Any) -> Any:
-        url = request.url.split("?")[0]
-        if request.method == "PUT" and url.endswith("/" + name):
-            return injector(request)
-        return None
-
-    return hook
+@pytest.fixture
+def s3_store(s3_store_through_proxy: Any) -> Any:
+    """Through FaultProxy: single PUTs go through the native engine, not botocore."""
+    return s3_store_through_proxy
 
 
 async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_nothing(
-    make_fs: Any, s3_store: Any
+    make_fs: Any, s3_store: Any, fault_proxy: FaultProxy
 ) -> None:
     mount = await make_fs()
     fs = mount.fs
-    refuse = Injector(10**6, error_response(400, "InvalidArgument"))
-    s3_store.client.meta.events.register("before-send.s3.*", _put_of("bad.bin", refuse))
+    fault_proxy.answer_requests(
+        10**6, status=400, code="InvalidArgument", match=single_put_of("bad.bin")
+    )
     await mount.write_file("bad.bin", b"refused by the bucket")
     for i in range(3):
         await mount.write_file(f"good{i}.bin", b"good %d" % i)
@@ -154,8 +149,10 @@ async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_n
     for i in range(3):  # every other file became durable
         assert s3_store.get_range(f"good{i}.bin", 0, 6) == b"good %d" % i
     # The uploader's own attempt (upload_delay is 50 ms here) and the flush's one.
-    assert 1 <= refuse.injected <= 2, "a refusal for good is not retried within the flush"
-    attempts = refuse.injected
+    assert 1 <= fault_proxy.faults_injected <= 2, (
+        "a refusal for good is not retried within the flush"
+    )
+    attempts = fault_proxy.faults_injected
 
     where = await fs.where("bad.bin")
     assert where["state"] == "failed"
@@ -170,15 +167,15 @@ async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_n
     seq = fs.journal.upload_seq[where_ino := (await fs.lookup(ROOT_INO, b"bad.bin")).ino]
     assert seq in fs.journal.refused
     await trio.sleep(2.5)
-    assert refuse.injected == attempts
+    assert fault_proxy.faults_injected == attempts
 
     # Each flush gives it one attempt: it fails again, quickly.
     with trio.fail_after(10), pytest.raises(StoreError, match=r"bad\.bin"):
         await fs.flush_path("")
-    assert refuse.injected == attempts + 1
+    assert fault_proxy.faults_injected == attempts + 1
 
     # The operator fixes the cause: the next flush completes.
-    refuse.remaining = 0
+    fault_proxy.clear_faults()
     await mount.flush()
     assert s3_store.get_range("bad.bin", 0, 7) == b"refused"
     assert (await fs.where("bad.bin"))["state"] == "clean"
@@ -187,11 +184,12 @@ async def test_an_upload_refused_for_good_fails_the_flush_at_once_and_holds_up_n
 
 
 async def test_a_refused_entry_is_dropped_by_removing_its_file_and_survives_a_remount(
-    make_fs: Any, s3_store: Any
+    make_fs: Any, s3_store: Any, fault_proxy: FaultProxy
 ) -> None:
     mount = await make_fs()
-    refuse = Injector(10**6, error_response(400, "KeyTooLongError"))
-    s3_store.client.meta.events.register("before-send.s3.*", _put_of("bad.bin", refuse))
+    fault_proxy.answer_requests(
+        10**6, status=400, code="KeyTooLongError", match=single_put_of("bad.bin")
+    )
     await mount.write_file("bad.bin", b"never uploaded")
     with trio.fail_after(10), pytest.raises(StoreError, match="KeyTooLongError"):
         await mount.fs.flush_path("bad.bin")
@@ -212,11 +210,12 @@ async def test_a_refused_entry_is_dropped_by_removing_its_file_and_survives_a_re
 
 
 async def test_a_refused_file_renamed_to_an_accepted_name_goes_up(
-    make_fs: Any, s3_store: Any
+    make_fs: Any, s3_store: Any, fault_proxy: FaultProxy
 ) -> None:
     mount = await make_fs()
-    refuse = Injector(10**6, error_response(400, "InvalidArgument"))
-    s3_store.client.meta.events.register("before-send.s3.*", _put_of("bad.bin", refuse))
+    fault_proxy.answer_requests(
+        10**6, status=400, code="InvalidArgument", match=single_put_of("bad.bin")
+    )
     await mount.write_file("bad.bin", b"renamed")
     with trio.fail_after(10), pytest.raises(StoreError):
         await mount.fs.flush_path("")

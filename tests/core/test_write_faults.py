@@ -5,8 +5,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
 from tests.core.conftest import MiB
+from tests.faults import FaultProxy, single_put_of
 from tests.unit.test_store_faults import Injector, error_response
+
+
+@pytest.fixture
+def s3_store(s3_store_through_proxy: Any) -> Any:
+    """Through FaultProxy: single PUTs go through the native engine, not botocore."""
+    return s3_store_through_proxy
 
 
 def _only(ops: set[str], injector: Injector) -> Any:
@@ -30,20 +39,24 @@ def _only(ops: set[str], injector: Injector) -> Any:
     return hook
 
 
-async def test_uploads_survive_503_and_slowdown(make_fs: Any, s3_store: Any) -> None:
+async def test_uploads_survive_503_and_slowdown(
+    make_fs: Any, s3_store: Any, fault_proxy: FaultProxy
+) -> None:
     mount = await make_fs(capacities=(64 * MiB, 64 * MiB))
     slowdown = Injector(3, error_response(503, "SlowDown"))
-    errors = Injector(2, error_response(500, "InternalError"))
+    errors = Injector(1, error_response(500, "InternalError"))
     s3_store.client.meta.events.register("before-send.s3.*", _only({"UploadPart"}, slowdown))
     s3_store.client.meta.events.register(
-        "before-send.s3.*", _only({"PutObject", "CompleteMultipartUpload"}, errors)
+        "before-send.s3.*", _only({"CompleteMultipartUpload"}, errors)
     )
+    fault_proxy.answer_requests(1, status=500, code="InternalError", match=single_put_of())
     big = os.urandom(18 * MiB)
     small = os.urandom(1000)
     await mount.write_file("big.bin", big)
     await mount.write_file("small.bin", small)
     await mount.flush()
-    assert slowdown.injected == 3 and errors.injected == 2, "the faults must really have happened"
+    assert slowdown.injected == 3 and errors.injected == 1, "the faults must really have happened"
+    assert fault_proxy.faults_injected == 1
     assert s3_store.get_range("big.bin", 0, len(big)) == big
     assert s3_store.get_range("small.bin", 0, len(small)) == small
     assert s3_store.list_uploads("") == [], "no multipart upload may leak"
@@ -51,23 +64,22 @@ async def test_uploads_survive_503_and_slowdown(make_fs: Any, s3_store: Any) -> 
 
 
 async def test_flush_fails_instead_of_hanging_when_the_bucket_refuses(
-    make_fs: Any, s3_store: Any
+    make_fs: Any, s3_store: Any, fault_proxy: FaultProxy
 ) -> None:
-    import pytest
     import trio
 
     from tierfs.errors import StoreError
 
     mount = await make_fs()
     mount.fs.sync.flush_max_failures = 2
-    always = Injector(10**6, error_response(503, "SlowDown"))
-    s3_store.client.meta.events.register("before-send.s3.*", _only({"PutObject"}, always))
+    fault_proxy.answer_requests(10**6, status=503, code="SlowDown", match=single_put_of())
     await mount.write_file("stuck.bin", b"data")
     with trio.fail_after(60), pytest.raises(StoreError, match="keeps refusing"):
         await mount.fs.flush_path("")
     # Nothing was lost: the upload is still owed and goes through once the bucket recovers.
     assert (await mount.fs.where("stuck.bin"))["state"] == "dirty"
-    always.remaining = 0
+    assert fault_proxy.faults_injected >= 2
+    fault_proxy.clear_faults()
     mount.fs.sync.flush_max_failures = 100
     await mount.flush()
     assert s3_store.get_range("stuck.bin", 0, 4) == b"data"

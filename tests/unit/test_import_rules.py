@@ -11,10 +11,10 @@ runs.
 Rules:
 
 - ``pyfuse3`` only under ``daemon/tierfsd/``;
-- ``boto3`` / ``botocore`` / ``s3transfer`` only under ``tierfs/store/``;
+- ``boto3`` / ``botocore`` / ``s3transfer`` / ``obstore`` only under ``tierfs/store/``;
 - ``lmdb`` only under ``tierfs/meta/``;
 - ``tierfs/policy/`` is pure and synchronous: it must not reach trio, asyncio,
-  boto3, botocore, s3transfer, lmdb, pyfuse3, socket or subprocess, directly
+  boto3, botocore, s3transfer, obstore, lmdb, pyfuse3, socket or subprocess, directly
   or through any tierfs module it imports (importing ``a.b.c`` runs
   ``a/__init__``, ``a/b/__init__`` and ``a/b/c``, and the check follows that);
 - nothing under ``tierfs/`` imports ``tierfsd`` (or ``daemon``);
@@ -42,6 +42,7 @@ ONLY_UNDER = {
     "boto3": "tierfs/store/",
     "botocore": "tierfs/store/",
     "s3transfer": "tierfs/store/",
+    "obstore": "tierfs/store/",
     "lmdb": "tierfs/meta/",
 }
 POLICY_DIR = "tierfs/policy/"
@@ -52,6 +53,7 @@ POLICY_FORBIDDEN = frozenset(
         "boto3",
         "botocore",
         "s3transfer",
+        "obstore",
         "lmdb",
         "pyfuse3",
         "socket",

@@ -3,7 +3,10 @@
 1. A botocore ``before-send`` hook answers the first N requests with 5xx /
    SlowDown / 4xx responses (or raises a connection error): transient faults
    are retried inside the budget, permanent ones are not, and a spent budget
-   gives StoreUnavailable quickly.
+   gives StoreUnavailable quickly.  These stores send every request through
+   botocore (``BOTOCORE_ONLY``: no native engine, whose GETs and PUTs a
+   botocore hook cannot see); tests/unit/test_store_native.py proves the
+   same for the native engine with FaultProxy.
 2. ``tests.faults.FaultProxy`` resets or truncates response bodies mid-way:
    ``get_range`` still returns the exact bytes.
 3. ``check()`` fails within seconds, with the right error, for a missing
@@ -62,13 +65,18 @@ TINY = RetryPolicy(max_attempts=3, budget=1.0, base_delay=0.01, max_delay=0.05)
 BLOB = random.Random(1234).randbytes(1 << 20)  # 1 MiB of reproducible noise
 
 
+#: S3Store arguments that keep every request on botocore (big GETs and
+#: multipart always are): for the before-send hook tests.
+BOTOCORE_ONLY: dict[str, Any] = {"native_get_max": 0, "native_put_max": 0}
+
+
 def make_store(endpoint: str, bucket: str, policy: RetryPolicy = FAST, **kwargs: Any) -> S3Store:
     return S3Store(f"s3://{bucket}/pre/", endpoint_url=endpoint, retry=policy, **kwargs)
 
 
 @pytest.fixture
 def fast_store(bucket: tuple[str, str]) -> Iterator[S3Store]:
-    store = make_store(*bucket)
+    store = make_store(*bucket, **BOTOCORE_ONLY)
     yield store
     store.close()
 
@@ -196,7 +204,7 @@ def test_connection_errors_are_retried(fast_store: S3Store, exc: type[Exception]
 
 
 def test_budget_spent_raises_store_unavailable_quickly(bucket: tuple[str, str]) -> None:
-    store = make_store(*bucket, policy=TINY)
+    store = make_store(*bucket, policy=TINY, **BOTOCORE_ONLY)
     store.put("obj", b"x")
     injector = install(store, Injector(1000, error_response(503, "SlowDown")))
     started = time.monotonic()
@@ -213,7 +221,7 @@ def test_budget_spent_raises_store_unavailable_quickly(bucket: tuple[str, str]) 
 
 def test_time_budget_bounds_attempts(bucket: tuple[str, str]) -> None:
     policy = RetryPolicy(max_attempts=1000, budget=0.5, base_delay=0.05, max_delay=0.1)
-    store = make_store(*bucket, policy=policy)
+    store = make_store(*bucket, policy=policy, **BOTOCORE_ONLY)
     install(store, Injector(10**6, error_response(500, "InternalError")))
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="time budget"):
@@ -304,7 +312,7 @@ def test_credentials_never_in_messages(
 ) -> None:
     secret = "SuperSecretValue/ShouldNeverAppear"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    store = make_store(*bucket, policy=TINY)
+    store = make_store(*bucket, policy=TINY, **BOTOCORE_ONLY)
     install(store, Injector(100, error_response(403, "SignatureDoesNotMatch")))
     with pytest.raises(StoreAccessDenied) as info:
         store.head("obj")
@@ -320,10 +328,14 @@ def test_credentials_never_in_messages(
 # --- 2. FaultProxy: resets and truncated bodies -----------------------------------------------------
 
 
-@pytest.fixture
-def proxied_store(bucket: tuple[str, str], fault_proxy: FaultProxy) -> Iterator[S3Store]:
+@pytest.fixture(params=["native", "botocore"])
+def proxied_store(
+    bucket: tuple[str, str], fault_proxy: FaultProxy, request: pytest.FixtureRequest
+) -> Iterator[S3Store]:
+    """Both engines: ranges up to 1 MiB go native unless BOTOCORE_ONLY."""
     _, name = bucket
-    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", name)
+    engine = BOTOCORE_ONLY if request.param == "botocore" else {}
+    store = make_store(f"http://127.0.0.1:{fault_proxy.port}", name, **engine)
     store.put("blob", BLOB)
     yield store
     store.close()

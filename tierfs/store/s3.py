@@ -1,5 +1,15 @@
 """S3Store: the ObjectStore protocol over boto3, for AWS or any S3-compatible endpoint.
 
+Two request engines sit behind the one public API: the botocore client,
+and a native one, obstore (:mod:`tierfs.store.s3_fast`), for the requests
+whose cost is mostly per request: ranged GETs of up to ``native_get_max``
+bytes (``get_range`` and ``get_range_into``) and single PUTs of up to
+``native_put_max`` bytes.  HEAD, LIST, multipart, copy, delete, the
+breaker's probe and bigger GETs stay on botocore; so do keys that obstore
+would rewrite and PUTs whose metadata names a standard header (see
+``s3_fast``).  Every invariant below holds for both; where the native
+engine keeps it another way, the bullet says how.
+
 Invariants:
 
 - One S3 client per store, created in ``__init__`` from a private botocore
@@ -9,18 +19,30 @@ Invariants:
   least the number of parallel ranged GETs.  The sessions of all stores in a
   process share one botocore data loader (a read-only cache of the service
   model JSON), so a second store costs ~10 ms instead of ~150 ms; credentials
-  and config are still resolved per store.
+  and config are still resolved per store.  The native engine is one
+  obstore store per timeout class (GETs, PUTs), made with the store and
+  shared by all threads (its connection pool and tokio runtime are its own;
+  the calls release the GIL).
 - botocore's own retries are OFF (``total_max_attempts=1``).  All retrying
   happens in :mod:`tierfs.store.retry`, once per operation, so that attempts
   and the time budget are counted in one place.  botocore also never retries
   a body that is reset or truncated mid-read; we must, and a second retry
-  layer underneath would only multiply the worst case.
+  layer underneath would only multiply the worst case.  The native engine
+  runs with obstore's ``max_retries`` 0 inside the same ``_call``, so it
+  shares the loop, the budget and the breaker.
 - Every botocore failure is turned into a ``tierfs.errors.StoreError``
   subclass by ONE function, :func:`map_s3_error`.  Messages name the
   operation, ``s3://bucket/key``, the endpoint and the S3 error code; never
   credentials (they come only from the standard AWS chain and are never
   read, stored or logged here).  User info in an endpoint URL is stripped
-  from messages.
+  from messages.  A native-engine failure is first turned into the botocore
+  exception it equals by ONE function, :func:`botocore_equivalent` (HTTP
+  status and S3 code parsed from obstore's text; no answer becomes
+  EndpointConnectionError, Connect/ReadTimeoutError or
+  ConnectionClosedError), so the same classification and mapping apply.
+  Its credentials come from the same botocore session (an obstore
+  ``credential_provider`` over the session's credentials, asked again every
+  few minutes so refreshed ones are used).
 - Timeouts are bounded so that no FUSE request waits long on a dead or
   black-holed endpoint: ``CONNECT_TIMEOUT`` and ``READ_TIMEOUT`` (the wait
   for the next bytes of an answer) are a few seconds, and foreground
@@ -34,7 +56,10 @@ Invariants:
   ignores it and they get ``READ_TIMEOUT``, which only means more retries).
   A LIST gets ``LIST_READ_TIMEOUT`` the same way: the server builds a whole
   page before it sends a byte, which can take longer than ``READ_TIMEOUT``
-  for a large prefix, and then every retry would time out as well.
+  for a large prefix, and then every retry would time out as well.  The
+  native engine has the same connect timeout and per-read timeouts
+  (``read_timeout`` for GETs, ``upload_read_timeout`` for PUTs) in
+  reqwest's ``client_options``, plus a bound on the whole request.
 - One :class:`~tierfs.store.breaker.CircuitBreaker` (``self.breaker``) sits
   in the one retry path: every request asks it first, and while the
   endpoint is unreachable every call fails at once with
@@ -45,9 +70,12 @@ Invariants:
   ``request_observer``, reported with its latency and outcome
   (``after-call`` / ``after-call-error``): the metrics' one source, since
   this client is the one place requests are made.  The observer gets the
-  operation name only, never a key.
+  operation name only, never a key.  The native engine counts its requests
+  under the same names (``GetObject``, ``PutObject``) and tells the observer
+  each one once it ended (its latency includes the small body).
 - Path-style addressing is used whenever an ``endpoint_url`` is given
-  (moto, MinIO, Ceph, s3rver have no virtual-host DNS).
+  (moto, MinIO, Ceph, s3rver have no virtual-host DNS), by both engines;
+  the native one takes its region from the botocore client.
 - Checksums: ``request_checksum_calculation``/``response_checksum_validation``
   are ``when_required`` because many S3-compatible servers reject or mangle
   the newer flexible-checksum headers.  Every body we send carries exactly
@@ -55,7 +83,11 @@ Invariants:
   payload's SHA-256 (``x-amz-content-sha256``, verified by the server); over
   ``https://`` it does not, so a PUT or part carries ``Content-MD5``, which
   every implementation verifies.  (An MD5 on top of the SHA-256 cost a CPU
-  second per GiB uploaded.)
+  second per GiB uploaded.)  The native engine signs every payload
+  (``unsigned_payload`` off), over https too: a native PUT carries
+  ``x-amz-content-sha256`` of its body and nothing else.  A GET with an
+  ETag carries ``If-Match`` on both engines; ETags come back stripped of
+  their quotes.
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
 
@@ -126,9 +158,13 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
     CredentialRetrievalError,
+    EndpointConnectionError,
     NoCredentialsError,
     PartialCredentialsError,
+    ReadTimeoutError,
 )
 
 from tierfs.errors import (
@@ -177,6 +213,14 @@ from tierfs.store.retry import (
     error_code,
     http_status,
     run_with_retry,
+)
+from tierfs.store.s3_fast import (
+    NATIVE_GET_MAX,
+    NATIVE_PUT_MAX,
+    BotocoreCredentials,
+    NativeEngine,
+    native_key_ok,
+    native_metadata_ok,
 )
 
 log = logging.getLogger(__name__)
@@ -363,6 +407,71 @@ def map_s3_error(
     return None
 
 
+_STATUS_IN_TEXT = re.compile(r"status code: (\d{3})")
+_CODE_IN_TEXT = re.compile(r"<Code>([^<]{1,64})</Code>")
+#: reqwest's failure kind in obstore's text (``HttpError { kind: Timeout, ...``).
+_HTTP_KIND_IN_TEXT = re.compile(r"HttpError\s*\{\s*kind:\s*(\w+)")
+#: Status an obstore exception class stands for when its text names none.
+_OBSTORE_CLASS_STATUS = {
+    "FileNotFoundError": 404,
+    "NotFoundError": 404,
+    "PermissionDeniedError": 403,
+    "UnauthenticatedError": 403,
+    "PreconditionError": 412,
+    "NotModifiedError": 304,
+}
+
+
+def botocore_equivalent(exc: BaseException, operation: str, endpoint: str) -> BaseException:
+    """THE mapping of an obstore failure (the native engine, :mod:`.s3_fast`):
+    the botocore exception that the same failure raises on the botocore
+    path, so that :func:`~tierfs.store.retry.classify`, the breaker and
+    :func:`map_s3_error` (hence the StoreError subclass and its message)
+    treat both engines alike.
+
+    obstore tells an HTTP answer only in its message text: the status
+    (``status code: 503``) and the S3 error document (``<Code>SlowDown
+    </Code>``) become a ClientError with that status and code (so 404
+    NoSuchBucket gives BucketNotFound, 403 StoreAccessDenied, 412
+    PreconditionFailed, 416 InvalidRange the caller's "past the end", 5xx
+    and SlowDown a retry; ``Retry-After`` is not available).  No answer at
+    all becomes what botocore raises for it: a refused or failed connect
+    EndpointConnectionError, a timeout Connect/ReadTimeoutError (both count
+    towards the breaker), anything else on the wire (a reset, a body cut
+    short) ConnectionClosedError, retried like botocore's resets.
+    Anything that is not an obstore failure is returned unchanged (the
+    caller re-raises it as it was).
+    """
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if not (module.startswith("obstore") or isinstance(exc, FileNotFoundError)):
+        return exc
+    text = str(exc)
+    status_match = _STATUS_IN_TEXT.search(text)
+    status = int(status_match.group(1)) if status_match else _OBSTORE_CLASS_STATUS.get(name)
+    if status is None and "redirect" in text.lower():
+        status = 301
+    if status is not None:
+        code_match = _CODE_IN_TEXT.search(text)
+        code = code_match.group(1) if code_match else str(status)
+        response: dict[str, Any] = {
+            "Error": {"Code": code, "Message": f"HTTP {status} from {endpoint}"},
+            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {}},
+        }
+        return ClientError(response, operation)  # type: ignore[arg-type]
+    kind_match = _HTTP_KIND_IN_TEXT.search(text)
+    kind = kind_match.group(1) if kind_match else ""
+    if kind == "Timeout" or (kind == "Connect" and "TimedOut" in text):
+        if kind == "Connect":
+            return ConnectTimeoutError(endpoint_url=endpoint)
+        return ReadTimeoutError(endpoint_url=endpoint)
+    if kind == "Connect":
+        return EndpointConnectionError(endpoint_url=endpoint)
+    if kind or name == "GenericError":  # reset, cut short, undecodable: the wire failed
+        return ConnectionClosedError(endpoint_url=endpoint)
+    return exc
+
+
 class S3Store:
     """ObjectStore over boto3.  Thread-safe; share one instance.
 
@@ -386,6 +495,8 @@ class S3Store:
         upload_workers: int = DEFAULT_UPLOAD_WORKERS,
         circuit_breaker: bool = True,
         request_observer: RequestObserver | None = None,
+        native_get_max: int = NATIVE_GET_MAX,
+        native_put_max: int = NATIVE_PUT_MAX,
     ) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
@@ -451,6 +562,23 @@ class S3Store:
         )
         #: Over plain HTTP botocore signs each payload's SHA-256 already.
         self._send_md5 = str(self.client.meta.endpoint_url).startswith("https")
+        #: Ranged GETs up to this many bytes, and single PUTs up to
+        #: ``native_put_max``, go through the native engine (0: never).
+        self.native_get_max = native_get_max
+        self.native_put_max = native_put_max
+        self._native = NativeEngine(
+            bucket=self.bucket,
+            endpoint_url=self.endpoint if endpoint_url else None,
+            region=str(self.client.meta.region_name or "us-east-1"),
+            credentials=BotocoreCredentials(session.get_credentials()),
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            upload_read_timeout=upload_read_timeout,
+            on_request=self._native_request_done,
+            translate_error=lambda exc, operation: botocore_equivalent(
+                exc, operation, self.endpoint
+            ),
+        )
 
     def _count_call(self, model: Any, context: dict[str, Any], **_: Any) -> None:
         with self._calls_lock:
@@ -479,6 +607,23 @@ class S3Store:
             return
         try:
             observer(operation, time.perf_counter() - sent, failed)
+        except Exception:  # metrics must never fail a request
+            log.exception("request observer failed")
+
+    def _native_request_done(self, operation: str, seconds: float, status: int | None) -> None:
+        """The native engine sent a request: count it and tell the observer.
+
+        ``seconds`` covers the whole answer (a small body included);
+        ``status`` None means no answer at all.
+        """
+        with self._calls_lock:
+            self.calls[operation] += 1
+        observer = self.request_observer
+        if observer is None:
+            return
+        failed = status is None or (status >= 400 and status not in ORDINARY_ERROR_STATUSES)
+        try:
+            observer(operation, seconds, failed)
         except Exception:  # metrics must never fail a request
             log.exception("request observer failed")
 
@@ -695,12 +840,37 @@ class S3Store:
 
         return self._call("get_range", full, attempt, policy=self.foreground_retry)
 
+    def _native_get(self, full: str, start: int, length: int, etag: str | None) -> Any | None:
+        """A ranged GET of ``length > 0`` bytes through the native engine,
+        retried as a whole: a buffer of the bytes there are, or None when
+        ``start`` is at or beyond the object's end."""
+        if_match = _strip_etag(etag) if etag else None
+
+        def attempt() -> Any | None:
+            try:
+                body, size = self._native.get(full, start, length, if_match)
+            except ClientError as exc:
+                if http_status(exc) == 416 or _s3_code(exc) == "InvalidRange":
+                    return None
+                raise
+            expected = max(0, min(length, size - start))
+            if len(body) < expected:
+                raise TruncatedBody(len(body), expected)
+            if len(body) > length:
+                raise StoreError(f"get_range {full}: body longer than the range asked for")
+            return body
+
+        return self._call("get_range", full, attempt, policy=self.foreground_retry)
+
     def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
         full = self._full_key(key)
         if start < 0 or length < 0:
             raise InvalidArgument(f"get_range {key!r}: negative start or length")
         if length == 0:
             return b""
+        if length <= self.native_get_max and native_key_ok(full):
+            body = self._native_get(full, start, length, etag)
+            return b"" if body is None else bytes(body)
         return self._ranged_get(
             full,
             start,
@@ -719,6 +889,9 @@ class S3Store:
             raise InvalidArgument(f"get_range_into {key!r}: negative start")
         if length == 0:
             return 0
+        if length <= self.native_get_max and native_key_ok(full):
+            body = self._native_get(full, start, length, etag)
+            return 0 if body is None else _scatter(memoryview(body), bufs)
 
         def read(body: Any, resp: dict[str, Any]) -> int:
             try:
@@ -738,6 +911,9 @@ class S3Store:
         full = self._full_key(key)
         meta = validate_metadata(metadata)
         payload = bytes(data)
+        if len(payload) <= self.native_put_max and native_key_ok(full) and native_metadata_ok(meta):
+            etag = self._call("put", full, lambda: self._native.put(full, payload, meta))
+            return _strip_etag(etag)
         checksum = self._body_checksum(payload)
         resp = self._call(
             "put",
@@ -1158,9 +1334,9 @@ def _scatter(data: bytes | memoryview, bufs: Sequence[memoryview]) -> int:
     """Copy ``data`` into ``bufs`` in order; returns the bytes copied."""
     pos = 0
     for buf in bufs:
-        n = min(len(buf), len(data) - pos)
-        if n <= 0:
+        if pos >= len(data):
             break
+        n = min(len(buf), len(data) - pos)
         buf[:n] = data[pos : pos + n]
         pos += n
     return pos
