@@ -47,7 +47,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from tierfs.core import Attributes, TierFS
+from tierfs.core import Attributes, DirEntry, TierFS
 from tierfs.core.posix_attrs import Caller
 from tierfs.errors import EndpointUnreachable, NotFound, TierfsError
 from tierfs.workers.metrics import LatencyTable, Metrics
@@ -139,9 +139,6 @@ class TierfsOperations(pyfuse3.Operations):
         #: Per-operation latency and error recorders (the daemon's metrics;
         #: a private registry when none is given).
         self.op_metrics: LatencyTable = (metrics or Metrics()).fuse_ops
-        #: Directory handle -> the readdir offset after the last entry
-        #: replied (a request starting there reads on sequentially).
-        self._readdir_next: dict[int, int] = {}
 
     # --- namespace -------------------------------------------------------------------
 
@@ -179,31 +176,14 @@ class TierfsOperations(pyfuse3.Operations):
 
     @_errno
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        # A reader that goes on where the last request stopped (``ls``,
-        # ``find``, ``os.scandir``) gets batches until the kernel's buffer is
-        # full (``readdir_reply`` refuses an entry) or the directory ends: one
-        # request per buffer, as a passthrough does, instead of one per batch
-        # (a newer kernel's buffer takes a hundred entries and more); built
-        # in vain is at most one batch less one entry.  After a seek (any
-        # other offset) one batch only: a reader that seeks reads an entry or
-        # two there, and must not pay for a whole buffer.
-        sequential = start_id == 0 or self._readdir_next.get(fh) == start_id
-        while True:
-            entries = await self.fs.readdir_handle(fh, start_id)
-            if not entries:
-                return
-            for entry in entries:
-                if not pyfuse3.readdir_reply(
-                    token, entry.name, entry_attributes(entry.attrs), entry.cookie
-                ):
-                    return
-                self._readdir_next[fh] = entry.cookie
-            if not sequential:
-                return
-            start_id = entries[-1].cookie
+        def reply(entry: DirEntry) -> bool:
+            return pyfuse3.readdir_reply(
+                token, entry.name, entry_attributes(entry.attrs), entry.cookie
+            )
+
+        await self.fs.readdir_into(fh, start_id, reply)
 
     async def releasedir(self, fh: int) -> None:
-        self._readdir_next.pop(fh, None)
         self.fs.releasedir(fh)
 
     @_errno

@@ -135,6 +135,80 @@ async def test_a_seek_reads_from_its_offset_without_walking_the_directory(
     assert max(read_rows) <= READDIR_BATCH
 
 
+class KernelBuffer:
+    """Stands in for ``pyfuse3.readdir_reply``: takes up to ``room`` entries."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.taken: list[DirEntry] = []
+
+    def __call__(self, entry: DirEntry) -> bool:
+        if len(self.taken) >= self.room:
+            return False
+        self.taken.append(entry)
+        return True
+
+
+async def test_a_sequential_reader_gets_a_full_buffer_per_request(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"seq", 0o755, 0, 0)
+    await make_files(mount, d.ino, [f"s{i:04}" for i in range(300)])
+    fh = await mount.fs.opendir(d.ino)
+    room = 3 * READDIR_BATCH + 5  # a buffer of several batches
+    built_before = mount.fs.readdir_entries
+    first = KernelBuffer(room)
+    await mount.fs.readdir_into(fh, 0, first)
+    assert len(first.taken) == room
+    # Four batches (the first with "." and ".."); built in vain: what the
+    # refused batch held beyond the buffer.
+    assert mount.fs.readdir_entries - built_before == 2 + 4 * READDIR_BATCH
+    assert mount.fs.dir_handles.get(fh).resume_at == first.taken[-1].cookie
+    # The next request starts where the reply ended: it reads on, to the end.
+    rest = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, first.taken[-1].cookie, rest)
+    names = [e.name for e in first.taken + rest.taken]
+    assert len(names) == 302 and len(set(names)) == 302
+    mount.fs.releasedir(fh)
+
+
+async def test_a_request_after_a_seek_gets_one_batch(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"seek", 0o755, 0, 0)
+    await make_files(mount, d.ino, [f"k{i:04}" for i in range(300)])
+    fh = await mount.fs.opendir(d.ino)
+    everything = await read_handle(mount, fh)
+    seek_to = everything[100].cookie
+    built_before = mount.fs.readdir_entries
+    buffer = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, seek_to, buffer)
+    assert [e.name for e in buffer.taken] == [e.name for e in everything[101 : 101 + READDIR_BATCH]]
+    assert mount.fs.readdir_entries - built_before == READDIR_BATCH
+    # The reader now goes on from where that reply ended: a whole buffer.
+    more = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, buffer.taken[-1].cookie, more)
+    assert len(more.taken) == 302 - 101 - READDIR_BATCH
+    mount.fs.releasedir(fh)
+
+
+async def test_a_reply_the_kernel_refuses_at_once_leaves_the_resume_offset(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"full", 0o755, 0, 0)
+    await make_files(mount, d.ino, [f"f{i:03}" for i in range(100)])
+    fh = await mount.fs.opendir(d.ino)
+    head = KernelBuffer(10)
+    await mount.fs.readdir_into(fh, 0, head)
+    resume_at = head.taken[-1].cookie
+    await mount.fs.readdir_into(fh, head.taken[3].cookie, KernelBuffer(0))  # a seek, refused
+    assert mount.fs.dir_handles.get(fh).resume_at == resume_at
+    # Still sequential from where the kernel last took entries.
+    built_before = mount.fs.readdir_entries
+    tail = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, resume_at, tail)
+    assert len(tail.taken) == 102 - 10
+    assert mount.fs.readdir_entries - built_before == 102 - 10
+    mount.fs.releasedir(fh)
+
+
 async def test_a_directory_removed_while_open_reads_as_empty(make_fs: Any) -> None:
     mount = await make_fs()
     d = await mount.fs.mkdir(ROOT_INO, b"gone", 0o755, 0, 0)

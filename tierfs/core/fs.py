@@ -462,6 +462,34 @@ class TierFS:
         self.readdir_entries += len(out)
         return out
 
+    async def readdir_into(self, fh: int, offset: int, reply: Callable[[DirEntry], bool]) -> None:
+        """Hand entries of open directory ``fh`` after ``offset`` to ``reply``
+        (the FUSE layer's ``readdir_reply``) until it refuses one (the
+        kernel's buffer is full) or the directory ends.  A reader that goes
+        on where the handle's last reply stopped gets batches until then:
+        one request per buffer, as a passthrough does, instead of one per
+        batch (a newer kernel's buffer takes a hundred entries and more);
+        built in vain is at most one batch less one entry.  After a seek
+        (any other offset) one batch only (``tierfs.core.dirhandles``)."""
+        handle = self.dir_handles.get(fh)
+        sequential = handle.continues(offset)
+        taken: int | None = None  # the offset after the last entry the kernel took
+        try:
+            while True:
+                entries = await self.readdir_handle(fh, offset)
+                if not entries:
+                    return
+                for entry in entries:
+                    if not reply(entry):
+                        return
+                    taken = entry.cookie
+                if not sequential:
+                    return
+                offset = entries[-1].cookie
+        finally:
+            if taken is not None:
+                handle.replied(taken)
+
     def releasedir(self, fh: int) -> None:
         self.dir_handles.release(fh)
 
