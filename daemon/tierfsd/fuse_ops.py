@@ -94,7 +94,13 @@ def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 
 
 def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
-    entry = pyfuse3.EntryAttributes()
+    """The reply for ``attrs``, built once per ``Attributes`` (kept in
+    ``attrs.converted``: readdir serves cached attributes again and again;
+    pyfuse3 copies the fields into each reply, so one object serves all)."""
+    converted = attrs.converted
+    if converted is not None:
+        return converted  # type: ignore[return-value]
+    entry = attrs.converted = pyfuse3.EntryAttributes()
     entry.st_ino = attrs.ino
     entry.generation = 0
     entry.entry_timeout = attrs.timeout

@@ -53,10 +53,12 @@ import trio
 from tierfs.config import Config
 from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, NotFound
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.meta.records import decode_inode
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
 from tierfs.tiers.tier import Tier
 
+from .attrcache import AttributeCache
 from .blockcache import BlockCache
 from .clock import Clock
 from .damage import DamageLog
@@ -187,6 +189,8 @@ class TierFS:
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
         self.unlinked = UnlinkedInodes()
         self.dir_handles = DirHandles()
+        #: Attributes readdir hands out, with the inode records they came from.
+        self.attribute_cache = AttributeCache(lambda inode: attributes_of(inode, self.config))
         #: Directory entries handed out by ``readdir_handle`` (``.``/``..`` too).
         self.readdir_entries = 0
         self.sync = Sync(
@@ -505,10 +509,19 @@ class TierFS:
         # out provisional, owner-only (see tierfs.core.namespace).
         await self.namespace.wait_listing(ino)
         out: list[DirEntry] = []
-        for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
-            inode = self.meta.get_inode(child)
-            if inode is not None:
-                out.append(DirEntry(cookie, name, self.attributes(inode, timeout)))
+        # Attributes from the cache (``AttributeCache``: kept with the inode
+        # record they were built from) unless the kernel must see what the
+        # record does not hold: an access time not yet written, an inode
+        # removed while held, an expired listing's timeout 0.
+        cached = self.attribute_cache.attributes
+        pending = self.access_times.pending
+        unlinked = self.unlinked
+        for cookie, name, child, record in self.meta.read_dir_records(ino, after_cookie, limit):
+            if timeout is None and child not in pending and child not in unlinked:
+                attrs = cached(child, record)
+            else:
+                attrs = self.attributes(decode_inode(child, record), timeout)
+            out.append(DirEntry(cookie, name, attrs))
         return out
 
     # --- files ---------------------------------------------------------------------------
