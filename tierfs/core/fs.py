@@ -9,7 +9,11 @@ Handles (``handles``): ``open`` returns a file handle number that maps to a ``Ha
 drops it.  Directory handles (``dirhandles``): ``opendir`` returns a handle
 whose readdir offsets are keys (``.``, ``..``, then dirseq cookies, see
 ``MetaDB``), so that a seek is one LMDB lookup and a name renamed during a
-readdir is never returned twice; ``releasedir`` drops it.
+readdir is never returned twice; ``releasedir`` drops it.  A handle also
+knows whether a request goes on where the last one stopped, and
+``readdir_into`` then fills the kernel's whole buffer.  The attributes
+readdir hands out are kept with the inode records they were built from
+(``attrcache``): a warm listing decodes only the inodes that changed.
 
 Composition.  TierFS is built from parts, each given its collaborators at
 construction, in this order (``__init__``; a part only calls parts built
