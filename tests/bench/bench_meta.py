@@ -34,7 +34,8 @@ What one run does
    counted by the daemon's store).
 
 ``--scenarios`` picks a subset (``warm,cold,ttl1s,threads``) while
-iterating; ``--trace`` adds, per scenario and mount, the FUSE requests the
+iterating, ``--operations`` a subset of ``find,stat,read`` (the warm-up
+pass too does only those: ``find,stat`` over 100,000 files reads none); ``--trace`` adds, per scenario and mount, the FUSE requests the
 kernel sent (kernel tracepoints, ``common.FuseTrace``); ``--py-spy DIR``
 records the tierfs daemon during every timed tierfs step (collapsed stacks,
 ``DIR/<tree>-<scenario>.txt``).
@@ -410,11 +411,14 @@ class MetaBench(BenchBase):
             with self.mount(name) as (mp, calls):
                 ops = self.operations(tree, mp)
                 self.drops_before = page_cache_drops()
-                for op in OPERATIONS:  # the warm-up pass, untimed
+                for op in self.args.operations:  # the warm-up pass, untimed
                     ops[op]()
-                for op in OPERATIONS:
+                for op in self.args.operations:
                     self.timed(tree, f"warm {op}", name, ops[op], calls)
-        cold = [*(OPERATIONS if "cold" in wanted else ()), *(["8 threads"] * ("threads" in wanted))]
+        cold = [
+            *(self.args.operations if "cold" in wanted else ()),
+            *(["8 threads"] * ("threads" in wanted)),
+        ]
         for op in cold:
             drop_caches()
             self.drops_before = page_cache_drops()
@@ -424,9 +428,9 @@ class MetaBench(BenchBase):
             with self.mount(name, list_ttl=1.0) as (mp, calls):
                 ops = self.operations(tree, mp)
                 self.drops_before = page_cache_drops()
-                for op in OPERATIONS:
+                for op in self.args.operations:
                     ops[op]()
-                for op in OPERATIONS:
+                for op in self.args.operations:
                     time.sleep(TTL_WAIT)
                     self.timed(tree, f"ttl1s {op}", name, ops[op], calls)
 
@@ -574,6 +578,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"scenarios to run ({','.join(SCENARIOS)})",
     )
     p.add_argument(
+        "--operations",
+        default=",".join(OPERATIONS),
+        type=comma_list,
+        help=f"operations of the warm, cold and ttl1s scenarios ({','.join(OPERATIONS)})",
+    )
+    p.add_argument(
         "--passthrough-timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
@@ -603,6 +613,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [c for c in args.scenarios if c not in SCENARIOS]
     if bad:
         p.error(f"unknown scenario: {', '.join(bad)}")
+    bad = [c for c in args.operations if c not in OPERATIONS]
+    if bad:
+        p.error(f"unknown operation: {', '.join(bad)}")
     if args.files < 1 or args.dirs < 1 or not 0 < args.file_min <= args.file_max:
         p.error("need --files >= 1, --dirs >= 1 and 0 < --file-min <= --file-max")
     return args

@@ -118,14 +118,16 @@ async def test_a_seek_reads_from_its_offset_without_walking_the_directory(
     everything = await read_handle(mount, fh)
     assert len(everything) == 1502
     read_rows: list[int] = []
-    real_read_dir = mount.fs.meta.read_dir
+    real_read_dir = mount.fs.meta.read_dir_records
 
-    def counting_read_dir(parent: int, after: int, limit: int) -> list[tuple[int, bytes, int]]:
+    def counting_read_dir(
+        parent: int, after: int, limit: int
+    ) -> list[tuple[int, bytes, int, bytes]]:
         rows = real_read_dir(parent, after, limit)
         read_rows.append(len(rows))
         return rows
 
-    monkeypatch.setattr(mount.fs.meta, "read_dir", counting_read_dir)
+    monkeypatch.setattr(mount.fs.meta, "read_dir_records", counting_read_dir)
     # seekdir to every offset telldir gave, from the end back to the start.
     offsets = [0] + [e.cookie for e in everything[:-1]]
     for offset, expected in reversed(list(zip(offsets, everything, strict=True))):
@@ -133,6 +135,119 @@ async def test_a_seek_reads_from_its_offset_without_walking_the_directory(
         assert got.name == expected.name
     assert len(read_rows) == len(offsets)  # one bounded read per seek, never a walk
     assert max(read_rows) <= READDIR_BATCH
+
+
+class KernelBuffer:
+    """Stands in for ``pyfuse3.readdir_reply``: takes up to ``room`` entries."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.taken: list[DirEntry] = []
+
+    def __call__(self, entry: DirEntry) -> bool:
+        if len(self.taken) >= self.room:
+            return False
+        self.taken.append(entry)
+        return True
+
+
+async def test_a_sequential_reader_gets_a_full_buffer_per_request(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"seq", 0o755, 0, 0)
+    await make_files(mount, d.ino, [f"s{i:04}" for i in range(300)])
+    fh = await mount.fs.opendir(d.ino)
+    room = 3 * READDIR_BATCH + 5  # a buffer of several batches
+    built_before = mount.fs.readdir_entries
+    first = KernelBuffer(room)
+    await mount.fs.readdir_into(fh, 0, first)
+    assert len(first.taken) == room
+    # Four batches (the first with "." and ".."); built in vain: what the
+    # refused batch held beyond the buffer.
+    assert mount.fs.readdir_entries - built_before == 2 + 4 * READDIR_BATCH
+    assert mount.fs.dir_handles.get(fh).resume_at == first.taken[-1].cookie
+    # The next request starts where the reply ended: it reads on, to the end.
+    rest = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, first.taken[-1].cookie, rest)
+    names = [e.name for e in first.taken + rest.taken]
+    assert len(names) == 302 and len(set(names)) == 302
+    mount.fs.releasedir(fh)
+
+
+async def test_a_request_after_a_seek_gets_one_batch(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"seek", 0o755, 0, 0)
+    await make_files(mount, d.ino, [f"k{i:04}" for i in range(300)])
+    fh = await mount.fs.opendir(d.ino)
+    everything = await read_handle(mount, fh)
+    seek_to = everything[100].cookie
+    built_before = mount.fs.readdir_entries
+    buffer = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, seek_to, buffer)
+    assert [e.name for e in buffer.taken] == [e.name for e in everything[101 : 101 + READDIR_BATCH]]
+    assert mount.fs.readdir_entries - built_before == READDIR_BATCH
+    # The reader now goes on from where that reply ended: a whole buffer.
+    more = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, buffer.taken[-1].cookie, more)
+    assert len(more.taken) == 302 - 101 - READDIR_BATCH
+    mount.fs.releasedir(fh)
+
+
+async def test_a_reply_the_kernel_refuses_at_once_leaves_the_resume_offset(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"full", 0o755, 0, 0)
+    await make_files(mount, d.ino, [f"f{i:03}" for i in range(100)])
+    fh = await mount.fs.opendir(d.ino)
+    head = KernelBuffer(10)
+    await mount.fs.readdir_into(fh, 0, head)
+    resume_at = head.taken[-1].cookie
+    await mount.fs.readdir_into(fh, head.taken[3].cookie, KernelBuffer(0))  # a seek, refused
+    assert mount.fs.dir_handles.get(fh).resume_at == resume_at
+    # Still sequential from where the kernel last took entries.
+    built_before = mount.fs.readdir_entries
+    tail = KernelBuffer(10_000)
+    await mount.fs.readdir_into(fh, resume_at, tail)
+    assert len(tail.taken) == 102 - 10
+    assert mount.fs.readdir_entries - built_before == 102 - 10
+    mount.fs.releasedir(fh)
+
+
+async def test_a_listing_again_decodes_only_the_inodes_that_changed(make_fs: Any) -> None:
+    mount = await make_fs()
+    d = await mount.fs.mkdir(ROOT_INO, b"warm", 0o755, 0, 0)
+    inos = await make_files(mount, d.ino, [f"w{i:03}" for i in range(100)])
+    mount.fs.access_times.flush()  # no access time left pending in memory
+    cache = mount.fs.attribute_cache
+
+    async def listing() -> dict[bytes, Attributes]:
+        fh = await mount.fs.opendir(d.ino)
+        try:
+            return {e.name: e.attrs for e in await read_handle(mount, fh)}
+        finally:
+            mount.fs.releasedir(fh)
+
+    first = await listing()
+    hits, misses = cache.hits, cache.misses
+    second = await listing()
+    assert (cache.hits - hits, cache.misses - misses) == (100, 0)
+    assert all(second[name] is first[name] for name in first if name not in (b".", b".."))
+    # Changes through the mount are seen by the next listing, which decodes
+    # the records of those inodes only.
+    await mount.fs.setattr(inos["w007"], mode=0o600)
+    opened = await mount.fs.open(inos["w008"], os.O_WRONLY)
+    await mount.fs.write(opened.fh, 0, b"grown")
+    await mount.fs.release(opened.fh)
+    hits, misses = cache.hits, cache.misses
+    third = await listing()
+    assert stat.S_IMODE(third[b"w007"].mode) == 0o600
+    assert third[b"w008"].size == 5
+    assert (cache.hits - hits, cache.misses - misses) == (98, 2)
+    # An access time still pending in memory is shown, though LMDB lacks it.
+    opened = await mount.fs.open(inos["w009"], os.O_RDONLY)
+    await mount.fs.read(opened.fh, 0, 1)
+    await mount.fs.release(opened.fh)
+    pending = mount.fs.access_times.pending.get(inos["w009"])
+    assert pending is not None and pending != third[b"w009"].atime_ns
+    assert (await listing())[b"w009"].atime_ns == pending
 
 
 async def test_a_directory_removed_while_open_reads_as_empty(make_fs: Any) -> None:

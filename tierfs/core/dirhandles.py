@@ -24,7 +24,17 @@ once: under its old name if the reader passed it before the rename, not at
 all otherwise (POSIX leaves entries added or removed after ``opendir`` or
 ``rewinddir`` unspecified; a name under two names is never right).
 
-Memory: a handle holds two integers, whatever the size of its directory;
+Sequential readers.  A handle also remembers ``resume_at``: the offset just
+after the last entry the kernel took from it (0 before the first).  A
+request at offset 0 or at ``resume_at`` comes from a reader that goes on
+where the last request stopped (``ls``, ``find``, ``os.scandir``): it is
+given entries until the kernel's buffer refuses one or the directory ends
+(``TierFS.readdir_into``).  A request at any other offset follows a
+``seekdir`` and is given one batch only: a reader that seeks reads an entry
+or two there, and must not pay for a whole buffer.  ``resume_at`` changes
+only when the kernel took at least one entry (``replied``).
+
+Memory: a handle holds three integers, whatever the size of its directory;
 nothing of the directory is copied at ``opendir``.
 """
 
@@ -55,6 +65,17 @@ class DirHandle:
     #: The directory's ``next_cookie`` when read from the start: entries with
     #: a cookie at or above it are not returned by this handle.
     horizon: int
+    #: The offset just after the last entry the kernel took (0: none yet).
+    resume_at: int = 0
+
+    def continues(self, offset: int) -> bool:
+        """Whether a request at ``offset`` reads on sequentially: from the
+        start, or where the last request's reply ended."""
+        return offset == 0 or offset == self.resume_at
+
+    def replied(self, offset: int) -> None:
+        """The kernel took the entries up to ``offset`` (the last one's)."""
+        self.resume_at = offset
 
 
 class DirHandles:

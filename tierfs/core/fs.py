@@ -9,7 +9,11 @@ Handles (``handles``): ``open`` returns a file handle number that maps to a ``Ha
 drops it.  Directory handles (``dirhandles``): ``opendir`` returns a handle
 whose readdir offsets are keys (``.``, ``..``, then dirseq cookies, see
 ``MetaDB``), so that a seek is one LMDB lookup and a name renamed during a
-readdir is never returned twice; ``releasedir`` drops it.
+readdir is never returned twice; ``releasedir`` drops it.  A handle also
+knows whether a request goes on where the last one stopped, and
+``readdir_into`` then fills the kernel's whole buffer.  The attributes
+readdir hands out are kept with the inode records they were built from
+(``attrcache``): a warm listing decodes only the inodes that changed.
 
 Composition.  TierFS is built from parts, each given its collaborators at
 construction, in this order (``__init__``; a part only calls parts built
@@ -53,10 +57,12 @@ import trio
 from tierfs.config import Config
 from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, NotFound
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.meta.records import decode_inode
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
 from tierfs.tiers.tier import Tier
 
+from .attrcache import AttributeCache
 from .blockcache import BlockCache
 from .clock import Clock
 from .damage import DamageLog
@@ -187,6 +193,8 @@ class TierFS:
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
         self.unlinked = UnlinkedInodes()
         self.dir_handles = DirHandles()
+        #: Attributes readdir hands out, with the inode records they came from.
+        self.attribute_cache = AttributeCache(lambda inode: attributes_of(inode, self.config))
         #: Directory entries handed out by ``readdir_handle`` (``.``/``..`` too).
         self.readdir_entries = 0
         self.sync = Sync(
@@ -462,6 +470,34 @@ class TierFS:
         self.readdir_entries += len(out)
         return out
 
+    async def readdir_into(self, fh: int, offset: int, reply: Callable[[DirEntry], bool]) -> None:
+        """Hand entries of open directory ``fh`` after ``offset`` to ``reply``
+        (the FUSE layer's ``readdir_reply``) until it refuses one (the
+        kernel's buffer is full) or the directory ends.  A reader that goes
+        on where the handle's last reply stopped gets batches until then:
+        one request per buffer, as a passthrough does, instead of one per
+        batch (a newer kernel's buffer takes a hundred entries and more);
+        built in vain is at most one batch less one entry.  After a seek
+        (any other offset) one batch only (``tierfs.core.dirhandles``)."""
+        handle = self.dir_handles.get(fh)
+        sequential = handle.continues(offset)
+        taken: int | None = None  # the offset after the last entry the kernel took
+        try:
+            while True:
+                entries = await self.readdir_handle(fh, offset)
+                if not entries:
+                    return
+                for entry in entries:
+                    if not reply(entry):
+                        return
+                    taken = entry.cookie
+                if not sequential:
+                    return
+                offset = entries[-1].cookie
+        finally:
+            if taken is not None:
+                handle.replied(taken)
+
     def releasedir(self, fh: int) -> None:
         self.dir_handles.release(fh)
 
@@ -477,10 +513,19 @@ class TierFS:
         # out provisional, owner-only (see tierfs.core.namespace).
         await self.namespace.wait_listing(ino)
         out: list[DirEntry] = []
-        for cookie, name, child in self.meta.read_dir(ino, after_cookie, limit):
-            inode = self.meta.get_inode(child)
-            if inode is not None:
-                out.append(DirEntry(cookie, name, self.attributes(inode, timeout)))
+        # Attributes from the cache (``AttributeCache``: kept with the inode
+        # record they were built from) unless the kernel must see what the
+        # record does not hold: an access time not yet written, an inode
+        # removed while held, an expired listing's timeout 0.
+        cached = self.attribute_cache.attributes
+        pending = self.access_times.pending
+        unlinked = self.unlinked
+        for cookie, name, child, record in self.meta.read_dir_records(ino, after_cookie, limit):
+            if timeout is None and child not in pending and child not in unlinked:
+                attrs = cached(child, record)
+            else:
+                attrs = self.attributes(decode_inode(child, record), timeout)
+            out.append(DirEntry(cookie, name, attrs))
         return out
 
     # --- files ---------------------------------------------------------------------------

@@ -28,6 +28,10 @@ class Attributes:
     ctime_ns: int
     atime_ns: int
     timeout: float  # seconds the kernel may cache this entry and its attributes
+    #: The FUSE layer's reply built from these attributes, kept with them
+    #: (they never change) so that attributes served again from the
+    #: ``AttributeCache`` are not converted again.  Core never reads it.
+    converted: object = None
 
 
 @dataclass(slots=True)

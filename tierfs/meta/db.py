@@ -429,6 +429,30 @@ class MetaDB:
                 out.append((cookie, name, decode_dentry(raw)[0]))
         return out
 
+    def read_dir_records(
+        self, parent: int, after_cookie: int, limit: int
+    ) -> list[tuple[int, bytes, int, bytes]]:
+        """``read_dir`` with each child's inode record as stored (undecoded:
+        ``decode_inode`` it, or compare it with one seen before), all in
+        one read transaction.  A child without a record is left out."""
+        out: list[tuple[int, bytes, int, bytes]] = []
+        prefix = U64.pack(parent)
+        with self._read() as txn:
+            cur = txn.cursor(db=self._dirseq)
+            if not cur.set_range(dirseq_key(parent, after_cookie + 1)):
+                return out
+            for key, name in cur:
+                if not key.startswith(prefix) or len(out) >= limit:
+                    break
+                raw = txn.get(dentry_key(parent, name), db=self._dentries)
+                if raw is None:  # cannot happen while the invariant holds
+                    continue
+                ino = decode_dentry(raw)[0]
+                record = txn.get(ino_key(ino), db=self._inodes)
+                if record is not None:
+                    out.append((U64.unpack_from(key, 8)[0], name, ino, record))
+        return out
+
     # --- listing merge ---------------------------------------------------------------
 
     def begin_listing(self, dir_ino: int) -> int:
