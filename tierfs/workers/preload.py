@@ -226,7 +226,9 @@ class PreloadJob:
 class _FileWork:
     ino: int
     path: str
-    blocks: range
+    #: None: the whole file, in one fill (a small file that the scan found
+    #: with nothing resident: see "Per-file cost").
+    blocks: range | None
 
 
 class _FileProgress:
@@ -234,12 +236,22 @@ class _FileProgress:
     entries of the same file that wait for this fetch (a path listed twice,
     or a file under two listed directories)."""
 
-    __slots__ = ("duplicate_bytes", "duplicates", "failed", "incomplete", "left", "ranges")
+    __slots__ = (
+        "duplicate_bytes",
+        "duplicates",
+        "failed",
+        "incomplete",
+        "left",
+        "ranges",
+        "was_resident",
+    )
 
     def __init__(self, left: int) -> None:
         self.left = left
         self.ranges = left
         self.failed = False
+        #: A whole-file fill found every block resident already.
+        self.was_resident = False
         #: A range's fill left some of its blocks absent (no room to keep them).
         self.incomplete = False
         self.duplicates: list[str] = []
@@ -351,7 +363,8 @@ class Preloader:
                 async for inode, path in self.fs.namespace.walk(relpath):
                     size = inode.size
                     resident = min(size, sum(self.fs.meta.residency(inode.ino).values()))
-                    files.add(f"{inode.ino} {resident} {path}")
+                    origin_blocks = -(-min(size, inode.origin_size) // self.block_size)
+                    files.add(f"{inode.ino} {resident} {origin_blocks} {path}")
                     job.files_total += 1
                     job.bytes_total += size
                     job.bytes_resident += resident
@@ -390,8 +403,10 @@ class Preloader:
                 for count, line in enumerate(files.lines()):
                     if count % SPOOL_BATCH == 0:
                         await trio.sleep(0)
-                    ino_text, resident_text, path = line.split(" ", 2)
-                    work = self._file_work(job, int(ino_text), int(resident_text), path, in_flight)
+                    ino_text, resident_text, blocks_text, path = line.split(" ", 3)
+                    work = self._file_work(
+                        job, int(ino_text), int(resident_text), int(blocks_text), path, in_flight
+                    )
                     for item in work:
                         await send.send(item)
 
@@ -400,13 +415,24 @@ class Preloader:
         job: PreloadJob,
         ino: int,
         scanned_resident: int,
+        scanned_blocks: int,
         path: str,
         in_flight: dict[int, _FileProgress],
     ) -> list[tuple[_FileWork, _FileProgress]]:
         """The ranges of the file that still have absent blocks (none: the
         file is resident, and counted so).  Bytes that became resident
         since the scan (a demand read, the same file listed twice) count
-        as resident."""
+        as resident.  A file of at most one range that the scan found with
+        nothing resident is queued whole without a look at LMDB here: its
+        fill says what was resident meanwhile (``FillOutcome.present``)."""
+        if ino not in in_flight and scanned_resident == 0:
+            if scanned_blocks == 0:  # empty, or holes only: nothing to fetch
+                job.files_resident += 1
+                job.files_done += 1
+                return []
+            if scanned_blocks <= self.range_blocks:
+                progress = in_flight[ino] = _FileProgress(1)
+                return [(_FileWork(ino, path, None), progress)]
         try:
             residency = self.movement.check(ino)
         except TierfsError as exc:
@@ -452,6 +478,9 @@ class Preloader:
                     else:
                         job.bytes_fetched += outcome.nbytes
                         progress.incomplete |= not outcome.complete
+                        if work.blocks is None:  # the scan saw none of it resident
+                            job.bytes_resident += outcome.present
+                            progress.was_resident = outcome.complete and not outcome.nbytes
                         await self.throttle(outcome.nbytes)
                         await job.throttle(outcome.nbytes)
                 progress.left -= 1
@@ -474,7 +503,7 @@ class Preloader:
                 job.fail(path, reason or f"failed (see {work.path})")
             return
         job.files_done += 1 + len(progress.duplicates)
-        job.files_resident += len(progress.duplicates)
+        job.files_resident += len(progress.duplicates) + progress.was_resident
         job.bytes_resident += progress.duplicate_bytes
 
     def _not_resident_reason(self, work: _FileWork) -> str | None:
