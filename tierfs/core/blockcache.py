@@ -118,8 +118,10 @@ GET creates no file); back on the loop the CachedFile adopts the fds, and
 a duplicate opened by a concurrent fetch of the same file is closed.  The
 O_DIRECT fd is opened only for a block written through it (a small file's
 partial block is not).  The rest per fetched block on the loop: the tier
-choice (``SpaceManager.reserve``), one record in the metadata group
-(``MetaDB.add_block``) and the eviction bookkeeping.
+choice (``SpaceManager.reserve``, whose tier usage MetaDB keeps in
+memory), one record in the metadata group (``MetaDB.add_block``) and the
+eviction bookkeeping.  The GET's thread hop (``_run_unnamed_in_thread``)
+skips trio's renaming of the worker thread per job.
 
 The object changed: a GET of a clean file carries the ETag it was listed
 or last checked with (If-Match).  On a mismatch ``revalidate_origin`` HEADs
