@@ -374,3 +374,36 @@ async def test_preload_and_demand_read_share_one_fetch(
         await wait_for(lambda: bool(got))
     assert got == [data]
     assert gets.started == ["shared.bin"]  # one GET for both
+
+
+async def test_small_file_made_resident_after_the_scan_counts_as_resident(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small file the scan found with nothing resident is filled whole with
+    no second look at LMDB; bytes that arrived between scan and fetch (a
+    demand read) must still count as resident, not fetched, and cost no GET."""
+    data = put_tree(s3_store, {"d/small.bin": 70_000, "d/other.bin": 1234})
+    mount = await make_fs()
+    assert await mount.read_file("d/small.bin") == data["d/small.bin"]
+    gets = len(mount.store.gets)
+    # The scan runs as if the demand read had not landed yet.
+    monkeypatch.setattr(mount.fs.meta, "residency", lambda ino: {})
+    job = await run_preload(nursery, mount, ["d"])
+    assert job.state == "done" and job.failures == []
+    assert (job.files_total, job.files_done, job.files_resident) == (2, 2, 1)
+    assert job.bytes_fetched == 1234
+    assert job.bytes_resident == 70_000
+    assert job.ready_bytes == job.bytes_total
+    assert len(mount.store.gets) == gets + 1  # only other.bin
+
+
+async def test_fill_range_reports_the_bytes_present_before_it(make_fs: Any, s3_store: Any) -> None:
+    put_tree(s3_store, {"f.bin": 3 * MiB + 7})
+    mount = await make_fs()
+    ino = (await mount.fs.namespace.resolve("f.bin")).ino
+    bs = mount.fs.config.fetch.block_size
+    first = await mount.fs.movement.fill_range(ino, blocks=range(0, 1))
+    assert (first.nbytes, first.present, first.complete) == (min(bs, 3 * MiB + 7), 0, True)
+    whole = await mount.fs.movement.fill_range(ino)
+    assert whole.present == first.nbytes
+    assert whole.nbytes + whole.present == 3 * MiB + 7 and whole.complete

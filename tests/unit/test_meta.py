@@ -261,3 +261,91 @@ def test_pins_survive_a_reopen_and_go_with_their_inode(tmp_path: Path) -> None:
         w.delete_inode(c)
     assert db.pins() == {}
     db.close()
+
+
+# --- tier usage in memory ------------------------------------------------------------------
+
+
+def usage_from_records(db: MetaDB, inos: range, tier: int) -> tuple[int, int]:
+    per_file = [
+        sum(r.nbytes for r in db.get_blocks(ino).values() if r.tier == tier) for ino in inos
+    ]
+    return sum(per_file), sum(1 for n in per_file if n)
+
+
+def test_usage_in_memory_forgets_an_aborted_block_and_matches_after_reopen(
+    tmp_path: Path,
+) -> None:
+    db = MetaDB(tmp_path, "s3://b")
+    db.group_commit = True
+    db.add_block(2, 0, BlockRecord(tier=0, digest=0, nbytes=100))
+    assert (db.tier_usage(0).bytes, db.tier_usage(0).files) == (100, 1)  # mirror loaded
+    with pytest.raises(RuntimeError, match="boom"), db.write() as tx:
+        tx.add_block(3, 0, BlockRecord(tier=0, digest=0, nbytes=50))
+        tx.add_block(2, 1, BlockRecord(tier=1, digest=0, nbytes=7))
+        assert db.tier_usage(0).bytes == 150  # read-your-writes inside the block
+        raise RuntimeError("boom")
+    assert (db.tier_usage(0).bytes, db.tier_usage(0).files) == (100, 1)
+    assert db.tier_usage(1).bytes == 0
+    db.add_block(3, 0, BlockRecord(tier=0, digest=0, nbytes=50))
+    db.drop_block_list(2, [0])
+    db.add_block(2, 1, BlockRecord(tier=1, digest=0, nbytes=7))
+    for tier in (0, 1):
+        got = db.tier_usage(tier)
+        assert (got.bytes, got.files) == usage_from_records(db, range(2, 4), tier)
+    db.close()
+    db = MetaDB(tmp_path, "s3://b")
+    try:
+        assert (db.tier_usage(0).bytes, db.tier_usage(0).files) == (50, 1)
+        assert (db.tier_usage(1).bytes, db.tier_usage(1).files) == (7, 1)
+    finally:
+        db.close()
+
+
+KILLED_MID_BATCH = """
+import os, sys
+from pathlib import Path
+sys.path[:0] = [{root!r}]
+from tierfs.meta import BlockRecord, MetaDB
+db = MetaDB(Path({path!r}), "s3://b")
+db.group_commit = True
+db.tier_usage(0)  # the mirror is loaded: the crash must not depend on it
+for ino in range(2, 202):  # one batch of many small files' block records
+    db.add_block(ino, 0, BlockRecord(tier=0, digest=ino, nbytes=1000 + ino))
+db.commit()
+for ino in range(202, 302):  # the next batch: killed before its commit
+    db.add_block(ino, 0, BlockRecord(tier=0, digest=ino, nbytes=1000 + ino))
+    db.add_block(ino - 200, 1, BlockRecord(tier=1, digest=ino, nbytes=10))
+print(db.tier_usage(0).bytes, flush=True)
+os._exit(9)
+"""
+
+
+def test_a_kill_mid_batch_leaves_block_records_and_usage_of_the_last_commit(
+    tmp_path: Path,
+) -> None:
+    """The crash rule of batched bookkeeping: a group holds block records
+    and tier usage together, so a kill -9 mid-batch loses the whole
+    uncommitted batch and leaves usage equal to the records kept."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    script = KILLED_MID_BATCH.format(root=root, path=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    assert int(done.stdout) == sum(1000 + ino for ino in range(2, 302))
+    db = MetaDB(tmp_path, "s3://b")
+    try:
+        assert db.unclean_start
+        assert all(len(db.get_blocks(ino)) == 1 for ino in range(2, 202))
+        assert all(not db.get_blocks(ino) for ino in range(202, 302))
+        assert usage_from_records(db, range(2, 302), 0) == (
+            sum(1000 + i for i in range(2, 202)),
+            200,
+        )
+        for tier in (0, 1):
+            got = db.tier_usage(tier)
+            assert (got.bytes, got.files) == usage_from_records(db, range(2, 302), tier)
+    finally:
+        db.close()

@@ -51,6 +51,19 @@ BACKGROUND fetch left running while demand is active still gave about 2x
 GETs of 8 MiB preloaded a 1 GiB file as fast as 16 MiB ones (4 MiB ones
 were about 15 % slower).
 
+Is the half of the slots what holds a 1 GiB preload back (0.45-0.7x
+``s5cmd cp`` on loopback s3rver)?  Measured on a shared 2-core machine
+(big shape of the bench, two rounds each, ratio to s5cmd in the same
+round): 8 MiB GETs with 4 BACKGROUND fetches at once 0.32-0.33x, with 16
+(the default: half of 32) 0.44-0.63x, with 32 0.57-0.78x; 32 MiB GETs
+0.41-0.56x; BACKGROUND blocks written through the page cache instead of
+O_DIRECT 0.46-0.56x (and more daemon CPU).  The daemon used 1.6-2.9 CPU
+seconds per GiB and its fetch threads waited in socket reads.  Fewer slots
+hurt; more may help a little, within the noise of the machine, and would
+leave more 8 MiB GETs in flight when a demand read arrives (the latency
+rule above), so the cap stays at half until a quiet machine shows a
+clear gain.
+
 Waking.  Parked fetches wait in one FIFO queue per priority, and only as
 many are woken as may start (``_wake``); waking every parked fetch on
 every change (as a first version did) made re-checks most of the event

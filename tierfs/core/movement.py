@@ -213,6 +213,8 @@ class FillOutcome:
     nbytes: int
     #: Is every block of the range that holds origin bytes resident now?
     complete: bool
+    #: Bytes of the range that were resident already when the fill began.
+    present: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,12 +431,16 @@ class DataMovement:
             nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
             candidates = blocks if blocks is not None else range(nblocks)
             wanted = [b for b in candidates if 0 <= b < nblocks and b not in cf.blocks]
+            present = sum(
+                cf.blocks[b].nbytes for b in candidates if 0 <= b < nblocks and b in cf.blocks
+            )
             for start in range(0, len(wanted), FILL_BATCH):
                 await self.blocks.fill(cf, wanted[start : start + FILL_BATCH], tier, priority)
             nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
             return FillOutcome(
                 nbytes=sum(cf.blocks[b].nbytes for b in wanted if b in cf.blocks),
                 complete=all(b in cf.blocks for b in candidates if 0 <= b < nblocks),
+                present=present,
             )
         finally:
             self.blocks.release(cf)

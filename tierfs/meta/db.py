@@ -96,6 +96,21 @@ loop.  So writes are grouped:
   moves ``next_ino`` on by ``INO_CRASH_GAP``, and a group never holds more
   than ``INO_CRASH_GAP // 2`` allocations.
 
+Tier usage in memory
+--------------------
+``tier_usage`` is asked for every block placed (``SpaceManager.reserve``)
+and was one LMDB read each; on the loop thread that is a GIL release and
+re-take per block, which costs most when fetch threads keep the GIL busy
+(a small-file preload).  So the ``usage`` table is mirrored in memory: the
+mirror is loaded on first use from the innermost open transaction, and
+``_put_usage`` (the only writer of that table) updates table and mirror
+together.  The mirror therefore always equals what the innermost open
+transaction would read, with one exception it handles by forgetting
+itself (``None``, reloaded on the next call): an aborted ``write()``
+block, or a group commit that failed, throws away writes the mirror
+holds.  Nothing else writes the table while a MetaDB is open (one daemon
+per state directory).
+
 Concurrency: callers run on the trio loop thread (LMDB write transactions
 belong to their thread); a method never awaits, so each is atomic with
 respect to other trio tasks.  Nothing holds a read transaction across an
@@ -253,6 +268,9 @@ class MetaDB:
         self.commits = 0
         #: True if the last user of this state directory did not close it.
         self.unclean_start = False
+        #: tier -> (bytes, files): the ``usage`` table as the innermost open
+        #: transaction has it (see "Tier usage in memory"); None: not loaded.
+        self._usage_mirror: dict[int, tuple[int, int]] | None = None
         self._init_schema(path, backing_url, default_dir_mode, uid, gid)
 
     # --- lifecycle -----------------------------------------------------------------
@@ -356,6 +374,7 @@ class MetaDB:
                 self.uncommitted += 1
             else:
                 txn.abort()
+                self._usage_mirror = None  # it may hold the aborted block's usage
             if len(self._stack) == 1 and (
                 not self.group_commit or self._allocs >= INO_CRASH_GAP // 2
             ):
@@ -369,7 +388,11 @@ class MetaDB:
             group = self._stack.pop()
             self.uncommitted = 0
             self._allocs = 0
-            group.commit()
+            try:
+                group.commit()
+            except BaseException:
+                self._usage_mirror = None  # the group is lost: so is its usage
+                raise
             self.commits += 1
 
     def sync(self) -> None:
@@ -903,7 +926,7 @@ class MetaDB:
         used, files = _USAGE.unpack(raw) if raw is not None else (0, 0)
         used += sign * rec.nbytes
         files += (1 if before == 0 and after > 0 else 0) - (1 if before > 0 and after == 0 else 0)
-        txn.put(ukey, _USAGE.pack(used, files), db=self._usage)
+        self._put_usage(txn, rec.tier, used, files)
 
     def recount_residency(self, ino: int) -> None:
         """Re-derive ``residency[(ino, *)]`` from ino's block records and
@@ -931,7 +954,7 @@ class MetaDB:
                 used, files = _USAGE.unpack(raw) if raw is not None else (0, 0)
                 used = max(0, used + after - before)
                 files += (1 if not before and after else 0) - (1 if before and not after else 0)
-                txn.put(ukey, _USAGE.pack(used, max(0, files)), db=self._usage)
+                self._put_usage(txn, tier, used, max(0, files))
 
     def residency(self, ino: int) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -949,11 +972,23 @@ class MetaDB:
                 for key, raw in txn.cursor(db=self._residency)
             ]
 
+    def _put_usage(self, txn: lmdb.Transaction, tier: int, used: int, files: int) -> None:
+        """The one writer of the ``usage`` table (and its mirror)."""
+        txn.put(U8.pack(tier), _USAGE.pack(used, files), db=self._usage)
+        if self._usage_mirror is not None:
+            self._usage_mirror[tier] = (used, files)
+
     def tier_usage(self, tier: int) -> TierUsage:
-        with self._read() as txn:
-            raw = txn.get(U8.pack(tier), db=self._usage)
-            used, files = _USAGE.unpack(raw) if raw is not None else (0, 0)
-            return TierUsage(bytes=used, files=files)
+        """From memory (see "Tier usage in memory"): no LMDB read per call."""
+        mirror = self._usage_mirror
+        if mirror is None:
+            with self._read() as txn:
+                mirror = {
+                    U8.unpack(key)[0]: _USAGE.unpack(raw) for key, raw in txn.cursor(db=self._usage)
+                }
+            self._usage_mirror = mirror
+        used, files = mirror.get(tier, (0, 0))
+        return TierUsage(bytes=used, files=files)
 
     # --- access times (batched by the caller) -------------------------------------------------
 

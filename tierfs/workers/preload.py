@@ -47,6 +47,49 @@ that fails (gone, the bucket refused, no room on any tier to keep it) is
 recorded with its reason and the job goes on.  Resident means present on
 any local tier: ``--tier`` chooses where absent blocks go; blocks already
 on another tier are not moved (the lifecycle does that).
+
+Per-file cost (small files).  Measured with py-spy on the daemon during
+``tests/bench/bench_preload.py --cases copy --shapes small --files 2000``
+(a 2-core machine shared with other work; figures are shares of the busy
+samples).  Outside botocore, where the fetch threads spend about 3/4 of
+their busy samples, the ranking was, on the event loop (about a third of
+all busy samples):
+
+1. LMDB reads per file: ``MetaDB.get_inode`` alone 14% of the loop (its
+   ``txn.get`` releases the GIL and waits to get it back from 32 fetch
+   threads), plus the block map read twice (``movement.check`` here, then
+   ``BlockCache.acquire``): 3 inode/block-map reads per file, 2 of them
+   redundant;
+2. ``SpaceManager.reserve``: 10%, half of it ``MetaDB.tier_usage`` (one
+   LMDB read per block);
+3. the thread hop per GET (``to_thread.run_sync``, start and delivery):
+   10% of the loop, and in the fetch threads 6% for trio renaming the OS
+   thread twice per job;
+4. the group commit (``TierFS._commit_periodically``, an fdatasync on the
+   loop every 0.2 s): 8%;
+5. recording the block (``MetaDB.add_block``: a nested write transaction
+   and the per-tier accounting) 5%, fetch slots (take/give/wake) 4%,
+   starting the flight task 3%, the scan (walk and residency) 2%,
+   progress events under 1%.  Cache file create and write run in the
+   fetch thread (``_CacheFiles``), a few % of its samples.
+
+What was cut, and the daemon CPU per file it gave (same bench, two rounds
+each; the figure moves by about 20% with the load of the machine): 6.5-7.4
+ms before; 5.8-6.3 ms after (1) and (2): a file of at most one range that
+the scan found with nothing resident is queued whole (``_FileWork.blocks``
+None) without ``movement.check``; its ``fill_range`` says which bytes were
+resident meanwhile (``FillOutcome.present``: a demand read between scan
+and fetch), so the counters stay exact.  ``MetaDB`` mirrors the tier usage
+table in memory (see "Tier usage in memory" there): the usage is still
+written in the same LMDB transaction as the block records, so a kill -9
+mid-batch loses the uncommitted group's records and usage together and
+nothing else (``tests/unit/test_meta.py``).  Then 5.0-6.2 ms after (3): the
+GET hop no longer renames the thread (``blockcache._run_unnamed_in_thread``).
+Per-file bookkeeping was already batched: block records join the metadata
+group and reach the disk with its commit (``MetaDB`` "Group commit"), one
+fdatasync for all the files of 0.2 s, and the cache file is created in the
+fetch thread.  Not changed here: (4) lives in ``TierFS``, and the GET itself
+(botocore, about 3 ms per file) is ``tierfs.store``'s.
 """
 
 from __future__ import annotations
@@ -226,7 +269,9 @@ class PreloadJob:
 class _FileWork:
     ino: int
     path: str
-    blocks: range
+    #: None: the whole file, in one fill (a small file that the scan found
+    #: with nothing resident: see "Per-file cost").
+    blocks: range | None
 
 
 class _FileProgress:
@@ -234,12 +279,22 @@ class _FileProgress:
     entries of the same file that wait for this fetch (a path listed twice,
     or a file under two listed directories)."""
 
-    __slots__ = ("duplicate_bytes", "duplicates", "failed", "incomplete", "left", "ranges")
+    __slots__ = (
+        "duplicate_bytes",
+        "duplicates",
+        "failed",
+        "incomplete",
+        "left",
+        "ranges",
+        "was_resident",
+    )
 
     def __init__(self, left: int) -> None:
         self.left = left
         self.ranges = left
         self.failed = False
+        #: A whole-file fill found every block resident already.
+        self.was_resident = False
         #: A range's fill left some of its blocks absent (no room to keep them).
         self.incomplete = False
         self.duplicates: list[str] = []
@@ -351,7 +406,8 @@ class Preloader:
                 async for inode, path in self.fs.namespace.walk(relpath):
                     size = inode.size
                     resident = min(size, sum(self.fs.meta.residency(inode.ino).values()))
-                    files.add(f"{inode.ino} {resident} {path}")
+                    origin_blocks = -(-min(size, inode.origin_size) // self.block_size)
+                    files.add(f"{inode.ino} {resident} {origin_blocks} {path}")
                     job.files_total += 1
                     job.bytes_total += size
                     job.bytes_resident += resident
@@ -390,8 +446,10 @@ class Preloader:
                 for count, line in enumerate(files.lines()):
                     if count % SPOOL_BATCH == 0:
                         await trio.sleep(0)
-                    ino_text, resident_text, path = line.split(" ", 2)
-                    work = self._file_work(job, int(ino_text), int(resident_text), path, in_flight)
+                    ino_text, resident_text, blocks_text, path = line.split(" ", 3)
+                    work = self._file_work(
+                        job, int(ino_text), int(resident_text), int(blocks_text), path, in_flight
+                    )
                     for item in work:
                         await send.send(item)
 
@@ -400,13 +458,24 @@ class Preloader:
         job: PreloadJob,
         ino: int,
         scanned_resident: int,
+        scanned_blocks: int,
         path: str,
         in_flight: dict[int, _FileProgress],
     ) -> list[tuple[_FileWork, _FileProgress]]:
         """The ranges of the file that still have absent blocks (none: the
         file is resident, and counted so).  Bytes that became resident
         since the scan (a demand read, the same file listed twice) count
-        as resident."""
+        as resident.  A file of at most one range that the scan found with
+        nothing resident is queued whole without a look at LMDB here: its
+        fill says what was resident meanwhile (``FillOutcome.present``)."""
+        if ino not in in_flight and scanned_resident == 0:
+            if scanned_blocks == 0:  # empty, or holes only: nothing to fetch
+                job.files_resident += 1
+                job.files_done += 1
+                return []
+            if scanned_blocks <= self.range_blocks:
+                progress = in_flight[ino] = _FileProgress(1)
+                return [(_FileWork(ino, path, None), progress)]
         try:
             residency = self.movement.check(ino)
         except TierfsError as exc:
@@ -452,6 +521,9 @@ class Preloader:
                     else:
                         job.bytes_fetched += outcome.nbytes
                         progress.incomplete |= not outcome.complete
+                        if work.blocks is None:  # the scan saw none of it resident
+                            job.bytes_resident += outcome.present
+                            progress.was_resident = outcome.complete and not outcome.nbytes
                         await self.throttle(outcome.nbytes)
                         await job.throttle(outcome.nbytes)
                 progress.left -= 1
@@ -474,7 +546,7 @@ class Preloader:
                 job.fail(path, reason or f"failed (see {work.path})")
             return
         job.files_done += 1 + len(progress.duplicates)
-        job.files_resident += len(progress.duplicates)
+        job.files_resident += len(progress.duplicates) + progress.was_resident
         job.bytes_resident += progress.duplicate_bytes
 
     def _not_resident_reason(self, work: _FileWork) -> str | None:
