@@ -105,7 +105,9 @@ def run_tierfs(*args: str, timeout: float = CLI_TIMEOUT) -> subprocess.Completed
     )
 
 
-def control_request(mountpoint: Path, op: str, args: dict[str, Any] | None = None) -> Any:
+def control_request(
+    mountpoint: Path, op: str, args: dict[str, Any] | None = None, timeout: float = CLI_TIMEOUT
+) -> Any:
     """One request to the control socket of the mount at ``mountpoint``, sent
     from the test process as the CLI sends it (``tierfs.control.client``).
 
@@ -118,7 +120,7 @@ def control_request(mountpoint: Path, op: str, args: dict[str, Any] | None = Non
     assert location.mount_root == Path(os.path.abspath(mountpoint)), (
         f"{mountpoint} is not a tierfs mount point"
     )
-    return request(location.socket_path, op, args, timeout=CLI_TIMEOUT)
+    return request(location.socket_path, op, args, timeout=timeout)
 
 
 def fusermount(*args: str) -> subprocess.CompletedProcess[str]:

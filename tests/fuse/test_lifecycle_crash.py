@@ -103,13 +103,22 @@ def test_kill9_mid_move_loses_nothing_and_leaves_no_orphan(mount: MountFactory) 
     assert sha(body) == sha(dirty)
 
 
-def _scan_hot_share(mount: MountFactory, monkeypatch: pytest.MonkeyPatch, eviction: str) -> float:
-    """Share of hot-file block reads served by NVMe during a cold scan."""
+HOT = [f"hot/h{i}.bin" for i in range(3)]
+COLD = [f"cold/c{i:02d}.bin" for i in range(36)]  # 3x NVMe
+
+
+def _scan_hot_share(
+    mount: MountFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    eviction: str,
+    objects: dict[str, bytes] | None,
+) -> float:
+    """Share of hot-file block reads served by NVMe during a cold scan.
+    ``objects`` (the HOT and COLD files) go into the bucket first; None: the
+    bucket holds them already (every mount of a test shares its bucket)."""
     monkeypatch.setenv("TIERFS_TEST_EVICTION", eviction)
-    hot = {f"hot/h{i}.bin": os.urandom(MiB) for i in range(3)}
-    cold = {f"cold/c{i:02d}.bin": os.urandom(MiB) for i in range(36)}  # 3x NVMe
     m = mount(
-        {**hot, **cold},
+        objects,
         nvme="12MiB",
         hdd="128MiB",
         watermarks={"nvme": (0.75, 0.5)},
@@ -118,17 +127,17 @@ def _scan_hot_share(mount: MountFactory, monkeypatch: pytest.MonkeyPatch, evicti
     )
     # Warm up: the hot set is read twice before the scan starts.
     for _ in range(2):
-        for name in hot:
+        for name in HOT:
             (m.path / name).read_bytes()
             drop_page_cache()
     hot_on_nvme = hot_reads = 0
-    for index, name in enumerate(sorted(cold)):
+    for index, name in enumerate(COLD):
         (m.path / name).read_bytes()
         # 8 MiB of cold files between two reads of a hot file: more than
         # NVMe keeps below its low mark, so recency alone cannot keep it.
         if index % 8 == 7:
             drop_page_cache()
-            for hot_name in hot:
+            for hot_name in HOT:
                 where = m.where_one(hot_name)
                 hot_on_nvme += where["tiers"]["nvme"] == MiB
                 hot_reads += 1
@@ -149,8 +158,9 @@ def _scan_hot_share(mount: MountFactory, monkeypatch: pytest.MonkeyPatch, evicti
 def test_the_scan_keeps_the_hot_set_on_nvme_where_lru_does_not(
     mount: MountFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s3fifo = _scan_hot_share(mount, monkeypatch, "s3fifo")
-    lru = _scan_hot_share(mount, monkeypatch, "lru")
+    objects = {name: os.urandom(MiB) for name in HOT + COLD}
+    s3fifo = _scan_hot_share(mount, monkeypatch, "s3fifo", objects)
+    lru = _scan_hot_share(mount, monkeypatch, "lru", None)
     print(f"hot-set reads on NVMe during the scan: S3-FIFO {s3fifo:.2f}, LRU {lru:.2f}")
     assert s3fifo >= 0.9, (s3fifo, lru)
     assert lru <= 0.6, (s3fifo, lru)

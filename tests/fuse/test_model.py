@@ -33,8 +33,10 @@ the operations that follow; ``list_ttl`` is short so that directories are
 re-listed and merged with local changes often.  Block size is the minimum,
 64 KiB, so that modest files cross many block boundaries.
 
-The default run is small (CI); ``test_model_long`` (``--run-slow``) runs many
-more and longer examples.
+The default run is small (CI): a few examples, each with at most
+``DEFAULT_MAX_REMOUNTS`` remounts (a remount costs a daemon start);
+``test_model_long`` (``--run-slow``) runs many more and longer examples, with
+no limit on remounts.
 """
 
 from __future__ import annotations
@@ -73,12 +75,14 @@ from tests.faults import FaultProxy
 from tests.fuse.conftest import (
     Mount,
     MountFactory,
+    control_request,
     fusermount,
     is_tierfsd,
     run_tierfs,
     stop_daemon,
     write_config,
 )
+from tierfs.errors import ControlError
 
 pytestmark = pytest.mark.fuse
 
@@ -94,6 +98,8 @@ SETTLE = max(LIST_TTL, REVALIDATE_TTL) + 0.4
 #: (list_ttl plus one background re-listing, on a loaded machine).
 CHANGE_DEADLINE = 10.0
 UPLOAD_DELAY = "0s"
+#: Remounts per example in the default run (``test_model_long``: no limit).
+DEFAULT_MAX_REMOUNTS = 3
 #: A flush of a few small files that takes longer than this hangs.
 FLUSH_TIMEOUT = 30.0
 
@@ -350,6 +356,11 @@ class TierfsModel(RuleBasedStateMachine):
     """See the module docstring.  ``env`` is set by the test function."""
 
     env: ModelEnv
+    #: Remounts allowed per example (None: no limit).  A remount costs two
+    #: CLI runs and a daemon start, and Hypothesis's swarm testing sometimes
+    #: enables few rules, so that an unlimited example can be little else
+    #: than twenty remounts.
+    max_remounts: int | None = None
 
     files = Bundle("files")
     dirs = Bundle("dirs")
@@ -360,6 +371,7 @@ class TierfsModel(RuleBasedStateMachine):
         self.m, self.ref = self.env.new_example()
         self.log_start = len(self.m.log_text())
         self.steps: list[str] = []
+        self.remounts = 0
 
     def context(self) -> str:
         """The steps so far and the daemon log of this example, for a failure."""
@@ -478,24 +490,32 @@ class TierfsModel(RuleBasedStateMachine):
     # tierfs itself ------------------------------------------------------------------------
 
     def flush_all(self) -> None:
+        """``tierfs flush MP``: the request the CLI sends, sent from this
+        process (an interpreter start per flush made up much of the run)."""
         try:
-            done = run_tierfs("flush", str(self.m.path), timeout=FLUSH_TIMEOUT)
-        except subprocess.TimeoutExpired:
+            control_request(self.m.path, "flush", {"paths": [""]}, timeout=FLUSH_TIMEOUT)
+        except TimeoutError:
             status = run_tierfs("status", "--json", str(self.m.path)).stdout
             raise AssertionError(
                 f"tierfs flush still waiting after {FLUSH_TIMEOUT:.0f} s; status: {status}"
                 + self.context()
             ) from None
-        assert done.returncode == 0, f"tierfs flush failed: {done.stderr.strip()}" + self.context()
+        except ControlError as exc:
+            raise AssertionError(f"tierfs flush failed: {exc}" + self.context()) from None
 
     @rule()
     @logged
     def flush(self) -> None:
         self.flush_all()
 
+    def may_remount(self) -> bool:
+        return self.max_remounts is None or self.remounts < self.max_remounts
+
+    @precondition(may_remount)
     @rule()
     @logged
     def remount(self) -> None:
+        self.remounts += 1
         self.m.remount()
 
     # changes behind tierfs's back ------------------------------------------------------------
@@ -673,11 +693,14 @@ class TierfsModel(RuleBasedStateMachine):
 # --- the tests ---------------------------------------------------------------------------------
 
 
-def run_model(env: ModelEnv, *, max_examples: int, steps: int) -> None:
+def run_model(
+    env: ModelEnv, *, max_examples: int, steps: int, max_remounts: int | None = None
+) -> None:
     class Model(TierfsModel):
         pass
 
     Model.env = env
+    Model.max_remounts = max_remounts
     Model.__name__ = Model.__qualname__ = "TierfsModel"
     run_state_machine_as_test(
         Model,
@@ -692,7 +715,7 @@ def run_model(env: ModelEnv, *, max_examples: int, steps: int) -> None:
 
 
 def test_model(model_env: ModelEnv) -> None:
-    run_model(model_env, max_examples=6, steps=25)
+    run_model(model_env, max_examples=6, steps=25, max_remounts=DEFAULT_MAX_REMOUNTS)
 
 
 @pytest.mark.slow
