@@ -89,7 +89,11 @@ Per-file bookkeeping was already batched: block records join the metadata
 group and reach the disk with its commit (``MetaDB`` "Group commit"), one
 fdatasync for all the files of 0.2 s, and the cache file is created in the
 fetch thread.  Not changed here: (4) lives in ``TierFS``, and the GET itself
-(botocore, about 3 ms per file) is ``tierfs.store``'s.
+(botocore, about 3 ms per file) is ``tierfs.store``'s.  Profiled again
+after the cuts, the loop took 27% fewer samples for the same 2,000 files
+(1,389 against 1,905); first in what is left: the inode read of
+``fill_range`` (13%, needed: a demand read may have changed the file since
+the scan) and the group commit's fdatasync (12%).
 """
 
 from __future__ import annotations
