@@ -91,15 +91,27 @@ Invariants:
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
 
-Read engine.  Bulk ranged GETs stay on this botocore client, read with
-``readinto`` straight into the block cache's buffers (``_read_body_into``):
-on loopback it was the cheapest engine measured, not the cap.  One 1 GiB
-object from s3rver in 16 MiB ranged GETs, 8 at once, into memory (CPU
-seconds of the client per GiB; a shared machine, so rates spread): this
-path 217-266 MB/s at 0.85-0.93 s; awscrt's S3Client 164-199 MB/s at
-1.20-1.37 s (each part arrives as a new ``bytes`` that must be copied);
-obstore's ``get_range`` 236 MB/s at 1.72 s.  With 16 at once this path
-alone ran at 1.0-1.7x ``s5cmd cp`` in the same rounds.  So no native engine.
+Read engine.  Small requests go native, bulk ranged GETs stay on
+botocore.  botocore spends about 3 ms of client CPU per request whatever
+its size (building, signing, parsing, under the GIL), obstore about 0.5 ms
+(in Rust, GIL released), so for small objects the engine decided the
+daemon's CPU.  Client CPU per ranged GET, 8 threads against s3rver, on a
+machine busy with other work (two rounds each; botocore readinto vs
+obstore): 64 KiB 2.9-3.4 vs 0.6 ms; 256 KiB 3.0-3.8 vs 1.1; 1 MiB 4.6-5.0
+vs 2.1-2.2; 2 MiB 5.3-5.5 vs 3.3-3.5; 4 MiB 7.4-7.9 vs 6.2-8.7, no longer
+a clear win (obstore's body arrives as a new buffer that is copied into
+the block cache's, botocore's ``readinto`` copies nothing): hence
+``NATIVE_GET_MAX`` = 2 MiB.  For big ranges the earlier measurement still
+holds: one 1 GiB object in 16 MiB ranged GETs, 8 at once, this botocore
+path 217-266 MB/s at 0.85-0.93 CPU-s/GiB, awscrt's S3Client 1.20-1.37,
+obstore 1.72.  In the daemon (bench_meta, 4,000 files of 1-16 KiB, 8
+reader threads, cold): 6.9 ms of daemon CPU per file before, 3.6 ms after.
+py-spy of that phase after the change: the GETs are one native call
+(``NativeEngine.get``, 12 % of samples, waiting on the wire without the
+GIL) where botocore's stack was 13 % with the GIL (request building,
+http.client parsing, event hooks); the next in rank are now the trio loop
+and the FUSE handlers (``async_wrapper`` 10 %, epoll 4 %), then
+``Tier.open_file`` and LMDB commits (about 1 % each).
 
 Write path (see :mod:`tierfs.store.multipart` for why multipart is
 hand-written rather than delegated to s3transfer):
@@ -473,9 +485,13 @@ def botocore_equivalent(exc: BaseException, operation: str, endpoint: str) -> Ba
 
 
 class S3Store:
-    """ObjectStore over boto3.  Thread-safe; share one instance.
+    """ObjectStore over boto3 (and obstore for small GETs and PUTs).  Thread-safe;
+    share one instance.
 
-    ``client`` is public so tests can register botocore event hooks on it.
+    ``client`` is public so tests can register botocore event hooks on it;
+    the native engine's requests do not pass through it (set
+    ``native_get_max``/``native_put_max`` to 0 to send everything through
+    botocore, or inject faults on the wire with tests/faults.py).
     """
 
     url: str
