@@ -456,7 +456,7 @@ class TierFS:
             handle.horizon = inode.next_cookie  # rewinddir: what is there now
         out: list[DirEntry] = []
         # From an expired listing the kernel may not keep entries (``lookup``).
-        timeout = 0.0 if self.namespace.expired(handle.ino) else None
+        timeout = 0.0 if self.namespace.listing_expired(inode) else None
         if offset < DOT:
             out.append(DirEntry(DOT, b".", self.attributes(inode, timeout)))
         if offset < DOTDOT:
