@@ -27,13 +27,18 @@ What one run does
      kernel timeout has expired);
    * ``cold 8 threads``: a fresh mount, every file read once by 8 threads
      (shuffled); the reference is 8 threads of boto3 ``get_object`` over the
-     same keys on the same server.
+     same keys on the same server;
+   * ``cold in order`` (scenario ``order``): a fresh mount, every file read
+     once by one thread in listing order, directory by directory (what
+     ``cat dir/*`` or ``tar`` do: tierfs's directory readahead fetches the
+     next files ahead); the reference is one thread of ``get_object`` over
+     the same keys in the same order.
 3. Prints the rates per scenario and mount, the ratios (tierfs / passthrough,
    tierfs / GET loop, tierfs / rclone and s3fs), and for tierfs the LIST,
    HEAD and GET requests each scenario sent (``tierfs status`` ``store_calls``,
    counted by the daemon's store).
 
-``--scenarios`` picks a subset (``warm,cold,ttl1s,threads``) while
+``--scenarios`` picks a subset (``warm,cold,ttl1s,threads,order``) while
 iterating, ``--operations`` a subset of ``find,stat,read`` (the warm-up
 pass too does only those: ``find,stat`` over 100,000 files reads none); ``--trace`` adds, per scenario and mount, the FUSE requests the
 kernel sent (kernel tracepoints, ``common.FuseTrace``); ``--py-spy DIR``
@@ -108,7 +113,7 @@ OPERATIONS = ("find", "stat", "read")
 PREFIX = "meta"
 THREADS = 8
 TTL_WAIT = 1.5
-SCENARIOS = ("warm", "cold", "ttl1s", "threads")
+SCENARIOS = ("warm", "cold", "ttl1s", "threads", "order")
 #: tierfs's default ``list_ttl``: the passthrough's kernel timeouts.
 DEFAULT_TIMEOUT = 60.0
 #: tierfs store calls reported per scenario.
@@ -398,11 +403,13 @@ class MetaBench(BenchBase):
         order = list(tree.files)
         random.Random(self.args.seed + 1).shuffle(order)
         paths = [root / rel for rel in order]
+        in_order = [root / rel for rel in sorted(tree.files)]
         return {
             "find": lambda: op_find(root),
             "stat": lambda: op_stat(paths),
             "read": lambda: op_read(paths),
             "8 threads": lambda: op_read_threads(paths),
+            "in order": lambda: op_read(in_order),
         }
 
     def run_mount_case(self, tree: Tree, name: str) -> None:
@@ -418,6 +425,7 @@ class MetaBench(BenchBase):
         cold = [
             *(self.args.operations if "cold" in wanted else ()),
             *(["8 threads"] * ("threads" in wanted)),
+            *(["in order"] * ("order" in wanted)),
         ]
         for op in cold:
             drop_caches()
@@ -448,7 +456,17 @@ class MetaBench(BenchBase):
                     pass
             return len(keys)
 
-        self.timed(tree, "cold 8 threads", "GET loop", loop, None)
+        if "threads" in self.args.scenarios:
+            self.timed(tree, "cold 8 threads", "GET loop", loop, None)
+        if "order" in self.args.scenarios:
+            in_order = sorted(keys)
+
+            def loop_in_order() -> int:
+                for key in in_order:
+                    get(key)
+                return len(in_order)
+
+            self.timed(tree, "cold in order", "GET loop", loop_in_order, None)
 
     def run(self) -> None:
         self.check_prerequisites()
@@ -464,7 +482,7 @@ class MetaBench(BenchBase):
             try:
                 for count in sizes:
                     tree = self.make_tree(count)
-                    if "threads" in self.args.scenarios:
+                    if {"threads", "order"} & set(self.args.scenarios):
                         self.run_get_loop(tree)
                     for name in self.cases:
                         log(f"{tree.name}: {name}")
