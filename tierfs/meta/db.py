@@ -121,6 +121,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import stat
 import struct
@@ -436,21 +437,8 @@ class MetaDB:
 
     def read_dir(self, parent: int, after_cookie: int, limit: int) -> list[tuple[int, bytes, int]]:
         """Up to ``limit`` entries ``(cookie, name, ino)`` with cookie > after_cookie."""
-        out: list[tuple[int, bytes, int]] = []
-        prefix = U64.pack(parent)
         with self._read() as txn:
-            cur = txn.cursor(db=self._dirseq)
-            if not cur.set_range(dirseq_key(parent, after_cookie + 1)):
-                return out
-            for key, name in cur:
-                if not key.startswith(prefix) or len(out) >= limit:
-                    break
-                cookie = U64.unpack_from(key, 8)[0]
-                raw = txn.get(dentry_key(parent, name), db=self._dentries)
-                if raw is None:  # cannot happen while the invariant holds
-                    continue
-                out.append((cookie, name, decode_dentry(raw)[0]))
-        return out
+            return list(itertools.islice(self._children_after(txn, parent, after_cookie), limit))
 
     def read_dir_records(
         self, parent: int, after_cookie: int, limit: int
@@ -459,22 +447,31 @@ class MetaDB:
         ``decode_inode`` it, or compare it with one seen before), all in
         one read transaction.  A child without a record is left out."""
         out: list[tuple[int, bytes, int, bytes]] = []
-        prefix = U64.pack(parent)
         with self._read() as txn:
-            cur = txn.cursor(db=self._dirseq)
-            if not cur.set_range(dirseq_key(parent, after_cookie + 1)):
-                return out
-            for key, name in cur:
-                if not key.startswith(prefix) or len(out) >= limit:
+            for cookie, name, ino in self._children_after(txn, parent, after_cookie):
+                if len(out) >= limit:
                     break
-                raw = txn.get(dentry_key(parent, name), db=self._dentries)
-                if raw is None:  # cannot happen while the invariant holds
-                    continue
-                ino = decode_dentry(raw)[0]
                 record = txn.get(ino_key(ino), db=self._inodes)
                 if record is not None:
-                    out.append((U64.unpack_from(key, 8)[0], name, ino, record))
+                    out.append((cookie, name, ino, record))
         return out
+
+    def _children_after(
+        self, txn: lmdb.Transaction, parent: int, after_cookie: int
+    ) -> Iterator[tuple[int, bytes, int]]:
+        """The entries ``(cookie, name, ino)`` of ``parent`` with cookie >
+        after_cookie, in cookie (readdir) order."""
+        prefix = U64.pack(parent)
+        cur = txn.cursor(db=self._dirseq)
+        if not cur.set_range(dirseq_key(parent, after_cookie + 1)):
+            return
+        for key, name in cur:
+            if not key.startswith(prefix):
+                return
+            raw = txn.get(dentry_key(parent, name), db=self._dentries)
+            if raw is None:  # cannot happen while the invariant holds
+                continue
+            yield U64.unpack_from(key, 8)[0], name, decode_dentry(raw)[0]
 
     # --- listing merge ---------------------------------------------------------------
 
