@@ -49,7 +49,7 @@ Rules
 * ``[fetch]``: ``block_size`` a **power of two** from 64 KiB to 1 GiB (so a
   block is a whole number of pages and of 128 KiB FUSE requests, and block
   arithmetic is shifts); ``readahead_max`` >= ``block_size``; ``concurrency``
-  1..1024.
+  1..1024; ``dir_readahead`` (files) 0..1024, 0 = off.
 * ``[namespace]``: ``list_ttl`` / ``revalidate_ttl`` durations >= 0;
   ``file_mode`` / ``dir_mode`` an octal string ("0644", "644", "0o644") or a
   TOML integer (``0o644``).  An integer must be <= 0o777, which catches 644
@@ -176,6 +176,9 @@ class FetchConfig:
     block_size: int = 4 * 1024 * 1024
     readahead_max: int = 256 * 1024 * 1024
     concurrency: int = 32
+    #: Files fetched ahead of a reader that opens a directory's files in
+    #: listing order (``tierfs.workers.dirahead``); 0 turns it off.
+    dir_readahead: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +254,7 @@ DEFAULT_LOW_WATERMARK = 0.80
 MIN_BLOCK_SIZE = 64 * 1024
 MAX_BLOCK_SIZE = 1024 * 1024 * 1024
 MAX_CONCURRENCY = 1024
+MAX_DIR_READAHEAD = 1024
 MAX_ID = 2**32 - 2
 
 
@@ -1014,7 +1018,7 @@ _TOP_KEYS = (
 _BACKING_KEYS = ("url", "endpoint_url", "region")
 _STATE_KEYS = ("dir",)
 _TIER_KEYS = ("name", "path", "capacity", "high_watermark", "low_watermark")
-_FETCH_KEYS = ("block_size", "readahead_max", "concurrency")
+_FETCH_KEYS = ("block_size", "readahead_max", "concurrency", "dir_readahead")
 _NAMESPACE_KEYS = ("list_ttl", "revalidate_ttl", "file_mode", "dir_mode", "uid", "gid")
 _WRITE_KEYS = ("mode", "upload_delay", "space_wait", "part_size")
 _MOVER_KEYS = ("interval", "bandwidth")
@@ -1201,6 +1205,15 @@ def _fetch(report: _Report, doc: _Doc) -> FetchConfig:
     concurrency = _get(
         report, doc, table, path, "concurrency", _conv_int(1, MAX_CONCURRENCY), defaults.concurrency
     )
+    dir_readahead = _get(
+        report,
+        doc,
+        table,
+        path,
+        "dir_readahead",
+        _conv_int(0, MAX_DIR_READAHEAD),
+        defaults.dir_readahead,
+    )
     if readahead < block and len(report.problems) == before:
         at = "readahead_max" if "readahead_max" in table else "block_size"
         report.add(
@@ -1209,7 +1222,12 @@ def _fetch(report: _Report, doc: _Doc) -> FetchConfig:
             f"readahead_max ({format_size(readahead)}) must be at least "
             f"block_size ({format_size(block)})",
         )
-    return FetchConfig(block_size=block, readahead_max=readahead, concurrency=concurrency)
+    return FetchConfig(
+        block_size=block,
+        readahead_max=readahead,
+        concurrency=concurrency,
+        dir_readahead=dir_readahead,
+    )
 
 
 def _conv_block_size(value: Any) -> int:

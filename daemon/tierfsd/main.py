@@ -269,7 +269,8 @@ class Daemon:
             await supervisor.start(nursery, "preload", self.control.preloader.run)
             self.control.prefetcher = Prefetcher(self.fs)
             await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
-            dir_readahead = DirectoryReadahead(self.fs)
+            prefetcher = self.control.prefetcher
+            dir_readahead = DirectoryReadahead(self.fs, defer=lambda: prefetcher.has_order)
             await supervisor.start(nursery, "dir-readahead", dir_readahead.run)
             if self.metrics_server is not None:
                 await supervisor.start(nursery, "metrics", self.metrics_server.serve)

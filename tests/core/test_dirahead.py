@@ -134,3 +134,28 @@ async def test_readers_taking_turns_make_one_stream(
     assert worker.status()["hits"] == 36
     # Every file was fetched once.
     assert len(mount.store.gets) == len(keys_fetched(mount))
+
+
+async def test_it_stands_down_for_an_order_and_when_off(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """While ``defer()`` says so (an order is followed), and with
+    ``max_files`` 0 (``[fetch] dir_readahead = 0``), reads in listing order
+    fetch nothing ahead."""
+    paths = put_files(s3_store, 12)
+    mount = await make_fs()
+    following_an_order = True
+    deferring = await start(nursery, mount, max_files=8, defer=lambda: following_an_order)
+    off = await start(nursery, mount, max_files=0)
+    await mount.fs.namespace.resolve("ds")
+    for path in paths[:4]:
+        await mount.read_file(path)
+    await settled(mount, deferring)
+    assert len(mount.store.gets) == 4
+    # The order is gone: the next reads in order start a stream again.
+    following_an_order = False
+    for path in paths[4:6]:
+        await mount.read_file(path)
+    await settled(mount, deferring)
+    assert paths[6] in keys_fetched(mount)
+    assert off.status()["files_fetched"] == 0

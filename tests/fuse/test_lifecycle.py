@@ -85,8 +85,14 @@ def set_mover_interval(m: Mount, interval: str) -> None:
 
 def test_watermark_demotion_reaches_the_low_mark_least_valuable_first(mount: MountFactory) -> None:
     bodies = {f"f{i}.bin": os.urandom(MiB) for i in range(7)}  # 7 of 8 MiB: above 80%
+    # The reads in listing order set the LRU order: no directory readahead.
     m = mount(
-        bodies, nvme="8MiB", hdd="64MiB", watermarks={"nvme": (0.8, 0.5)}, extra_config=IDLE_MOVER
+        bodies,
+        nvme="8MiB",
+        hdd="64MiB",
+        watermarks={"nvme": (0.8, 0.5)},
+        extra_config=IDLE_MOVER,
+        dir_readahead=0,
     )
     for name in sorted(bodies):  # f0 is the least recently used
         assert read_sha(m.path / name) == sha(bodies[name])

@@ -128,6 +128,8 @@ def test_demand_read_during_a_long_preload_stays_within_twice_idle(
         revalidate_ttl="600s",
         endpoint_url=fault_proxy.endpoint,
         fetch_concurrency=2,
+        # Reads in listing order: no directory readahead, every read is cold.
+        dir_readahead=0,
     )
     # Listed before S3 slows down: the timed reads need no LIST.
     names = sorted(os.listdir(m.path / "lat"))
@@ -198,6 +200,8 @@ def test_demand_reads_during_an_unpaced_preload_stay_within_twice_idle(
         list_ttl="600s",
         revalidate_ttl="600s",
         fetch_concurrency=16,
+        # Reads in listing order: no directory readahead, every read is cold.
+        dir_readahead=0,
     )
     # Listed first: the timed reads need no LIST.
     names = sorted(os.listdir(m.path / "lat"))

@@ -1110,6 +1110,13 @@ def test_fetch_values(
 ) -> None:
     fetch = load_config(write(minimal + table + "\n")).fetch
     assert (fetch.block_size, fetch.readahead_max, fetch.concurrency) == expected
+    assert fetch.dir_readahead == 32
+
+
+@pytest.mark.parametrize("files", [0, 1, 1024])
+def test_dir_readahead_values(write: Write, minimal: str, files: int) -> None:
+    fetch = load_config(write(minimal + f"[fetch]\ndir_readahead = {files}\n")).fetch
+    assert fetch.dir_readahead == files
 
 
 @pytest.mark.parametrize(
@@ -1127,6 +1134,8 @@ def test_fetch_values(
         ("concurrency = 1025", "concurrency", "1025 is out of range"),
         ("concurrency = true", "concurrency", "expected an integer, got a boolean"),
         ('concurrency = "8"', "concurrency", "expected an integer, got a string"),
+        ("dir_readahead = -1", "dir_readahead", "-1 is out of range"),
+        ("dir_readahead = 1025", "dir_readahead", "1025 is out of range"),
     ],
 )
 def test_fetch_errors(write: Write, minimal: str, table: str, key: str, fragment: str) -> None:

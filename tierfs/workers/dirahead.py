@@ -45,6 +45,13 @@ two LMDB reads (the dentry's cookie, and ``read_dir`` of the window when
 writing are ignored.  Work goes to the fill tasks through a bounded
 channel; when it is full, entries are dropped (counted), never waited for.
 
+It stands down (``opened`` does nothing) while ``[fetch] dir_readahead``
+is 0, while ``[namespace] revalidate_ttl`` is 0 (every open checks the
+bucket then, so a file fetched ahead would cost a GET and a HEAD instead
+of one GET), and while ``defer()`` says so: the daemon passes "the
+order-aware prefetcher follows an order", which knows the order instead of
+guessing it.
+
 Figures: ``status()`` is the file system's status section ``STATUS_SECTION``
 while ``run`` runs: streams, files fetched ahead, hits (opens of files this
 worker fetched or was fetching), wrong guesses, dropped entries.
@@ -54,6 +61,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -72,8 +80,6 @@ MAX_STREAMS = 64
 START_STREAK = 2
 #: Files ahead per in-order open of the streak, up to ``max_files``.
 WINDOW_PER_STREAK = 4
-#: Default most files kept ahead of one stream.
-DEFAULT_MAX_FILES = 32
 #: Default reach of a continuing open past the furthest one (and how many
 #: recent opens define a straggler).
 DEFAULT_SLACK = 8
@@ -100,13 +106,17 @@ class DirectoryReadahead:
         self,
         fs: TierFS,
         *,
-        max_files: int = DEFAULT_MAX_FILES,
+        max_files: int | None = None,
         slack: int = DEFAULT_SLACK,
         tasks: int | None = None,
+        defer: Callable[[], bool] = lambda: False,
     ) -> None:
         self.fs = fs
         self.meta = fs.meta
-        self.max_files = max_files
+        #: Most files kept ahead of one stream (``[fetch] dir_readahead``).
+        self.max_files = fs.config.fetch.dir_readahead if max_files is None else max_files
+        self.enabled = self.max_files > 0 and fs.config.namespace.revalidate_ttl > 0
+        self.defer = defer
         self.slack = slack
         #: Fills at once: a quarter of ``fetch.concurrency`` (8 of 32), so
         #: that readers' misses and the order-aware prefetcher keep most
@@ -158,7 +168,7 @@ class DirectoryReadahead:
 
     def opened(self, ino: int) -> None:
         """An open of ``ino`` (synchronous, from ``Handles.open``)."""
-        if self.fs.handles.open_for_writing(ino):
+        if not self.enabled or self.defer() or self.fs.handles.open_for_writing(ino):
             return
         if ino in self._filled:
             del self._filled[ino]

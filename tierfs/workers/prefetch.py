@@ -228,6 +228,11 @@ class Prefetcher:
         self.missing = 0
 
     @property
+    def has_order(self) -> bool:
+        """An order is being followed (the directory readahead stands down)."""
+        return self._order is not None
+
+    @property
     def jump_files(self) -> int:
         """An open this far from every recent position is a jump."""
         return 4 * self.window_files
