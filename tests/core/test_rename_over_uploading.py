@@ -169,3 +169,34 @@ async def test_open_while_the_copy_over_a_clean_name_runs(make_fs: Any, s3_store
     await check_dd_is_a(mount)
     assert bucket_names(s3_store) == {"dd"}, gated.done
     assert s3_store.get_range("dd", 0, len(A_BODY) + 10) == A_BODY
+
+
+async def test_a_crash_while_the_replaced_file_uploads_keeps_the_renamed_one(
+    make_fs: Any, s3_store: S3Store
+) -> None:
+    """A crash after the rename, while the replaced file's upload runs: that
+    file's inode is still in LMDB (it goes at its last use, which the crash
+    skips) and its upload entry is replayed at the next mount.  The bucket
+    must end with the renamed file's bytes at ``dd``, nothing else."""
+    put(s3_store, "dd", OLD_DD_IN_BUCKET)
+    mount = await make_fs(namespace=NamespaceConfig(list_ttl=60, revalidate_ttl=REVALIDATE_TTL))
+    fs = mount.fs
+    await mount.write_file("a", A_BODY)
+    await mount.flush("a")
+    gated = GatedStore(fs.store, put_key="dd", delete_key="")
+    fs.sync.store = gated
+    dd_ino = await mount.write_file("dd", DD_BODY)
+    assert await wait_for(gated.put_started.is_set, 5), "the upload of dd did not start"
+    await fs.rename(ROOT_INO, b"a", ROOT_INO, b"dd", 0)
+    assert fs.meta.get_inode(dd_ino) is not None and dd_ino in fs.journal.upload_seq
+    fs.meta.sync()
+    fs.blocks.on_idle = lambda ino: None  # the crash: the replaced inode is never removed
+    gated.put_gate.set()  # (the held PUT may land or not: the stop waits for its thread)
+    await mount.aclose()
+
+    mount = await mount.remount()
+    await mount.flush()
+    await trio.sleep(REVALIDATE_TTL + 0.05)
+    await check_dd_is_a(mount)
+    assert bucket_names(s3_store) == {"dd"}
+    assert s3_store.get_range("dd", 0, len(A_BODY) + 10) == A_BODY
