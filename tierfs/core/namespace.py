@@ -102,7 +102,13 @@ Consistency a reader gets (what issue 15 builds on):
   an expired listing time out at once).  While re-listings are backlogged
   (``RELIST_BACKLOG``) or the endpoint is out, a listing may be older.
 - A file's content is revalidated on open after ``revalidate_ttl`` (one
-  HEAD); a changed ETag drops the cached blocks.
+  HEAD); a changed ETag drops the cached blocks.  Never while the journal
+  still owes its object at its key (``protects``: a rename's copy is
+  pending): the key is then ahead of the bucket, which holds nothing
+  there, or the object of the file that the rename replaced.  Taking that
+  answer hid the file (ENOENT on open, while the listing and ``lstat``
+  showed it) or gave it the replaced file's ETag and size and dropped its
+  cached blocks.  Its own copy is the current one until the copy is done.
 - An open directory handle shows the names that were there at ``opendir``
   (or ``rewinddir``) and not yet removed; names linked later, by a listing
   or a rename, are left to the next ``opendir`` (``tierfs.core.dirhandles``).
@@ -301,7 +307,8 @@ class Namespace:
           by a listing;
         * ``watch_deletes``: ``being_deleted`` that also remembers the
           deletes completed while the block runs (``Journal.watch_deletes``);
-        * ``protects``: must a listing leave this inode alone?
+        * ``protects``: must a listing (or a revalidation) leave this inode
+          alone (its object is not at its key in the bucket yet)?
         * ``attrs_owed``: does the bucket still owe a local change of this
           inode's attributes (a listing must not take the shadow's then)?
         * ``spawn``: start a background task (see ``Spawn``).
@@ -923,10 +930,14 @@ class Namespace:
         """HEAD a clean file if its ETag is older than ``revalidate_ttl``.
 
         Returns the (possibly updated) inode and whether its content changed.
-        Raises NotFound if the object is gone (and removes it).
+        Raises NotFound if the object is gone (and removes it).  A file the
+        journal protects (a rename's copy to its key is pending) is not
+        HEADed: its key is ahead of the bucket (see the module docstring).
         """
         if inode.state != SyncState.CLEAN or not inode.is_file:
             return inode, False
+        if self.protects(inode.ino):
+            return inode, False  # the bucket does not have it at its key yet
         now = time.time()
         if now - inode.validated_at < self.config.revalidate_ttl:
             return inode, False
