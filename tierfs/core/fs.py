@@ -50,7 +50,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
@@ -309,6 +309,23 @@ class TierFS:
             self.supervisor.start_soon(nursery, "commit", self._commit_periodically)
             self.supervisor.start_soon(nursery, "orphan_cleanup", self._remove_orphan_cache_files)
             task_status.started()
+
+    @contextlib.contextmanager
+    def following_opens(
+        self, on_open: Callable[[int], None], section: str, status: Callable[[], object]
+    ) -> Iterator[None]:
+        """While the block runs, ``on_open(ino)`` is called after every open
+        (``Handles.open_observers``) and ``status()`` is the ``section`` of
+        ``status()``: what a worker that follows the readers (the prefetcher,
+        the directory readahead) attaches for as long as it runs."""
+        self.handles.open_observers.append(on_open)
+        self.status_sections[section] = status
+        try:
+            yield
+        finally:
+            self.handles.open_observers.remove(on_open)
+            if self.status_sections.get(section) == status:
+                del self.status_sections[section]
 
     def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
         """Start ``fn(*args)`` in the workers' nursery; False when none runs."""

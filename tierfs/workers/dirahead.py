@@ -134,20 +134,14 @@ class DirectoryReadahead:
         self.failed = 0
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        observers = self.fs.handles.open_observers
-        observers.append(self.opened)
-        sections = self.fs.status_sections
-        sections[STATUS_SECTION] = self.status
         try:
-            async with trio.open_nursery() as nursery:
-                for _ in range(self.tasks):
-                    nursery.start_soon(self._fill_task)
-                task_status.started()
+            with self.fs.following_opens(self.opened, STATUS_SECTION, self.status):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(self.tasks):
+                        nursery.start_soon(self._fill_task)
+                    task_status.started()
         finally:
-            observers.remove(self.opened)
             self._streams.clear()
-            if sections.get(STATUS_SECTION) == self.status:
-                del sections[STATUS_SECTION]
 
     def status(self) -> dict[str, int]:
         return {
@@ -198,8 +192,6 @@ class DirectoryReadahead:
         stream.high = cookie
         stream.streak += 1
         stream.recent.append(cookie)
-        if len(stream.recent) > self.slack:
-            stream.recent.popleft()
         if stream.streak < START_STREAK:
             return
         ahead = [entry for entry in following if entry[0] > cookie][:window]
@@ -218,7 +210,7 @@ class DirectoryReadahead:
             high=cookie,
             generation=self._generations,
             ahead=cookie,
-            recent=collections.deque([cookie]),
+            recent=collections.deque([cookie], maxlen=self.slack),
         )
         self._streams.move_to_end(dir_ino)
         while len(self._streams) > MAX_STREAMS:

@@ -240,26 +240,20 @@ class Prefetcher:
     # --- lifecycle -------------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        observers = self.fs.handles.open_observers
-        observers.append(self.opened)
-        sections = self.fs.status_sections
-        sections[STATUS_SECTION] = self.status
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._expire_holds)
-                task_status.started()
-                while True:
-                    await self._changed.wait()
-                    self._changed = trio.Event()
-                    self._schedule()
+            with self.fs.following_opens(self.opened, STATUS_SECTION, self.status):
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._expire_holds)
+                    task_status.started()
+                    while True:
+                        await self._changed.wait()
+                        self._changed = trio.Event()
+                        self._schedule()
         finally:
             self._nursery = None
             self._in_flight.clear()
             self._let_go(list(self._held))
-            observers.remove(self.opened)
-            if sections.get(STATUS_SECTION) == self.status:
-                del sections[STATUS_SECTION]
 
     async def _expire_holds(self) -> None:
         """Let ``_schedule`` look for holds older than ``hold_seconds``, at
