@@ -38,6 +38,7 @@ Options: ``--run-slow`` runs tests marked ``slow`` (skipped by default).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -228,15 +229,15 @@ def s3_client(_shared_s3_client: Any) -> Any:
     return _shared_s3_client
 
 
-@pytest.fixture
-def s3_store(bucket: tuple[str, str]) -> Iterator[Any]:
-    """S3Store on a fresh bucket, prefix ``pre/``, short retry budget."""
+@contextlib.contextmanager
+def open_s3_store(bucket_name: str, endpoint: str) -> Iterator[Any]:
+    """An S3Store of prefix ``pre/`` in ``bucket_name`` through ``endpoint``,
+    with the short retry budget of the tests; closed on exit."""
     from tierfs.store.retry import RetryPolicy
     from tierfs.store.s3 import S3Store
 
-    endpoint, name = bucket
     store = S3Store(
-        f"s3://{name}/pre/",
+        f"s3://{bucket_name}/pre/",
         endpoint_url=endpoint,
         region="us-east-1",
         retry=RetryPolicy(max_attempts=4, budget=10.0, base_delay=0.05, max_delay=0.5),
@@ -245,6 +246,14 @@ def s3_store(bucket: tuple[str, str]) -> Iterator[Any]:
         yield store
     finally:
         store.close()
+
+
+@pytest.fixture
+def s3_store(bucket: tuple[str, str]) -> Iterator[Any]:
+    """S3Store on a fresh bucket, prefix ``pre/``, short retry budget."""
+    endpoint, name = bucket
+    with open_s3_store(name, endpoint) as store:
+        yield store
 
 
 @pytest.fixture

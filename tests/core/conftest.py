@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.conftest import open_s3_store
 from tierfs.config import (
     BackingConfig,
     Config,
@@ -203,19 +204,8 @@ def s3_store_through_proxy(bucket: tuple[str, str], fault_proxy: Any) -> Iterato
     """Like ``s3_store``, with its requests through ``fault_proxy``: faults for
     the native engine's GETs and PUTs, which botocore hooks do not see, are
     injected on the wire.  A module overrides ``s3_store`` with it."""
-    from tierfs.store.retry import RetryPolicy
-    from tierfs.store.s3 import S3Store
-
-    store = S3Store(
-        f"s3://{bucket[1]}/pre/",
-        endpoint_url=fault_proxy.endpoint,
-        region="us-east-1",
-        retry=RetryPolicy(max_attempts=4, budget=10.0, base_delay=0.05, max_delay=0.5),
-    )
-    try:
+    with open_s3_store(bucket[1], fault_proxy.endpoint) as store:
         yield store
-    finally:
-        store.close()
 
 
 @pytest.fixture
