@@ -223,6 +223,11 @@ class Daemon:
             uid=config.namespace.uid if config.namespace.uid is not None else os.getuid(),
             gid=config.namespace.gid if config.namespace.gid is not None else os.getgid(),
         )
+        if self.meta.swept_unlinked:
+            log.info(
+                "deleted %d files that were unlinked while open when the daemon stopped",
+                self.meta.swept_unlinked,
+            )
         self.tiers = [Tier(i, t) for i, t in enumerate(config.tiers)]
         sock_path = socket_path_for(mountpoint, config.state.dir)
         self.fs = TierFS(

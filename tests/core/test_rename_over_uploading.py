@@ -176,8 +176,9 @@ async def test_a_crash_while_the_replaced_file_uploads_keeps_the_renamed_one(
 ) -> None:
     """A crash after the rename, while the replaced file's upload runs: that
     file's inode is still in LMDB (it goes at its last use, which the crash
-    skips) and its upload entry is replayed at the next mount.  The bucket
-    must end with the renamed file's bytes at ``dd``, nothing else."""
+    skips).  The next mount deletes it (``MetaDB`` ``unlinked``), so its
+    upload entry is obsolete and the old bytes are never put again; the
+    bucket ends with the renamed file's bytes at ``dd``, nothing else."""
     put(s3_store, "dd", OLD_DD_IN_BUCKET)
     mount = await make_fs(namespace=NamespaceConfig(list_ttl=60, revalidate_ttl=REVALIDATE_TTL))
     fs = mount.fs
@@ -194,8 +195,13 @@ async def test_a_crash_while_the_replaced_file_uploads_keeps_the_renamed_one(
     gated.put_gate.set()  # (the held PUT may land or not: the stop waits for its thread)
     await mount.aclose()
 
+    puts_before = s3_store.calls["PutObject"]
     mount = await mount.remount()
+    assert mount.fs.meta.swept_unlinked == 1
+    assert mount.fs.meta.get_inode(dd_ino) is None
+    assert mount.fs.meta.residency(dd_ino) == {}
     await mount.flush()
+    assert s3_store.calls["PutObject"] == puts_before, "the replaced file was put again"
     await trio.sleep(REVALIDATE_TTL + 0.05)
     await check_dd_is_a(mount)
     assert bucket_names(s3_store) == {"dd"}

@@ -66,6 +66,35 @@ def test_changed_etag_drops_blocks_and_usage(tmp_path: Path) -> None:
     assert db.tier_usage(0).bytes == 0 and db.tier_usage(0).files == 0
 
 
+def test_a_file_unlinked_while_open_is_deleted_at_the_next_open(tmp_path: Path) -> None:
+    """A daemon killed while an unlinked file was open never deleted its
+    record: the next open of the database does, blocks and usage with it;
+    a file unlinked and deleted normally leaves nothing to sweep."""
+    db = MetaDB(tmp_path, "s3://b")
+    merge(db, [ListedEntry(b"open", False, 10, "e1"), ListedEntry(b"kept", False, 5, "e2")])
+    opened, kept = db.lookup(ROOT_INO, b"open"), db.lookup(ROOT_INO, b"kept")
+    assert opened is not None and kept is not None
+    db.add_block(opened, 0, BlockRecord(tier=0, digest=1, nbytes=10))
+    db.add_block(kept, 0, BlockRecord(tier=0, digest=2, nbytes=5))
+    with db.write() as tx:
+        tx.unlink(ROOT_INO, b"open")
+        tx.keep_unlinked(opened)
+    db.close()  # (its record stays: the daemon is gone before the last close)
+
+    db = MetaDB(tmp_path, "s3://b")
+    assert db.swept_unlinked == 1
+    assert db.get_inode(opened) is None and db.get_blocks(opened) == {}
+    assert db.tier_usage(0).bytes == 5 and db.tier_usage(0).files == 1
+    assert db.get_inode(kept) is not None
+    with db.write() as tx:
+        tx.unlink(ROOT_INO, b"kept")
+        tx.keep_unlinked(kept)
+    with db.write() as tx:
+        tx.delete_inode(kept)  # its last close
+    db.close()
+    assert MetaDB(tmp_path, "s3://b").swept_unlinked == 0
+
+
 block_ops = st.lists(
     st.tuples(
         st.sampled_from(["add", "drop_file", "drop_tier"]),

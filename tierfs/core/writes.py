@@ -349,7 +349,9 @@ class FileWrites:
             w.tx.put_inode(parent_inode)
             w.tx.unlink(parent, name)
             self._queue_removal(w, inode, key)
-            if not busy:
+            if busy:
+                w.tx.keep_unlinked(inode.ino)
+            else:
                 tiers = w.tx.delete_inode(inode.ino)
         self.unlinked.add(inode)
         if busy:
@@ -446,7 +448,9 @@ class FileWrites:
                     w.append({"op": "delete", "key": new_key + "/", "shadow_ino": target.ino})
                 else:
                     self._queue_removal(w, target, new_key)
-                    if not target_busy:
+                    if target_busy:
+                        w.tx.keep_unlinked(target.ino)
+                    else:
                         target_tiers = w.tx.delete_inode(target.ino)
             w.tx.unlink(old_parent, old_name)
             inode.parent, inode.name = new_parent, new_name

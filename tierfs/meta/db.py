@@ -23,6 +23,10 @@ name           key                                     value
                                                        file that must not be uploaded
 ``pins``       ino                                     tier index (u8) the file or
                                                        directory is pinned to
+``unlinked``   ino                                     empty: a file unlinked (or
+                                                       renamed over) while open, whose
+                                                       record lives on until its
+                                                       last close
 =============  ======================================  ===============================
 
 Invariants (each public method, and each ``with db.write() as tx`` block, is
@@ -50,6 +54,15 @@ ONE write transaction, so they hold after every commit and after a crash):
   name directories: ``MetaTxn.link``/``unlink`` and the listing's merge and
   sweep keep it (so ``MetaTxn.unlink`` rewrites the parent's record: a
   caller holding that parent's Inode reads it again before writing it).
+* ``unlinked[ino]`` exists only while ``ino`` exists and no dentry names
+  it: the unlink that keeps an open file's record sets it
+  (``MetaTxn.keep_unlinked``), ``delete_inode`` clears it.  The daemon
+  deletes such a record at the last close; after a crash nothing is open
+  any more, so opening the database deletes every inode it lists
+  (``swept_unlinked``; their cache files go with the orphan cleanup of the
+  mount).  Without it, a killed daemon would leave the record, its blocks
+  counted in the tier usage, and its replayed upload entry putting the
+  old bytes to a key that another file now owns.
 * Inode numbers are never reused: ``next_ino`` only grows, and a start after
   an unclean stop skips ``INO_CRASH_GAP`` numbers (see "Group commit").
 * A namespace change and the journal entries that carry it to the bucket
@@ -257,6 +270,7 @@ class MetaDB:
         self._shadows = self.env.open_db(b"shadows")
         self._failed = self.env.open_db(b"failed")
         self._pins = self.env.open_db(b"pins")
+        self._unlinked = self.env.open_db(b"unlinked")
         #: The group transaction, then nested write() transactions, innermost last.
         self._stack: list[lmdb.Transaction] = []
         #: Batch commits (see "Group commit"); TierFS turns it on.
@@ -273,6 +287,8 @@ class MetaDB:
         #: transaction has it (see "Tier usage in memory"); None: not loaded.
         self._usage_mirror: dict[int, tuple[int, int]] | None = None
         self._init_schema(path, backing_url, default_dir_mode, uid, gid)
+        #: Inodes unlinked while open that the last run left (see ``unlinked``).
+        self.swept_unlinked = self._sweep_unlinked()
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -320,6 +336,15 @@ class MetaDB:
                 next_ino = U64.unpack(txn.get(b"next_ino", db=self._meta))[0]
                 txn.put(b"next_ino", U64.pack(next_ino + INO_CRASH_GAP), db=self._meta)
             txn.put(b"open", b"1", db=self._meta)
+
+    def _sweep_unlinked(self) -> int:
+        """Delete the inodes that were unlinked while open when the last run
+        stopped (nothing is open now); returns how many."""
+        with self.env.begin(write=True) as txn:
+            inos = [U64.unpack(key)[0] for key, _ in txn.cursor(db=self._unlinked)]
+            for ino in inos:
+                MetaTxn(self, txn).delete_inode(ino)
+        return len(inos)
 
     def _upgrade_from_2(self, txn: lmdb.Transaction) -> None:
         """Schema 2 -> 3: inode records gained ``atime_ns`` and ``nsubdirs``.
@@ -1121,10 +1146,16 @@ class MetaTxn:
         self.txn.delete(ino_key(ino), db=self.db._inodes)
         self.txn.delete(ino_key(ino), db=self.db._atimes)
         self.txn.delete(ino_key(ino), db=self.db._pins)
+        self.txn.delete(ino_key(ino), db=self.db._unlinked)
         self.clear_failed(ino)
         for name in self._xattr_names(ino):
             self.txn.delete(U64.pack(ino) + name, db=self.db._xattrs)
         return tiers
+
+    def keep_unlinked(self, ino: int) -> None:
+        """``ino`` lost its last dentry but stays open: its record lives on
+        until its last close, or until the next open of this database."""
+        self.txn.put(ino_key(ino), b"", db=self.db._unlinked)
 
     # dentries
     def lookup(self, parent: int, name: bytes) -> int | None:
