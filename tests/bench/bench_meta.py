@@ -176,8 +176,11 @@ def page_cache_drops() -> int:
 
 
 def op_find(root: Path) -> int:
-    out = subprocess.run(["find", str(root)], capture_output=True, check=True).stdout
-    return out.count(b"\n")
+    done = subprocess.run(["find", str(root)], capture_output=True)
+    if done.returncode != 0:
+        errors = done.stderr.decode(errors="replace").strip().splitlines()
+        raise BenchError(f"find {root} failed ({len(errors)} errors), first: {errors[:3]}")
+    return done.stdout.count(b"\n")
 
 
 def op_stat(paths: list[Path]) -> int:
