@@ -538,10 +538,7 @@ class Sync:
                     and version == cf.version
                     and not cf.writing  # a write in flight has not bumped the version yet
                     and (cf.inode.mode, cf.inode.uid, cf.inode.gid) == attrs
-                    and (
-                        self.journal.namespace_gen == namespace_gen
-                        or self.key_of(current) == key
-                    )
+                    and (self.journal.namespace_gen == namespace_gen or self.key_of(current) == key)
                     and seq in self.journal.entries
                 )
 
