@@ -886,15 +886,14 @@ class Sync:
         for cf in list(self.blocks.files.values()):
             if cf.inode.state != SyncState.CLEAN:
                 await self.commit(cf, sync=False)
-        seqs: set[int] = set()
-        for seq, entry in list(self.journal.entries.items()):
-            keys = self.entry_keys(seq, entry)
-            if (
-                keys is None
-                or not prefix
-                or any(k == prefix or k.startswith(prefix + "/") for k in keys)
-            ):
-                seqs.add(seq)
+        if not prefix:  # the whole mount: every entry, no keys to work out
+            seqs = set(self.journal.entries)
+        else:
+            seqs = set()
+            for seq, entry in list(self.journal.entries.items()):
+                keys = self.entry_keys(seq, entry)
+                if keys is None or any(k == prefix or k.startswith(prefix + "/") for k in keys):
+                    seqs.add(seq)
         await self._wait_entries(seqs)
         return len(seqs)
 
