@@ -71,6 +71,27 @@ do not count: with the breaker open the flush waits ``FLUSH_OUTAGE_WAIT``
 for the endpoint to come back, then fails with EndpointUnreachable naming
 the outage (since when, the last error) and what waits.  The entries stay.
 
+Cost per small file on the event loop.  Uploads of many small files are
+bound by the trio loop, not by the PUTs (those run in worker threads,
+through obstore).  py-spy of the daemon during ``tierfs flush`` of 2,000
+files of 4-128 KiB (the write bench), share of the loop thread's samples:
+inode records read and decoded from LMDB 18% (``Namespace.key_of`` walking
+the parent directories, for the scan's ``entry_keys``, the upload and the
+flush: 14%; the file's own record: 5%); the thread hop of the PUT 12-18%;
+marking clean in batches 12% (its LMDB write 8.5%); the event loop itself
+10%; the journal scan and ``entry_keys`` 5-9%; the upload source (the cache
+file opened on the loop) 3.5%; the shadow ledger read of ``_drop_shadows``
+3%; group commits 3%; the flush's wait 2%; metrics under 1%.  Since then
+the keys of directories are remembered (``key_of``, dropped with every
+rename or removal), a flush of the whole mount works out no keys, and a
+flush's wait is narrowed by the journal as entries end
+(``Journal.wait_done``).  Measured after: marking clean 17% (LMDB write
+11.5%), the thread hop 17%, the file's inode record 9%, the uploader's loop
+7%, ``entry_keys`` 6%, the shadow ledger 5.5%, ``BlockCache.acquire`` 4%;
+the flush of the 2,000 files then ran at about the rate of ``s5cmd cp``
+of the same files (6.5 s against 6.3 s).  Whether uploads should overlap a
+burst of writes: see ``tierfs.workers.uploader``.
+
 Metadata travels as ``x-amz-meta-mode`` (decimal st_mode, as s3fs-fuse
 writes it), ``uid``, ``gid`` and ``mtime`` (seconds, decimal).  Symlinks are
 objects whose body is the target, with S_IFLNK in their mode (s3fs-style).
