@@ -33,9 +33,9 @@ rounds each, the machine shared): held, the write loop took 3.4-4.1 s and
 the files were in the bucket after 9.9-10.2 s (``s5cmd cp``: 6.3 s); with 4
 uploads running during the burst the loop took 7.1-10.1 s and the bucket
 11.8-13.6 s; with 8, 13.9 s and 14.6 s; with 16 (on a busier machine) the
-writer collapsed to 42 files/s.  The loop thread serves both the FUSE requests and the upload
-bookkeeping, and interleaving them cost more of it than running them one
-after the other (5.3-6.0 against 4.6-4.9 CPU-s), while the S3 server took
+writer collapsed to 42 files/s.  The loop thread serves both the FUSE
+requests and the upload bookkeeping, and interleaving them cost more of it
+than running them one after the other (5.3-6.0 against 4.6-4.9 CPU-s), while the S3 server took
 the other CPU from the writer.  So the hold stays; the flush is made cheap
 instead (``tierfs.core.sync``, "Cost per small file on the event loop").
 
