@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 import trio
 
+from tests.core.conftest import MiB
+from tests.core.test_attrs_shadow import all_keys
+from tierfs.config import WriteConfig
 from tierfs.core import sync as sync_module
 from tierfs.meta import SyncState
 
@@ -114,3 +117,33 @@ async def test_uploads_marked_clean_in_a_batch_survive_a_remount(
         assert inode.state == SyncState.CLEAN
         assert await mount.read_file(path) == data
         assert get(s3_store, path) == data
+
+
+async def test_a_directory_renamed_after_its_keys_were_remembered_uploads_at_the_new_keys(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """``Sync.key_of`` remembers directory keys; a rename of a directory
+    above queued uploads must make them go to the new keys, not the old."""
+    mount = await make_fs(write=WriteConfig(mode="back", upload_delay=60.0, part_size=8 * MiB))
+    fs = mount.fs
+    top = await fs.mkdir(1, b"a", 0o755, 0, 0)
+    await fs.mkdir(top.ino, b"b", 0o755, 0, 0)
+    files = {f"a/b/f{i}": bytes([97 + i]) * (100 + i) for i in range(3)}
+    inos = [await mount.write_file(path, data, fsync=False) for path, data in files.items()]
+    # The uploads wait out upload_delay; their keys are remembered meanwhile.
+    for ino, path in zip(inos, files, strict=True):
+        inode = fs.meta.get_inode(ino)
+        assert inode is not None
+        assert fs.sync.key_of(inode) == path
+        assert fs.entry_keys(fs.journal.upload_seq[ino], {"op": "upload", "ino": ino}) == [path]
+    await fs.rename(1, b"a", 1, b"z", 0)
+    for ino, path in zip(inos, files, strict=True):
+        inode = fs.meta.get_inode(ino)
+        assert inode is not None
+        assert fs.sync.key_of(inode) == "z" + path[1:]
+    await mount.flush()
+    keys = all_keys(s3_store)
+    for path, data in files.items():
+        assert "z" + path[1:] in keys
+        assert path not in keys
+        assert get(s3_store, "z" + path[1:]) == data

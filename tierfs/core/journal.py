@@ -110,6 +110,11 @@ HURRY_WAIT = 1.0
 HURRY_FAILED_RETRY = 2.0
 
 
+def child_key(parent_key: str, name: bytes) -> str:
+    """The key of ``name`` in the directory whose key is ``parent_key`` ("": the root)."""
+    return (parent_key + "/" if parent_key else "") + name.decode()
+
+
 @dataclass(slots=True)
 class JournalWriter:
     """Stages journal changes inside one metadata transaction."""
@@ -216,6 +221,11 @@ class Journal:
         self._keys: dict[int, tuple[int, list[str] | None]] = {}
         self._changed = trio.Event()
         self._done = trio.Event()
+        #: The pending sets of the tasks in ``wait_done``, by identity: an
+        #: entry that leaves the journal is taken out of each (O(waiters) per
+        #: entry, instead of each waiter re-checking all of its entries at
+        #: every wake: a flush of N files cost O(N) per completed batch).
+        self._done_watchers: dict[int, set[int]] = {}
         #: When the uploader looks at the queue next on its own (trio clock);
         #: a change that makes nothing due before then need not wake it.
         self.next_look = 0.0
@@ -276,6 +286,8 @@ class Journal:
             self._moved_to.pop(moved, None)
         self._count_delete(entry, -1)
         self._count_attrs(entry, -1)
+        for pending in self._done_watchers.values():
+            pending.discard(seq)
         self._done.set()
         self._done = trio.Event()
 
@@ -524,12 +536,11 @@ class Journal:
     async def wait_done(self, seqs: set[int]) -> None:
         """Wait until every entry in ``seqs`` has completed."""
         self.waiters += 1
+        pending = seqs & self.entries.keys()
+        self._done_watchers[id(pending)] = pending  # ``_forget`` narrows it
         try:
-            # Narrowed at each wake: a flush of N files costs O(N) per batch of
-            # completions that wakes it, never a scan of every entry queued since.
-            pending = seqs & self.entries.keys()
             while pending:
                 await self._done.wait()
-                pending = {seq for seq in pending if seq in self.entries}
         finally:
+            del self._done_watchers[id(pending)]
             self.waiters -= 1

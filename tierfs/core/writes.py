@@ -92,7 +92,7 @@ from tierfs.tiers.tier import Tier
 
 from .blockcache import BlockCache, CachedFile
 from .handles import Handle, Handles
-from .journal import Journal, JournalWriter
+from .journal import Journal, JournalWriter, child_key
 from .namespace import NAME_MAX, Namespace
 from .posix_attrs import (
     AccessTimes,
@@ -123,10 +123,6 @@ def check_not_reserved(parent: int, name: bytes) -> None:
     """The attribute shadow's top-level name cannot be made in the root."""
     if parent == ROOT_INO and name == SHADOW_ROOT.encode():
         raise NotPermitted(f"{SHADOW_ROOT!r} is reserved by tierfs in the root of the mount")
-
-
-def child_key(parent_key: str, name: bytes) -> str:
-    return (parent_key + "/" if parent_key else "") + name.decode()
 
 
 class FileWrites:
