@@ -84,7 +84,11 @@ States of one fetch, and the counters that hold them:
 the last waiting demand fetch got its slot, the last parked AHEAD fetch
 left, a priority rose (``priority_raised`` wakes the raised fetch itself),
 and by the clock: ``run`` (a task) calls it when rule 4 would let a
-BACKGROUND fetch start by time alone (``_rule4_ends``).  A woken fetch
+BACKGROUND fetch start by time alone (``_rule4_ends``).  That timer is
+armed whenever a BACKGROUND fetch parks, too: one that parks just after
+the last slot was given back (the rest of a BACKGROUND run whose GET
+ended early, see blockcache) would otherwise wait for an event that never
+comes.  A woken fetch
 looks again when it runs; if it still may not start it parks again at the
 head of its queue, and whatever took its room wakes the next one when it
 ends.  All of it runs on the one trio loop (no locks); a slot is given
@@ -182,6 +186,12 @@ class FetchSlots:
             or trio.current_time() < self.demand_ended + self.demand_quiet
         )
 
+    def demand_present(self) -> bool:
+        """A DEMAND fetch waits or runs.  Safe to ask from a fetch thread
+        (two counters read; a stale answer only delays a BACKGROUND GET's
+        giving way by one block)."""
+        return self.demand_waiting > 0 or self.running[FetchPriority.DEMAND] > 0
+
     def _room(self, priority: FetchPriority) -> int:
         """How many more fetches of ``priority`` (AHEAD or BACKGROUND) rules
         2-4 let start now, not counting the parked ones."""
@@ -222,6 +232,11 @@ class FetchSlots:
                 waiter = queue.popleft()
                 self._woken[priority] += 1
                 waiter.event.set()
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        """If a BACKGROUND fetch is parked, make ``run`` wake it when rule 4
+        may let it start by the clock alone."""
         if self._parked[FetchPriority.BACKGROUND]:
             wake_at = self._rule4_ends()
             if trio.current_time() < wake_at < self._timer_deadline:
@@ -258,6 +273,9 @@ class FetchSlots:
                 queue.appendleft(waiter)  # it keeps its turn
             else:
                 queue.append(waiter)
+            # Held back by rule 4 with nothing else to come (no fetch running
+            # whose end would wake it): only the clock will.
+            self._arm_timer()
             try:
                 await waiter.event.wait()
             except BaseException:
