@@ -35,9 +35,13 @@ Cases (``--cases``, comma-separated):
 
     The peers' bytes land in the page cache and are not fsynced; tierfs
     writes whole blocks with O_DIRECT and commits its block map, so the
-    comparison favours the peers a little.  Printed: files/s, MB/s, the
-    daemon's CPU seconds, and tierfs/peer ratios (target: preload >= 0.9x
-    s5cmd for both shapes).
+    comparison favours the peers a little.  Printed: files/s, MB/s, CPU
+    seconds per GiB of the client (the tierfs daemon, or the peer's
+    process) and of the S3 server (s3rver shares the 2 CPUs: what the
+    client spends, the server lacks), the server's share of a core, the
+    disk's bytes read and written and its busy time during the copy (the
+    tier, the peers' copies and s3rver's data share one disk), and
+    tierfs/peer ratios (target: preload >= 0.9x s5cmd for both shapes).
 
     Seen on this machine kind: s3rver answers the delimited LIST of
     ``small/`` with 10,000 keys beneath in about 3.3 s (it walks every key

@@ -86,10 +86,16 @@ Concurrency rules:
   half of the slots (AHEAD ones as many as the prefetcher starts), and
   AHEAD goes before BACKGROUND.  While demand is active (a
   demand fetch waits or runs, or ended less than 0.5 s ago) BACKGROUND
-  work shrinks to a trickle (one fetch at a time, at least 1 s apart), and
-  BACKGROUND fetches are GETs of at most ``BACKGROUND_RUN_BYTES`` (8 MiB),
-  so that those running when demand starts end soon: the S3 server, the
-  network and the disk then serve the demand read as if idle.  A demand
+  work shrinks to a trickle (one fetch at a time, at least 1 s apart, each
+  a GET of at most ``BACKGROUND_TRICKLE_BYTES``, 8 MiB), and BACKGROUND
+  GETs running when demand starts *give way*: each ends after the block it
+  is reading (``ObjectStore.get_range_into(stop=...)``, asked between two
+  blocks; the connection is closed), its blocks so far are recorded, and
+  the rest of its run waits for a slot again.  So the S3 server, the
+  network and the disk serve the demand read as if idle, while a preload
+  alone uses GETs as long as demand ones (``BACKGROUND_RUN_BYTES`` = 16
+  MiB: fewer requests per GiB, less CPU in the server and the daemon).
+  A GET does not give way once a demand read joined its flight.  A demand
   read that needs a block a lower-priority fetch is waiting to start
   promotes that flight (``_Flight.priority``), so the shared fetch does
   not wait behind the priority it is being served for; a ``fill`` that
@@ -100,7 +106,7 @@ Concurrency rules:
   dropped instead of recorded.
 
 Fetches: consecutive absent blocks are fetched with one ranged GET of up to
-16 MiB (``FETCH_RUN_BYTES``; 8 MiB for BACKGROUND fetches, see
+16 MiB (``FETCH_RUN_BYTES``; BACKGROUND ones may end early, see
 "Priority"); readahead holds the trailing partial run back
 until it is full.  The GET reads the socket straight into pooled block
 buffers (:mod:`tierfs.core.buffers`).  Whole fetched blocks are written to

@@ -30,10 +30,12 @@ The rule (``FetchSlots.take``):
    ``DEMAND_QUIET`` (0.5 s) after the last one ended.  While demand is
    active, a BACKGROUND fetch starts only when no other BACKGROUND fetch
    runs and none ended in the last ``BACKGROUND_TRICKLE`` (1 s): a trickle,
-   so that a preload still moves under a reader that never pauses.  A
-   fetch already running is not stopped: BACKGROUND fetches are cut into
-   GETs of at most ``tierfs.core.blockcache.BACKGROUND_RUN_BYTES`` (8 MiB)
-   so that those in flight when demand starts end soon.  AHEAD fetches are
+   so that a preload still moves under a reader that never pauses (a
+   trickle GET asks for at most 8 MiB).  BACKGROUND GETs already running
+   when demand starts give way: the block cache ends each after the block
+   it is reading (``demand_present``, asked from the fetch thread) and
+   fetches the rest later (see "Priority" in
+   :mod:`tierfs.core.blockcache`).  AHEAD fetches are
    not held back by demand: they run exactly while a reader reads, for it.
    Once demand has been quiet for ``DEMAND_QUIET``, BACKGROUND work widens
    again to ``background_max``: a preload alone keeps its full throughput.
@@ -63,6 +65,21 @@ hurt; more may help a little, within the noise of the machine, and would
 leave more 8 MiB GETs in flight when a demand read arrives (the latency
 rule above), so the cap stays at half until a quiet machine shows a
 clear gain.
+
+Then the request pattern (the S3 server's CPU per GiB, measured in the
+bench: s3rver is one node process on the same 2 cores).  Big shape, the
+machine 5-14 loaded by other work, three interleaved rounds, ratio to
+s5cmd cp in the same round (client CPU s/GiB): BACKGROUND GETs of 8 MiB
+0.62-0.83x (1.46-1.89), 16 MiB 0.76-0.82x (1.37-1.70), 32 MiB 0.64-0.99x
+(1.23-1.48); s5cmd (5 GETs of 50 MiB at once) 1.16-1.36.  s3rver spent
+1.8-4.2 CPU s/GiB whatever the size, about twice the client's.  Longer
+GETs only became possible with the latency rule kept because running
+BACKGROUND GETs now give way to demand between blocks; 16 MiB keeps the
+memory bound of demand fetches (``concurrency`` x 16 MiB).  What still
+separates the big shape from s5cmd: the disk.  tierfs writes each block
+with O_DIRECT during the copy, while s3rver reads the object from the same
+(virtual) disk: 60-90 % busy against 23-36 % for s5cmd, whose writes stay
+in the page cache (a direct-write dd of 1 GiB on this disk: 300-340 MB/s).
 
 Waking.  Parked fetches wait in one FIFO queue per priority, and only as
 many are woken as may start (``_wake``); waking every parked fetch on
