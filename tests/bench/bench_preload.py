@@ -35,9 +35,13 @@ Cases (``--cases``, comma-separated):
 
     The peers' bytes land in the page cache and are not fsynced; tierfs
     writes whole blocks with O_DIRECT and commits its block map, so the
-    comparison favours the peers a little.  Printed: files/s, MB/s, the
-    daemon's CPU seconds, and tierfs/peer ratios (target: preload >= 0.9x
-    s5cmd for both shapes).
+    comparison favours the peers a little.  Printed: files/s, MB/s, CPU
+    seconds per GiB of the client (the tierfs daemon, or the peer's
+    process) and of the S3 server (s3rver shares the 2 CPUs: what the
+    client spends, the server lacks), the server's share of a core, the
+    disk's bytes read and written and its busy time during the copy (the
+    tier, the peers' copies and s3rver's data share one disk), and
+    tierfs/peer ratios (target: preload >= 0.9x s5cmd for both shapes).
 
     Seen on this machine kind: s3rver answers the delimited LIST of
     ``small/`` with 10,000 keys beneath in about 3.3 s (it walks every key
@@ -127,6 +131,7 @@ from common import (
     BenchError,
     add_run_arguments,
     add_server_arguments,
+    children_cpu_seconds,
     comma_list,
     cpu_seconds,
     fmt_size,
@@ -217,12 +222,66 @@ class RssSampler:
 # --- results -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DiskUse:
+    """What a block device did between two readings of its stat file."""
+
+    read_bytes: int
+    written_bytes: int
+    busy: float
+
+    def describe(self) -> str:
+        return (
+            f"disk read {self.read_bytes / 1e6:,.0f} MB, written {self.written_bytes / 1e6:,.0f} MB,"
+            f" busy {100 * self.busy:.0f}%"
+        )
+
+
+class DiskMeter:
+    """Reads /sys/dev/block/MAJ:MIN/stat of the device under a path (the
+    tier's disk, where the S3 server's data lives too)."""
+
+    SECTOR = 512
+
+    def __init__(self, path: Path) -> None:
+        dev = os.stat(path).st_dev
+        self.stat_file = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+
+    def read(self) -> tuple[int, int, int, float] | None:
+        """(sectors read, sectors written, io_ticks ms, when), None if unknown."""
+        try:
+            fields = [int(v) for v in self.stat_file.read_text().split()]
+        except (OSError, ValueError):
+            return None
+        return fields[2], fields[6], fields[9], time.monotonic()
+
+    def since(self, before: tuple[int, int, int, float] | None) -> DiskUse | None:
+        after = self.read()
+        if before is None or after is None:
+            return None
+        seconds = max(1e-9, after[3] - before[3])
+        return DiskUse(
+            (after[0] - before[0]) * self.SECTOR,
+            (after[1] - before[1]) * self.SECTOR,
+            min(1.0, (after[2] - before[2]) / 1e3 / seconds),
+        )
+
+
 @dataclass
 class Copy:
     seconds: float
     files: int
     nbytes: int
+    #: CPU seconds of the client: the tierfs daemon, or the peer's process.
     daemon_cpu: float = 0.0
+    #: CPU seconds of the S3 server during the copy.
+    server_cpu: float = 0.0
+    #: The tier's disk during the copy: bytes read, bytes written, share of the time busy.
+    disk: DiskUse | None = None
+
+    @property
+    def gib(self) -> float:
+        return self.nbytes / (1 << 30)
 
     @property
     def files_per_s(self) -> float:
@@ -245,10 +304,15 @@ class Results:
 
     def add_copy(self, case: str, sample: Copy) -> None:
         self.copies.setdefault(case, []).append(sample)
-        cpu = f", daemon CPU {sample.daemon_cpu:.1f}s" if sample.daemon_cpu else ""
+        cpu = (
+            f", client CPU {sample.daemon_cpu:.1f}s ({sample.daemon_cpu / sample.gib:.2f} s/GiB), "
+            f"server CPU {sample.server_cpu:.1f}s ({sample.server_cpu / sample.gib:.2f} s/GiB, "
+            f"{100 * sample.server_cpu / sample.seconds:.0f}% of a core)"
+        )
+        disk = f"; {sample.disk.describe()}" if sample.disk is not None else ""
         log(
             f"  {case}: {sample.seconds:.2f}s, {fmt_rate(sample.files_per_s)} files/s, "
-            f"{sample.mbps:,.0f} MB/s{cpu}"
+            f"{sample.mbps:,.0f} MB/s{cpu}{disk}"
         )
 
     def copy_median(self, case: str) -> Copy | None:
@@ -268,6 +332,8 @@ class PreloadBench(BenchBase):
         self.results = Results()
         self.src = work / "tier-fs" / "src"  # the data set, on the tiers' filesystem
         self.tier = work / "tier-fs" / "nvme"
+        #: The disk of the tier, of the peers' copies and of the S3 server's data.
+        self.disk = DiskMeter(work)
         self.state = work / "tierfs-state"
         self.small = small_plan(args.files, args.seed, args.file_min, args.file_max, args.dirs)
         self.small_bytes = sum(size for _rel, size, _off in self.small)
@@ -379,6 +445,11 @@ class PreloadBench(BenchBase):
         )
         return status
 
+    def server_cpu(self) -> float:
+        """CPU seconds the S3 server has used so far."""
+        proc = getattr(self, "s3_server_proc", None)
+        return cpu_seconds(proc.pid if proc is not None else None)
+
     def cached_bytes(self, path: Path) -> int:
         (item,) = json.loads(self.run_quiet([self.tierfs_bin, "where", "--json", str(path)]).stdout)
         return int(item["cached_bytes"])
@@ -404,15 +475,19 @@ class PreloadBench(BenchBase):
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         self.drop_caches()
+        server0, client0 = self.server_cpu(), children_cpu_seconds()
+        disk0 = self.disk.read()
         t0 = time.perf_counter()
         self.run_quiet(cmd)
         dt = time.perf_counter() - t0
+        disk = self.disk.since(disk0)
+        server, client = self.server_cpu() - server0, children_cpu_seconds() - client0
         got = [p.stat().st_size for p in dest.rglob("*") if p.is_file()]
         if len(got) != files or sum(got) != nbytes:
             raise BenchError(
                 f"{case}: {len(got)} files of {sum(got)} bytes, not {files} of {nbytes}"
             )
-        self.results.add_copy(case, Copy(dt, files, nbytes))
+        self.results.add_copy(case, Copy(dt, files, nbytes, client, server, disk))
         shutil.rmtree(dest, ignore_errors=True)
 
     def case_s5cmd(self, shape: str) -> None:
@@ -435,18 +510,22 @@ class PreloadBench(BenchBase):
         spy = self.args.py_spy if round_no == 0 else None
         with self.tierfs_mount() as (mp, pid):
             self.drop_caches()
-            cpu0 = cpu_seconds(pid)
+            cpu0, server0 = cpu_seconds(pid), self.server_cpu()
+            disk0 = self.disk.read()
             with py_spy(spy, pid, f"preload-{shape}"):
                 t0 = time.perf_counter()
                 summary = self.preload(mp / shape)
                 dt = time.perf_counter() - t0
-            cpu = cpu_seconds(pid) - cpu0
+            disk = self.disk.since(disk0)
+            cpu, server = cpu_seconds(pid) - cpu0, self.server_cpu() - server0
             if summary["files_total"] != files or summary["bytes_total"] != nbytes:
                 raise BenchError(f"tierfs preload {shape}: summary {summary}")
             cached = self.cached_bytes(mp / shape)
             if cached != nbytes:
                 raise BenchError(f"tierfs preload {shape}: {cached} of {nbytes} bytes cached")
-            self.results.add_copy(f"tierfs preload {shape}", Copy(dt, files, nbytes, cpu))
+            self.results.add_copy(
+                f"tierfs preload {shape}", Copy(dt, files, nbytes, cpu, server, disk)
+            )
             if round_no == 0:
                 self.check_content(mp / shape, self.src / shape)
 
@@ -818,19 +897,30 @@ def report(res: Results, a: argparse.Namespace) -> str:
         for case, samples in res.copies.items():
             m = res.copy_median(case)
             assert m is not None
-            cpu = f"{m.daemon_cpu:.1f}" if m.daemon_cpu else ""
             rows.append(
                 [
                     case,
                     f"{m.seconds:.2f}",
                     fmt_rate(m.files_per_s),
                     f"{m.mbps:,.0f}",
-                    cpu,
+                    f"{m.daemon_cpu / m.gib:.2f}",
+                    f"{m.server_cpu / m.gib:.2f}",
+                    f"{100 * m.server_cpu / m.seconds:.0f}%",
                     str(len(samples)),
                 ]
             )
         lines += table(
-            ["copy (until the command exits)", "s", "files/s", "MB/s", "daemon CPU s", "n"], rows
+            [
+                "copy (until the command exits)",
+                "s",
+                "files/s",
+                "MB/s",
+                "client CPU s/GiB",
+                "server CPU s/GiB",
+                "server busy",
+                "n",
+            ],
+            rows,
         )
         lines.append("")
         rows = []

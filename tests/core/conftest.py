@@ -66,10 +66,16 @@ class CountingStore:
         return self.inner.get_range(key, start, length, etag)
 
     def get_range_into(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self,
+        key: str,
+        start: int,
+        bufs: Sequence[memoryview],
+        etag: str | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         self.gets.append((key, start, sum(len(b) for b in bufs)))
-        return self.inner.get_range_into(key, start, bufs, etag)
+        return self.inner.get_range_into(key, start, bufs, etag, stop=stop)
 
     def __getattr__(self, name: str) -> Any:
         # put, put_multipart, copy, delete, ...: straight to the real store.

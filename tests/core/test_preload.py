@@ -14,6 +14,7 @@ import trio
 
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import FetchConfig
+from tierfs.core.blockcache import BACKGROUND_TRICKLE_BYTES
 from tierfs.core.namespace import WALK_PAGE
 from tierfs.errors import InvalidArgument
 from tierfs.workers.preload import Preloader, PreloadJob, normalize_path
@@ -231,14 +232,16 @@ async def test_huge_file_is_fetched_in_parallel_ranges(
     lock = threading.Lock()
     inner = mount.store.get_range_into
 
-    def counting(key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None) -> int:
+    def counting(
+        key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None, **kw: Any
+    ) -> int:
         nonlocal in_flight, most
         with lock:
             in_flight += 1
             most = max(most, in_flight)
         try:
             threading.Event().wait(0.05)
-            return inner(key, start, bufs, etag)
+            return inner(key, start, bufs, etag, **kw)
         finally:
             with lock:
                 in_flight -= 1
@@ -263,11 +266,16 @@ class GatedGets:
         mount.store.get_range_into = self  # type: ignore[method-assign]
 
     def __call__(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self,
+        key: str,
+        start: int,
+        bufs: Sequence[memoryview],
+        etag: str | None = None,
+        **kw: Any,
     ) -> int:
         self.started.append(key.rsplit("/", 1)[-1])
         assert self.gate.wait(20)
-        return self.inner(key, start, bufs, etag)
+        return self.inner(key, start, bufs, etag, **kw)
 
 
 async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
@@ -407,3 +415,117 @@ async def test_fill_range_reports_the_bytes_present_before_it(make_fs: Any, s3_s
     whole = await mount.fs.movement.fill_range(ino)
     assert whole.present == first.nbytes
     assert whole.nbytes + whole.present == 3 * MiB + 7 and whole.complete
+
+
+class GiveWayProbe:
+    """Wraps the store's ``get_range_into``.  The first GET of ``big`` that
+    may give way (it carries ``stop``) pauses once its first block is in,
+    until ``demand_started`` is set; GETs of ``held`` wait for ``release``.
+    Records (name, start, bytes asked, bytes got) of every GET."""
+
+    def __init__(self, mount: CoreMount, big: str, held: str) -> None:
+        self.inner = mount.store.get_range_into
+        self.big, self.held = big, held
+        self.first_block_in = threading.Event()
+        self.demand_started = threading.Event()
+        self.release = threading.Event()
+        self.gets: list[tuple[str, int, int, int]] = []
+        self._probed = False
+        mount.store.get_range_into = self  # type: ignore[method-assign]
+
+    def __call__(
+        self,
+        key: str,
+        start: int,
+        bufs: Sequence[memoryview],
+        etag: str | None = None,
+        *,
+        stop: Any = None,
+    ) -> int:
+        name = key.rsplit("/", 1)[-1]
+        if name == self.held:
+            assert self.release.wait(20)
+        if name == self.big and stop is not None and not self._probed:
+            self._probed = True
+            outer = stop
+
+            def stop_after_demand() -> bool:
+                self.first_block_in.set()
+                assert self.demand_started.wait(20)
+                return bool(outer())
+
+            stop = stop_after_demand
+        got = self.inner(key, start, bufs, etag, stop=stop)
+        self.gets.append((name, start, sum(len(b) for b in bufs), got))
+        return got
+
+
+async def test_background_get_gives_way_to_demand_between_blocks(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """A preload GET running when a demand read starts ends after the block
+    it is reading (its blocks so far are recorded at once), instead of
+    holding the server until its whole range is in; the rest of the file is
+    fetched once demand is quiet, and every byte is right."""
+    data = blob(8 * MiB, 13)
+    put(s3_store, "big.bin", data)
+    put(s3_store, "small.bin", blob(1000, 5))
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=2)
+    mount = await make_fs(fetch=fetch)
+    probe = GiveWayProbe(mount, "big.bin", "small.bin")
+    big = await mount.fs.namespace.resolve("big.bin")
+    filled = trio.Event()
+
+    async def preload() -> None:
+        await mount.fs.movement.fill(big.ino)
+        filled.set()
+
+    nursery.start_soon(preload)
+    await wait_for(probe.first_block_in.is_set)
+    nursery.start_soon(mount.read_file, "small.bin")  # its GET is held: demand runs
+    await wait_for(mount.fs.blocks.slots.demand_present)
+    probe.demand_started.set()
+    await wait_for(lambda: any(g[0] == "big.bin" for g in probe.gets))
+    assert probe.gets[0] == ("big.bin", 0, 8 * MiB, MiB)  # one block, not the 8 asked for
+    await wait_for(lambda: [p.blockno for p in mount.fs.movement.check(big.ino).blocks] == [0])
+    await trio.sleep(0.2)
+    assert [g for g in probe.gets if g[0] == "big.bin"] == [probe.gets[0]], "demand still runs"
+    probe.release.set()
+    with trio.fail_after(20):
+        await filled.wait()
+    big_gets = [g for g in probe.gets if g[0] == "big.bin"]
+    assert big_gets[1][1] == MiB  # the rest starts where the first GET stopped
+    assert sum(g[3] for g in big_gets) == 8 * MiB
+    assert len(mount.fs.movement.check(big.ino).blocks) == 8
+    assert await mount.read_file("big.bin") == data
+
+
+async def test_background_get_started_under_demand_is_a_short_trickle(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """While demand is active a preload GET still starts now and then (the
+    trickle), but asks for at most BACKGROUND_TRICKLE_BYTES, not a whole
+    run: it holds the server as briefly as the 8 MiB GETs measured for it."""
+    data = blob(16 * MiB, 17)
+    put(s3_store, "big.bin", data)
+    put(s3_store, "small.bin", blob(1000, 5))
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=2)
+    mount = await make_fs(fetch=fetch)
+    probe = GiveWayProbe(mount, "big.bin", "small.bin")
+    probe.demand_started.set()  # no pause in the GET that may give way
+    big = await mount.fs.namespace.resolve("big.bin")
+    nursery.start_soon(mount.read_file, "small.bin")  # held: demand stays active
+    await wait_for(mount.fs.blocks.slots.demand_present)
+    filled = trio.Event()
+
+    async def preload() -> None:
+        await mount.fs.movement.fill(big.ino)
+        filled.set()
+
+    nursery.start_soon(preload)
+    await wait_for(lambda: any(g[0] == "big.bin" for g in probe.gets))
+    assert probe.gets[0] == ("big.bin", 0, BACKGROUND_TRICKLE_BYTES, BACKGROUND_TRICKLE_BYTES)
+    probe.release.set()
+    with trio.fail_after(20):
+        await filled.wait()
+    assert await mount.read_file("big.bin") == data

@@ -126,6 +126,33 @@ def test_while_demand_is_active_background_work_is_a_trickle() -> None:
     run_with_clock(main)
 
 
+def test_background_fetch_parked_after_every_slot_came_back_starts_by_the_clock() -> None:
+    """A BACKGROUND fetch that parks under rule 4 when nothing runs any more
+    (the demand and the last background fetch gave their slots back just
+    before) is started by the clock, not left waiting for an event."""
+
+    async def main(clock: trio.testing.MockClock) -> None:
+        slots = FetchSlots(8, demand_quiet=0.5, background_trickle=1.0)
+        log: list[str] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slots.run)
+            reader, first = await start(nursery, slots, log, "d0", "b0")
+            assert log == ["d0", "b0"]
+            reader.end.set()
+            await trio.testing.wait_all_tasks_blocked()
+            first.end.set()  # the trickle is due 1 s from now, demand quiet in 0.5 s
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            (late,) = await start(nursery, slots, log, "b1")
+            assert log == ["d0", "b0"]
+            await trio.sleep(2)
+            assert log == ["d0", "b0", "b1"]
+            assert late.started_at == pytest.approx(t0 + 0.5, abs=0.02)
+            nursery.cancel_scope.cancel()
+
+    run_with_clock(main)
+
+
 def test_ahead_goes_before_background_and_is_not_held_back_by_demand() -> None:
     async def main(clock: trio.testing.MockClock) -> None:
         slots = FetchSlots(4)  # 2 slots for BACKGROUND work

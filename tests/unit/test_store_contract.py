@@ -233,6 +233,43 @@ def test_get_range_into(store: ObjectStore, start: int, sizes: list[int]) -> Non
     assert filled[got:] == b"\xee" * (sum(sizes) - got), "bytes past the object stay untouched"
 
 
+def test_get_range_into_stops_between_buffers(store: ObjectStore) -> None:
+    """``stop`` is asked once per full buffer with more to come; True ends
+    the read there: the bytes of the buffers filled so far, the others
+    untouched.  The store then serves the next read correctly (the
+    dropped body left nothing behind).  3 MiB: past the native engine's
+    size, so S3 reads the body itself."""
+    big = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    store.put("blob", big)
+    sizes = [1 << 20] * 3
+    for stop_after in (1, 2):
+        asked = 0
+
+        def stop() -> bool:
+            nonlocal asked
+            asked += 1
+            return asked >= stop_after  # noqa: B023 (called before the loop moves on)
+
+        bufs = [bytearray(b"\xee" * n) for n in sizes]
+        got = store.get_range_into("blob", 100, [memoryview(b) for b in bufs], stop=stop)
+        assert got == stop_after << 20
+        assert asked == stop_after
+        filled = b"".join(bufs)
+        assert filled[:got] == big[100 : 100 + got]
+        assert filled[got:] == b"\xee" * (sum(sizes) - got)
+    asked_whole = 0
+
+    def never() -> bool:
+        nonlocal asked_whole
+        asked_whole += 1
+        return False
+
+    bufs = [bytearray(n) for n in sizes]
+    got = store.get_range_into("blob", 0, [memoryview(b) for b in bufs], stop=never)
+    assert (got, asked_whole) == (len(big), 2)  # not asked after the last buffer
+    assert b"".join(bufs) == big
+
+
 def test_get_range_into_if_match(store: ObjectStore) -> None:
     etag = store.put("blob", DATA)
     assert _read_into(store, 10, [20], etag=etag) == (20, DATA[10:30])

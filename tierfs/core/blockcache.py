@@ -86,10 +86,16 @@ Concurrency rules:
   half of the slots (AHEAD ones as many as the prefetcher starts), and
   AHEAD goes before BACKGROUND.  While demand is active (a
   demand fetch waits or runs, or ended less than 0.5 s ago) BACKGROUND
-  work shrinks to a trickle (one fetch at a time, at least 1 s apart), and
-  BACKGROUND fetches are GETs of at most ``BACKGROUND_RUN_BYTES`` (8 MiB),
-  so that those running when demand starts end soon: the S3 server, the
-  network and the disk then serve the demand read as if idle.  A demand
+  work shrinks to a trickle (one fetch at a time, at least 1 s apart, each
+  a GET of at most ``BACKGROUND_TRICKLE_BYTES``, 8 MiB), and BACKGROUND
+  GETs running when demand starts *give way*: each ends after the block it
+  is reading (``ObjectStore.get_range_into(stop=...)``, asked between two
+  blocks; the connection is closed), its blocks so far are recorded, and
+  the rest of its run waits for a slot again.  So the S3 server, the
+  network and the disk serve the demand read as if idle, while a preload
+  alone uses GETs as long as demand ones (``BACKGROUND_RUN_BYTES`` = 16
+  MiB: fewer requests per GiB, less CPU in the server and the daemon).
+  A GET does not give way once a demand read joined its flight.  A demand
   read that needs a block a lower-priority fetch is waiting to start
   promotes that flight (``_Flight.priority``), so the shared fetch does
   not wait behind the priority it is being served for; a ``fill`` that
@@ -100,7 +106,7 @@ Concurrency rules:
   dropped instead of recorded.
 
 Fetches: consecutive absent blocks are fetched with one ranged GET of up to
-16 MiB (``FETCH_RUN_BYTES``; 8 MiB for BACKGROUND fetches, see
+16 MiB (``FETCH_RUN_BYTES``; BACKGROUND ones may end early, see
 "Priority"); readahead holds the trailing partial run back
 until it is full.  The GET reads the socket straight into pooled block
 buffers (:mod:`tierfs.core.buffers`).  Whole fetched blocks are written to
@@ -152,6 +158,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import itertools
 import logging
 import mmap
 import os
@@ -183,10 +190,15 @@ _T = TypeVar("_T")
 #: (DESIGN.md: 8-16 MiB), whatever the block size.
 FETCH_RUN_BYTES = 16 * 1024 * 1024
 
-#: BACKGROUND fetches (preload, pins, promotion) are cut into ranged GETs of
-#: up to this many bytes, so that those running when a demand read arrives
-#: end soon (see "Priority" and :mod:`tierfs.core.fetch_slots`).
-BACKGROUND_RUN_BYTES = 8 * 1024 * 1024
+#: BACKGROUND fetches (preload, pins, promotion) are ranged GETs of up to
+#: this many bytes while no demand is active: as long as demand ones (fewer
+#: requests per GiB cost the S3 server and the daemon less CPU), and they
+#: give way to a demand read between two blocks (see "Priority").
+BACKGROUND_RUN_BYTES = FETCH_RUN_BYTES
+
+#: A BACKGROUND GET that starts while demand is active (rule 4's trickle)
+#: asks for at most this many bytes (see "Priority").
+BACKGROUND_TRICKLE_BYTES = 8 * 1024 * 1024
 
 #: O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
 _DIRECT_ALIGN = 4096
@@ -400,6 +412,7 @@ class BlockCache:
         self.recent_max = max(readahead_max, 16 * block_size)
         self.max_run_blocks = max(1, FETCH_RUN_BYTES // block_size)
         self.background_run_blocks = max(1, BACKGROUND_RUN_BYTES // block_size)
+        self.trickle_run_blocks = max(1, BACKGROUND_TRICKLE_BYTES // block_size)
         # Recent blocks plus a full readahead window in flight.
         self.buffers = BlockBuffers(block_size, keep=2 * (self.recent_max // block_size))
         self.io_limiter = trio.CapacityLimiter(4)
@@ -899,10 +912,18 @@ class BlockCache:
             (lambda: flight.priority) if flight is not None else _demand_priority
         )
         try:
+            stop: Callable[[], bool] | None = None
+            if taken is FetchPriority.BACKGROUND and flight is not None:
+                if self.slots.demand_active():  # the trickle: a short GET
+                    lengths = lengths[: self.trickle_run_blocks]
+                    files = files[: self.trickle_run_blocks]
+                    length = min(length, sum(lengths))
+                else:  # gives way when demand comes
+                    stop = functools.partial(self._background_gives_way, flight)
             started = time.perf_counter()
             results, thread_done = await _run_unnamed_in_thread(
                 functools.partial(
-                    self._timed_get_and_store, key, etag, offset, length, lengths, files
+                    self._timed_get_and_store, key, etag, offset, length, lengths, files, stop
                 ),
                 self._fetch_threads,
             )
@@ -922,6 +943,12 @@ class BlockCache:
         finally:
             self.slots.give(taken)
 
+    def _background_gives_way(self, flight: _Flight) -> bool:
+        """Thread (``stop`` of a BACKGROUND GET, asked between two blocks):
+        end the GET here?  Yes while a demand fetch waits or runs, unless a
+        demand read joined this very flight."""
+        return flight.priority is FetchPriority.BACKGROUND and self.slots.demand_present()
+
     def _timed_get_and_store(
         self,
         key: str,
@@ -930,9 +957,11 @@ class BlockCache:
         length: int,
         lengths: list[int],
         files: list[_CacheFiles | None],
+        stop: Callable[[], bool] | None = None,
     ) -> tuple[list[tuple[int, bytes, mmap.mmap | None]], float]:
         """Thread: ``_get_and_store``, and when it ended."""
-        return self._get_and_store(key, etag, offset, length, lengths, files), time.perf_counter()
+        results = self._get_and_store(key, etag, offset, length, lengths, files, stop)
+        return results, time.perf_counter()
 
     async def _fetch(
         self, cf: CachedFile, run: list[int], tier: int | None = None, flight: _Flight | None = None
@@ -940,15 +969,40 @@ class BlockCache:
         """Fetch consecutive blocks ``run`` with one ranged GET, write each to
         ``tier`` if given and with room, else the first tier with room, and
         record it (or keep it in memory if no tier has room).  ``flight``:
-        the shared flight of the run (its ``priority`` sets when it gets a fetch slot)."""
+        the shared flight of the run (its ``priority`` sets when it gets a
+        fetch slot).  A BACKGROUND GET may bring only the first blocks of
+        the run (it gave way to demand, or was the trickle: see
+        "Priority"): those are recorded at once, and the rest of the run is
+        the next GET, which waits for a slot again."""
+        generation = cf.generation
+        self.stats.miss_blocks += len(run)
+        while run:
+            done = await self._fetch_some(cf, run, tier, flight, generation)
+            if done is None:
+                return
+            if flight is not None:
+                for blockno in run[:done]:
+                    if cf.flights.get(blockno) is flight:
+                        del cf.flights[blockno]
+            run = run[done:]
+
+    async def _fetch_some(
+        self,
+        cf: CachedFile,
+        run: list[int],
+        tier: int | None,
+        flight: _Flight | None,
+        generation: int,
+    ) -> int | None:
+        """One GET of ``_fetch``: how many blocks at the start of ``run`` it
+        fetched and recorded; None: the fetch is over (nothing left to
+        fetch from the origin, or the object changed)."""
         bs = self.block_size
         offset = run[0] * bs
         lengths = [min(bs, cf.size - b * bs) for b in run]
         from_origin = min(sum(lengths), cf.inode.origin_size - offset)
         if min(lengths) <= 0 or from_origin <= 0:
-            return
-        generation = cf.generation
-        self.stats.miss_blocks += len(run)
+            return None
         # ``cache = false``: the blocks are served from memory, never stored.
         keep = tier is not None or self.space.cacheable(cf.ino)
         for _attempt in range(len(self.tiers) + 1):
@@ -968,14 +1022,14 @@ class BlockCache:
             except OSError as exc:
                 self._release_all(tiers, lengths)
                 if exc.errno == errno.ENOSPC:  # the filesystem is fuller than we thought
-                    for tier in {t for t in tiers if t is not None}:
-                        self.space.tier_filled_up(tier)
+                    for full in {t for t in tiers if t is not None}:
+                        self.space.tier_filled_up(full)
                     continue
                 raise
             except PreconditionFailed as exc:
                 self._release_all(tiers, lengths)
                 if await self._origin_changed(cf, generation):
-                    return  # blocks dropped: the reader asks again, with the new ETag
+                    return None  # blocks dropped: the reader asks again, with the new ETag
                 raise StoreError(
                     f"{cf.key} changed in the bucket during the read", errno=errno.ESTALE
                 ) from exc
@@ -984,21 +1038,24 @@ class BlockCache:
                 raise
             finally:
                 self._adopt_cache_files(cf, per_tier.values())
+            done = len(results)
             self.stats.gets += 1
-            self.stats.fetched_bytes += from_origin
+            self.stats.fetched_bytes += min(from_origin, sum(lengths[:done]))
             if generation != cf.generation:  # the object changed meanwhile
                 self._release_all(tiers, lengths)
                 for _digest, _data, kept in results:
                     if kept is not None:
                         self.buffers.give(kept)
-                return
-            for blockno, tier, nbytes, (digest, data, kept) in zip(
-                run, tiers, lengths, results, strict=True
+                return None
+            self._release_all(tiers[done:], lengths[done:])
+            for blockno, block_tier, nbytes, (digest, data, kept) in zip(
+                run, tiers, lengths, results, strict=False
             ):
-                self._store_fetched(cf, blockno, tier, nbytes, digest, data)
+                self._store_fetched(cf, blockno, block_tier, nbytes, digest, data)
                 if kept is not None:
                     self._remember(cf.ino, blockno, kept, nbytes)
-            return
+            return done
+        return None
 
     async def _origin_changed(self, cf: CachedFile, generation: int) -> bool:
         """A GET of ``cf`` failed its If-Match: did the object change (it is
@@ -1087,12 +1144,15 @@ class BlockCache:
         length: int,
         lengths: list[int],
         files: list[_CacheFiles | None],
+        stop: Callable[[], bool] | None = None,
     ) -> list[tuple[int, bytes, mmap.mmap | None]]:
         """Thread: one ranged GET of ``length`` bytes, straight into one
         pooled buffer per block, zero-padded to the blocks' total; each block
         written to its cache file with its digest (or returned as bytes,
         where there is no cache file).  Cache files not open yet are opened
         (created) here, once the GET has answered (``_CacheFiles``).
+        ``stop`` (see ``ObjectStore.get_range_into``) may end the GET
+        between two blocks: the result is then the first blocks only.
 
         Whole blocks go through the O_DIRECT fd when there is one (filling
         the page cache was most of the daemon's CPU on cold reads); their
@@ -1108,15 +1168,34 @@ class BlockCache:
             for buf, nbytes in zip(bufs, lengths, strict=True):
                 views.append(memoryview(buf)[: min(nbytes, left)])
                 left -= len(views[-1])
-            got = self.store.get_range_into(key, offset, views, etag or None)
-            if got != length:
+            stopped = False
+
+            def stop_here() -> bool:
+                nonlocal stopped
+                stopped = stop is not None and stop()
+                return stopped
+
+            if stop is None:
+                got = self.store.get_range_into(key, offset, views, etag or None)
+            else:
+                got = self.store.get_range_into(key, offset, views, etag or None, stop=stop_here)
+            count = len(bufs)
+            if stopped and got < length:  # whole blocks only: the first ``count``
+                ends = list(itertools.accumulate(len(view) for view in views))
+                if got not in ends:
+                    raise StoreError(f"{key}: a GET stopped inside a block ({got} bytes)")
+                count = ends.index(got) + 1
+                length = got
+            elif got != length:
                 raise StoreError(
                     f"{key}: expected {length} bytes at offset {offset}, got {got}; "
                     "the object is shorter than its listing said"
                 )
             out: list[tuple[int, bytes, mmap.mmap | None]] = []
             pos = 0
-            for i, (buf, nbytes, target) in enumerate(zip(bufs, lengths, files, strict=True)):
+            for i, (buf, nbytes, target) in enumerate(
+                zip(bufs[:count], lengths[:count], files[:count], strict=True)
+            ):
                 block = memoryview(buf)[:nbytes]
                 views.append(block)
                 filled = max(0, min(nbytes, length - pos))

@@ -30,10 +30,12 @@ The rule (``FetchSlots.take``):
    ``DEMAND_QUIET`` (0.5 s) after the last one ended.  While demand is
    active, a BACKGROUND fetch starts only when no other BACKGROUND fetch
    runs and none ended in the last ``BACKGROUND_TRICKLE`` (1 s): a trickle,
-   so that a preload still moves under a reader that never pauses.  A
-   fetch already running is not stopped: BACKGROUND fetches are cut into
-   GETs of at most ``tierfs.core.blockcache.BACKGROUND_RUN_BYTES`` (8 MiB)
-   so that those in flight when demand starts end soon.  AHEAD fetches are
+   so that a preload still moves under a reader that never pauses (a
+   trickle GET asks for at most 8 MiB).  BACKGROUND GETs already running
+   when demand starts give way: the block cache ends each after the block
+   it is reading (``demand_present``, asked from the fetch thread) and
+   fetches the rest later (see "Priority" in
+   :mod:`tierfs.core.blockcache`).  AHEAD fetches are
    not held back by demand: they run exactly while a reader reads, for it.
    Once demand has been quiet for ``DEMAND_QUIET``, BACKGROUND work widens
    again to ``background_max``: a preload alone keeps its full throughput.
@@ -64,6 +66,21 @@ leave more 8 MiB GETs in flight when a demand read arrives (the latency
 rule above), so the cap stays at half until a quiet machine shows a
 clear gain.
 
+Then the request pattern (the S3 server's CPU per GiB, measured in the
+bench: s3rver is one node process on the same 2 cores).  Big shape, the
+machine 5-14 loaded by other work, three interleaved rounds, ratio to
+s5cmd cp in the same round (client CPU s/GiB): BACKGROUND GETs of 8 MiB
+0.62-0.83x (1.46-1.89), 16 MiB 0.76-0.82x (1.37-1.70), 32 MiB 0.64-0.99x
+(1.23-1.48); s5cmd (5 GETs of 50 MiB at once) 1.16-1.36.  s3rver spent
+1.8-4.2 CPU s/GiB whatever the size, about twice the client's.  Longer
+GETs only became possible with the latency rule kept because running
+BACKGROUND GETs now give way to demand between blocks; 16 MiB keeps the
+memory bound of demand fetches (``concurrency`` x 16 MiB).  What still
+separates the big shape from s5cmd: the disk.  tierfs writes each block
+with O_DIRECT during the copy, while s3rver reads the object from the same
+(virtual) disk: 60-90 % busy against 23-36 % for s5cmd, whose writes stay
+in the page cache (a direct-write dd of 1 GiB on this disk: 300-340 MB/s).
+
 Waking.  Parked fetches wait in one FIFO queue per priority, and only as
 many are woken as may start (``_wake``); waking every parked fetch on
 every change (as a first version did) made re-checks most of the event
@@ -84,7 +101,11 @@ States of one fetch, and the counters that hold them:
 the last waiting demand fetch got its slot, the last parked AHEAD fetch
 left, a priority rose (``priority_raised`` wakes the raised fetch itself),
 and by the clock: ``run`` (a task) calls it when rule 4 would let a
-BACKGROUND fetch start by time alone (``_rule4_ends``).  A woken fetch
+BACKGROUND fetch start by time alone (``_rule4_ends``).  That timer is
+armed whenever a BACKGROUND fetch parks, too: one that parks just after
+the last slot was given back (the rest of a BACKGROUND run whose GET
+ended early, see blockcache) would otherwise wait for an event that never
+comes.  A woken fetch
 looks again when it runs; if it still may not start it parks again at the
 head of its queue, and whatever took its room wakes the next one when it
 ends.  All of it runs on the one trio loop (no locks); a slot is given
@@ -182,6 +203,12 @@ class FetchSlots:
             or trio.current_time() < self.demand_ended + self.demand_quiet
         )
 
+    def demand_present(self) -> bool:
+        """A DEMAND fetch waits or runs.  Safe to ask from a fetch thread
+        (two counters read; a stale answer only delays a BACKGROUND GET's
+        giving way by one block)."""
+        return self.demand_waiting > 0 or self.running[FetchPriority.DEMAND] > 0
+
     def _room(self, priority: FetchPriority) -> int:
         """How many more fetches of ``priority`` (AHEAD or BACKGROUND) rules
         2-4 let start now, not counting the parked ones."""
@@ -222,6 +249,11 @@ class FetchSlots:
                 waiter = queue.popleft()
                 self._woken[priority] += 1
                 waiter.event.set()
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        """If a BACKGROUND fetch is parked, make ``run`` wake it when rule 4
+        may let it start by the clock alone."""
         if self._parked[FetchPriority.BACKGROUND]:
             wake_at = self._rule4_ends()
             if trio.current_time() < wake_at < self._timer_deadline:
@@ -258,6 +290,9 @@ class FetchSlots:
                 queue.appendleft(waiter)  # it keeps its turn
             else:
                 queue.append(waiter)
+            # Held back by rule 4 with nothing else to come (no fetch running
+            # whose end would wake it): only the clock will.
+            self._arm_timer()
             try:
                 await waiter.event.wait()
             except BaseException:

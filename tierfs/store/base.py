@@ -156,12 +156,24 @@ class ObjectStore(Protocol):
         ...
 
     def get_range_into(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self,
+        key: str,
+        start: int,
+        bufs: Sequence[memoryview],
+        etag: str | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         """Like ``get_range`` for ``sum(len(b) for b in bufs)`` bytes, but the
         bytes go into ``bufs``, filled in order, with no intermediate copy
         where the store allows.  Returns how many bytes were read: fewer
-        only where the object ends; the rest of ``bufs`` is left as it was.
+        where the object ends; the rest of ``bufs`` is left as it was.
+
+        ``stop`` (a GET that may give way to more urgent work) is called
+        each time a buffer is full and more are left; if it returns True the
+        read ends there (the rest of the body is dropped) and the bytes of
+        the buffers filled so far are returned.  A store may fill a short
+        range whole without asking.
         """
         ...
 

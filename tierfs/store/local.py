@@ -447,7 +447,13 @@ class LocalStore:
             os.close(fd)
 
     def get_range_into(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self,
+        key: str,
+        start: int,
+        bufs: Sequence[memoryview],
+        etag: str | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         if start < 0:
             raise InvalidArgument(f"get_range_into {key!r}: negative start")
@@ -455,14 +461,18 @@ class LocalStore:
         try:
             want = max(0, min(sum(len(b) for b in bufs), st.st_size - start))
             views = [b for b in bufs if len(b)]
+            # With ``stop``, one buffer per read, so that it is asked between buffers.
+            batch = 1 if stop is not None else len(views)
             got = 0
             while got < want and views:
-                n = os.preadv(fd, views, start + got)
+                n = os.preadv(fd, views[:batch], start + got)
                 if n <= 0:
                     break  # file shrank under us: return what exists
                 got += n
                 while views and n >= len(views[0]):
                     n -= len(views.pop(0))
+                    if stop is not None and views and got < want and stop():
+                        return got
                 if n:
                     views[0] = views[0][n:]
             return min(got, want)

@@ -897,7 +897,13 @@ class S3Store:
         )
 
     def get_range_into(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self,
+        key: str,
+        start: int,
+        bufs: Sequence[memoryview],
+        etag: str | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         full = self._full_key(key)
         length = sum(len(b) for b in bufs)
@@ -919,7 +925,7 @@ class S3Store:
                 raise
             if promised is None:  # the server ignored Range: rare, copy from the whole body
                 return _scatter(_read_range_body(body, resp, start, length, full), bufs)
-            return _read_body_into(body, bufs, promised)
+            return _read_body_into(body, bufs, promised, stop)
 
         return self._ranged_get(full, start, length, etag, read, 0)
 
@@ -1358,9 +1364,14 @@ def _scatter(data: bytes | memoryview, bufs: Sequence[memoryview]) -> int:
     return pos
 
 
-def _read_body_into(body: Any, bufs: Sequence[memoryview], promised: int) -> int:
+def _read_body_into(
+    body: Any, bufs: Sequence[memoryview], promised: int, stop: Callable[[], bool] | None = None
+) -> int:
     """Read ``promised`` body bytes straight into ``bufs`` (socket to buffer,
     no intermediate copy) and give the connection back to the pool.
+    ``stop()`` is asked each time a buffer is full and bytes are left: True
+    ends the read there (the connection is closed, the rest of the body
+    never read) and the bytes read so far are returned.
 
     botocore's StreamingBody and urllib3 2.x's ``readinto`` both read into a
     new bytes object first, which on a cold read cost a page-faulted copy
@@ -1393,7 +1404,7 @@ def _read_body_into(body: Any, bufs: Sequence[memoryview], promised: int) -> int
                     raise TruncatedBody(got, promised)
                 got += n
                 view = view[n:]
-            if got >= promised:
+            if got >= promised or (stop is not None and stop()):
                 break
         if fp.isclosed():  # read to its end: the connection may serve the next request
             raw.release_conn()
