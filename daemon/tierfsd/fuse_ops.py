@@ -52,6 +52,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
@@ -223,7 +224,9 @@ class TierfsOperations(pyfuse3.Operations):
 
     @_errno
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        result = await self.fs.open(inode, flags, caller_of(ctx))
+        # Who opens matters to writes only (they clear setuid/setgid).
+        caller = caller_of(ctx) if flags & os.O_ACCMODE != os.O_RDONLY else None
+        result = await self.fs.open(inode, flags, caller)
         return pyfuse3.FileInfo(
             fh=result.fh, keep_cache=result.keep_cache, direct_io=result.direct_io
         )

@@ -159,3 +159,114 @@ async def test_it_stands_down_for_an_order_and_when_off(
     await settled(mount, deferring)
     assert paths[6] in keys_fetched(mount)
     assert off.status()["files_fetched"] == 0
+
+
+class _Counted:
+    """Calls of one MetaDB method, counted (the method still runs)."""
+
+    def __init__(self, monkeypatch: Any, meta: Any, name: str) -> None:
+        self.calls = 0
+        real = getattr(meta, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(meta, name, counted)
+
+
+async def test_a_shuffled_reader_costs_no_directory_read(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: Any
+) -> None:
+    """The observer runs at every open: a shuffled (warm) epoch must not read
+    the directory to find that the guess was wrong.  Only an open further
+    than ``slack`` cookies past the furthest one reads the readdir order,
+    and then ``slack`` keys of it, never ``read_dir``."""
+    paths = put_files(s3_store, 60)
+    mount = await make_fs()
+    worker = await start(nursery, mount, max_files=8)
+    await mount.fs.namespace.resolve("ds")
+    # Far apart both ways (never within 8 entries after the previous open):
+    # 0, 30, 1, 31, 2, 32, ... (each open far past, or before, the last).
+    order = [i for pair in zip(range(30), range(30, 60), strict=True) for i in pair]
+    read_dir = _Counted(monkeypatch, mount.fs.meta, "read_dir")
+    nth = _Counted(monkeypatch, mount.fs.meta, "nth_cookie_after")
+    for i in order:
+        assert await mount.read_file(paths[i]) == bytes([i]) * FILE_BYTES
+    await settled(mount, worker)
+    assert read_dir.calls == 0
+    # The opens of 30, 31, ... go past high + slack: those check the order;
+    # the opens of 1, 2, ... fall before the stream: arithmetic alone.
+    assert nth.calls == 30
+    assert len(mount.store.gets) == len(paths)
+    assert worker.status()["files_fetched"] == 0
+
+
+async def test_resident_files_are_not_queued(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: Any
+) -> None:
+    """A warm epoch in listing order: every file is resident already, so
+    the stream queues no fill (the fills would find nothing to fetch)."""
+    paths = put_files(s3_store, 30)
+    mount = await make_fs()
+    await mount.fs.namespace.resolve("ds")
+    for path in paths:
+        await mount.read_file(path)
+    gets_before = len(mount.store.gets)
+    worker = await start(nursery, mount, max_files=8)
+    fills = 0
+    real_fill = mount.fs.movement.fill
+
+    async def counted_fill(*args: Any, **kwargs: Any) -> int:
+        nonlocal fills
+        fills += 1
+        return await real_fill(*args, **kwargs)
+
+    monkeypatch.setattr(mount.fs.movement, "fill", counted_fill)
+    read_dir = _Counted(monkeypatch, mount.fs.meta, "read_dir")
+    for path in paths:
+        await mount.read_file(path)
+    await settled(mount, worker)
+    assert fills == 0
+    assert len(mount.store.gets) == gets_before
+    # The window was read as the stream moved, about one entry per open.
+    assert 0 < read_dir.calls <= len(paths)
+    # Evicted, the files are fetched ahead again.
+    for path in paths[10:]:
+        inode = await mount.fs.namespace.resolve(path)
+        mount.fs.movement.evict(inode.ino)
+    for path in paths[:14]:
+        await mount.read_file(path)
+    await settled(mount, worker)
+    assert fills > 0
+    assert paths[15] in keys_fetched(mount) - set(paths[:10])
+
+
+async def test_a_directory_with_gaps_continues_the_stream(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """Deletions leave gaps in the cookies wider than ``slack``: the next
+    entry in listing order is still within ``slack`` entries, so reading
+    the survivors in order is one stream that runs ahead."""
+    paths = put_files(s3_store, 160)
+    mount = await make_fs()
+    ds = await mount.fs.namespace.resolve("ds")
+    kept = paths[::12]  # 11 deleted between two kept ones: gaps of 12 cookies
+    for path in paths:
+        if path not in kept:
+            await mount.fs.unlink(ds.ino, path.rpartition("/")[2].encode())
+    worker = await start(nursery, mount, max_files=4, slack=8)
+    for path in kept[:8]:
+        await settled(mount, worker)
+        await mount.read_file(path)
+    # The opens in order continued the stream: from the third one on
+    # (kept[2]), each found its file fetched ahead, and the window of 4
+    # files ran ahead of the last open (kept[7]) to kept[11].
+    with trio.fail_after(20):
+        while not set(kept[:12]) <= keys_fetched(mount):
+            await trio.sleep(0.05)
+    await settled(mount, worker)
+    assert worker.status()["wrong_guesses"] == 0
+    assert worker.status()["hits"] == 6
+    assert keys_fetched(mount) == set(kept[:12])
+    assert len(mount.store.gets) == 12  # each once

@@ -1,21 +1,30 @@
 """The warm small-file path (issue 15 item 2), counted, not timed: lookup,
 getattr, open, read and release of resident small files open no LMDB write
 transaction, hop to no thread, send nothing to the bucket, and read no more
-inode records than they need (a lookup: the directory's and the child's)."""
+inode records than they need (a lookup: the directory's and the child's).
+The same through the FUSE operations, as the daemon runs them, with the
+directory readahead following a shuffled reader's opens."""
 
 from __future__ import annotations
 
 import os
+import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
+from tierfsd.fuse_ops import TierfsOperations
 
 from tests.core.conftest import put
 from tierfs.errors import NotFound
+from tierfs.workers.dirahead import DirectoryReadahead
 
 KiB = 1024
 FILES = 12
+#: Files of the run through the FUSE operations, and who opens them.
+RUN_FILES = 40
+CTX = SimpleNamespace(uid=0, gid=0, pid=1)
 
 
 async def test_warm_small_files_cost_no_write_no_thread_no_request(
@@ -73,3 +82,70 @@ async def test_warm_small_files_cost_no_write_no_thread_no_request(
     assert counts["write"] == 0, "no LMDB write transaction on the warm path"
     assert counts["thread"] == 0, "no thread hop on the warm path"
     assert (len(store.gets), store.heads, len(store.lists)) == requests
+
+
+async def test_warm_open_flush_release_do_no_avoidable_work(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = [f"d{d}/{i:02d}.bin" for d in range(2) for i in range(RUN_FILES // 2)]
+    for i, path in enumerate(paths):
+        put(s3_store, path, bytes([i]) * (1000 + 100 * i))
+    mount = await make_fs()
+    readahead = DirectoryReadahead(mount.fs, max_files=8)
+    await nursery.start(readahead.run)
+    for path in paths:  # the warm-up: every file resident
+        await mount.read_file(path)
+    inos = [(await mount.fs.namespace.resolve(path)).ino for path in paths]
+    with trio.fail_after(20):  # what the warm-up's opens fetched ahead has landed
+        while not readahead.idle() or mount.fs.blocks.files:
+            await trio.sleep(0.02)
+    ops = TierfsOperations(mount.fs)
+    store_calls = (len(mount.store.gets), mount.store.heads, len(mount.store.lists))
+    fetched_ahead = readahead.status()["files_fetched"]  # by the warm-up, in order
+
+    meta = mount.fs.meta
+    counts = {"write": 0, "read": 0, "thread": 0}
+    real_write, real_read = meta.write, meta._read
+    real_to_thread = trio.to_thread.run_sync
+
+    def counted_write(*args: Any, **kwargs: Any) -> Any:
+        counts["write"] += 1
+        return real_write(*args, **kwargs)
+
+    def counted_read(*args: Any, **kwargs: Any) -> Any:
+        counts["read"] += 1
+        return real_read(*args, **kwargs)
+
+    async def counted_to_thread(*args: Any, **kwargs: Any) -> Any:
+        counts["thread"] += 1
+        return await real_to_thread(*args, **kwargs)
+
+    monkeypatch.setattr(meta, "write", counted_write)
+    monkeypatch.setattr(meta, "_read", counted_read)
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted_to_thread)
+    order = inos[:]
+    random.Random(15).shuffle(order)
+    for ino in order:
+        info = await ops.open(ino, os.O_RDONLY, CTX)
+        assert info.keep_cache
+        handle = mount.fs.handles.get(info.fh)
+        # Nothing that only a read or a write would use: no readahead
+        # state, no caller (its writes would clear setuid/setgid).
+        assert handle.read_state is None
+        assert handle.caller is None
+        await ops.flush(info.fh)
+        await ops.release(info.fh)
+    assert counts["write"] == 0
+    assert counts["thread"] == 0
+    # Per file: the inode, its block map, its readdir cookie, and for some
+    # opens the next ``slack`` keys of the readdir order (dirahead).
+    assert counts["read"] <= 4 * len(order), counts
+    assert (len(mount.store.gets), mount.store.heads, len(mount.store.lists)) == store_calls
+    assert readahead.status()["files_fetched"] == fetched_ahead
+    # A read makes the readahead state; a writer's open keeps its caller.
+    info = await ops.open(inos[0], os.O_RDWR, CTX)
+    assert await ops.read(info.fh, 0, 100) == bytes([0]) * 100
+    handle = mount.fs.handles.get(info.fh)
+    assert handle.read_state is not None
+    assert handle.caller is not None and handle.caller.pid == 1
+    await ops.release(info.fh)

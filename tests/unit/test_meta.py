@@ -378,3 +378,29 @@ def test_a_kill_mid_batch_leaves_block_records_and_usage_of_the_last_commit(
             assert (got.bytes, got.files) == usage_from_records(db, range(2, 302), tier)
     finally:
         db.close()
+
+
+def test_nth_cookie_after_agrees_with_read_dir(tmp_path: Path) -> None:
+    """``nth_cookie_after`` answers from the readdir order alone what
+    ``read_dir`` would: across gaps left by removed names, and never past
+    the directory's last entry into the next directory's."""
+    db = MetaDB(tmp_path, "s3://b")
+    names = [f"f{i:02d}".encode() for i in range(20)]
+    merge(db, [ListedEntry(n, False, 1, "e") for n in names] + [ListedEntry(b"sub", True)])
+    sub = db.lookup(ROOT_INO, b"sub")
+    assert sub is not None
+    merge(db, [ListedEntry(b"x", False, 1, "e"), ListedEntry(b"y", False, 1, "e")], parent=sub)
+    # Remove every name but f00, f05..f07 and f19 (and sub): gaps of 5 and 12.
+    kept = {b"f00", b"f05", b"f06", b"f07", b"f19", b"sub"}
+    merge(db, [ListedEntry(n, n == b"sub", 1, "e") for n in [*names, b"sub"] if n in kept])
+    cookies = [cookie for cookie, _, _ in db.read_dir(ROOT_INO, 0, 100)]
+    assert len(cookies) == 6
+    assert cookies[1] - cookies[0] == 5
+    for after in range(0, cookies[-1] + 2):
+        following = [c for c in cookies if c > after]
+        for n in range(1, 9):
+            expected = following[n - 1] if n <= len(following) else None
+            assert db.nth_cookie_after(ROOT_INO, after, n) == expected, (after, n)
+    assert db.nth_cookie_after(sub, 0, 2) is not None
+    assert db.nth_cookie_after(sub, 0, 3) is None
+    assert db.nth_cookie_after(12345, 0, 1) is None

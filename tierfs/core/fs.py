@@ -587,7 +587,7 @@ class TierFS:
         handle = self.handles.get(fh)
         self.space.touch(handle.cached.ino)
         self.access_times.accessed(handle.cached.inode)
-        return await self.blocks.read(handle.cached, offset, size, handle.read_state)
+        return await self.blocks.read(handle.cached, offset, size, self.handles.read_state(handle))
 
     async def release(self, fh: int) -> None:
         handle = self.handles.pop(fh)

@@ -54,7 +54,9 @@ from .space import SpaceManager
 class Handle:
     inode: Inode
     cached: CachedFile
-    read_state: ReadState
+    #: Made at the first read (``Handles.read_state``): a handle whose
+    #: reads the kernel's page cache serves never needs one.
+    read_state: ReadState | None
     writable: bool
     #: Who opened it (None: unknown, as for the core's own callers): its
     #: writes clear setuid/setgid by the kernel's rules (``posix_attrs``).
@@ -107,7 +109,7 @@ class Handles:
         handle = Handle(
             cached.inode,
             cached,
-            self.blocks.new_read_state(),
+            None,
             writable,
             caller,
             direct_writer=writable and o_direct,
@@ -133,6 +135,13 @@ class Handles:
             return self.handles[fh]
         except KeyError:
             raise InvalidArgument(f"unknown file handle {fh}") from None
+
+    def read_state(self, handle: Handle) -> ReadState:
+        """The handle's readahead state, made at its first read."""
+        state = handle.read_state
+        if state is None:
+            state = handle.read_state = self.blocks.new_read_state()
+        return state
 
     def pop(self, fh: int) -> Handle:
         """Forget handle ``fh``; the caller releases its CachedFile."""

@@ -1114,6 +1114,29 @@ class MetaDB:
         with self._read() as txn:
             return [(U64.unpack(k)[0], json.loads(v)) for k, v in txn.cursor(db=self._journal)]
 
+    # --- readdir positions ----------------------------------------------------------------------
+
+    def nth_cookie_after(self, parent: int, after_cookie: int, n: int) -> int | None:
+        """The cookie of the ``n``-th entry (from 1) of ``parent`` whose
+        cookie is > ``after_cookie``, in readdir order; None when fewer
+        than ``n`` follow.  Reads at most ``n`` keys of ``dirseq`` and no
+        dentry: "is cookie c among the next n entries?" is ``c <= nth``
+        (or None) for a c that exists."""
+        if n <= 0:
+            return after_cookie
+        prefix = U64.pack(parent)
+        with self._read() as txn:
+            cur = txn.cursor(db=self._dirseq)
+            if not cur.set_range(dirseq_key(parent, after_cookie + 1)):
+                return None
+            for _ in range(n - 1):
+                if not cur.next():
+                    return None
+            key = cur.key()  # keys sort: this one is the parent's, so are those before
+            if not key.startswith(prefix):
+                return None
+            return int(U64.unpack_from(key, 8)[0])
+
 
 def _decode_ledger(raw: bytes | None) -> list[tuple[str, int, int, int]]:
     if raw is None:

@@ -39,11 +39,20 @@ see ``tierfs.core.fetch_slots``): a small file whole, a big one its first
 block, the rest of it is the handle's readahead once opened.  So the bytes
 a stream brings in ahead are at most ``max_files`` blocks.
 
-The observer (``opened``) is synchronous and runs inside ``Handles.open``:
-two LMDB reads (the dentry's cookie, and ``read_dir`` of the window when
-``high`` moves) and one inode read per newly scheduled entry.  Opens for
-writing are ignored.  Work goes to the fill tasks through a bounded
-channel; when it is full, entries are dropped (counted), never waited for.
+The observer (``opened``) is synchronous and runs inside ``Handles.open``,
+on every open, so it must cost next to nothing when the guess is wrong (a
+shuffled reader, a warm epoch): one LMDB read, the dentry's cookie.
+Cookies only grow (a new entry takes the directory's ``next_cookie``), so
+``high < c <= high + slack`` proves that ``c`` is among the next ``slack``
+entries and ``c < recent[0]`` that it is not, with no read; only an open
+past ``high + slack`` (gaps left by deletions may still put it within
+``slack`` entries) reads at most ``slack`` keys of the readdir order
+(``MetaDB.nth_cookie_after``, no dentry).  Only a stream that moves with
+a streak reads entries (``read_dir``): those past ``ahead``, usually one
+per open in order.  A scheduled entry that the eviction trackers know as
+resident (in memory) is not queued.  Opens for writing are ignored.  Work
+goes to the fill tasks through a bounded channel; when it is full, entries
+are dropped (counted), never waited for.
 
 It stands down (``opened`` does nothing) while ``[fetch] dir_readahead``
 is 0, while ``[namespace] revalidate_ttl`` is 0 (every open checks the
@@ -97,6 +106,8 @@ class _Stream:
     #: The furthest cookie scheduled ahead (``high`` when nothing is).
     ahead: int = 0
     recent: collections.deque[int] = field(default_factory=collections.deque)
+    #: The cookies scheduled ahead past ``high`` (at most the window).
+    scheduled: collections.deque[int] = field(default_factory=collections.deque)
 
 
 class DirectoryReadahead:
@@ -170,49 +181,93 @@ class DirectoryReadahead:
         inode = self.fs.blocks.live_inode(ino)
         if inode is None or not inode.is_file:
             return
-        cookie = self.meta.dentry_cookie(inode.parent, inode.name)
+        dir_ino = inode.parent
+        cookie = self.meta.dentry_cookie(dir_ino, inode.name)
         if cookie is None:
             return
-        dir_ino = inode.parent
         stream = self._streams.get(dir_ino)
         if stream is None:
             self._start(dir_ino, cookie)
             return
         self._streams.move_to_end(dir_ino)
-        if stream.recent[0] <= cookie <= stream.high:
-            return  # a slower reader of the same stream, or the same file again
-        window = min(self.max_files, WINDOW_PER_STREAK * (stream.streak + 1))
-        following = self.meta.read_dir(dir_ino, stream.high, max(self.slack, window + self.slack))
-        reach = [entry_cookie for entry_cookie, _, _ in following[: self.slack]]
-        if cookie not in reach:
-            if stream.streak >= START_STREAK:
-                self.wrong_guesses += 1
-            self._start(dir_ino, cookie)
+        if not self._continues(dir_ino, stream, cookie):
             return
         stream.high = cookie
         stream.streak += 1
         stream.recent.append(cookie)
-        if stream.streak < START_STREAK:
+        if stream.streak >= START_STREAK:
+            self._schedule(dir_ino, stream)
+
+    def _continues(self, dir_ino: int, stream: _Stream, cookie: int) -> bool:
+        """Does the open at ``cookie`` continue ``stream`` (else it is a
+        straggler, nothing changes, or a wrong guess, the stream starts
+        again at ``cookie``)?  Cookies only grow (``MetaDB``: a new entry
+        takes ``next_cookie``), so arithmetic decides all but an open past
+        ``high + slack``, which may still be within ``slack`` entries when
+        deletions left gaps: that one reads at most ``slack`` keys."""
+        high = stream.high
+        if cookie > high:
+            if cookie <= high + self.slack:
+                return True
+            reach_end = self.meta.nth_cookie_after(dir_ino, high, self.slack)
+            if reach_end is None or cookie <= reach_end:
+                return True
+        elif cookie >= stream.recent[0]:
+            return False  # a slower reader of the same stream, or the same file again
+        if stream.streak >= START_STREAK:
+            self.wrong_guesses += 1
+        self._start(dir_ino, cookie)
+        return False
+
+    def _schedule(self, dir_ino: int, stream: _Stream) -> None:
+        """Keep the ``window`` entries after ``high`` scheduled: only those
+        past ``ahead`` are read (usually one per open in order) and queued,
+        unless resident already."""
+        scheduled = stream.scheduled
+        while scheduled and scheduled[0] <= stream.high:
+            scheduled.popleft()
+        wanted = min(self.max_files, WINDOW_PER_STREAK * stream.streak) - len(scheduled)
+        if wanted <= 0:
             return
-        ahead = [entry for entry in following if entry[0] > cookie][:window]
-        for entry_cookie, _, entry_ino in ahead:
-            if entry_cookie <= stream.ahead:
-                continue
+        for entry_cookie, _, entry_ino in self.meta.read_dir(
+            dir_ino, max(stream.ahead, stream.high), wanted
+        ):
             stream.ahead = entry_cookie
+            scheduled.append(entry_cookie)
+            if self._resident(entry_ino):
+                continue
             try:
                 self._send.send_nowait((dir_ino, stream.generation, entry_ino))
             except trio.WouldBlock:
                 self.dropped += 1
 
+    def _resident(self, ino: int) -> bool:
+        """Has ``ino`` bytes on a tier (the eviction trackers, in memory)?
+        For a file of one block that is the whole file; a bigger one with
+        some other block resident is not fetched ahead either (its
+        handle's readahead fetches what is missing once it is opened)."""
+        return any(ino in tracker for tracker in self.fs.space.trackers)
+
     def _start(self, dir_ino: int, cookie: int) -> None:
+        """A stream of ``dir_ino`` starts at ``cookie`` (a wrong guess
+        starts the directory's stream again, in place: on a shuffled
+        reader's path this runs at nearly every open)."""
         self._generations += 1
+        stream = self._streams.get(dir_ino)
+        if stream is not None:
+            stream.high = stream.ahead = cookie
+            stream.generation = self._generations
+            stream.streak = 1
+            stream.recent.clear()
+            stream.recent.append(cookie)
+            stream.scheduled.clear()
+            return  # the caller moved it to the end already
         self._streams[dir_ino] = _Stream(
             high=cookie,
             generation=self._generations,
             ahead=cookie,
             recent=collections.deque([cookie], maxlen=self.slack),
         )
-        self._streams.move_to_end(dir_ino)
         while len(self._streams) > MAX_STREAMS:
             self._streams.popitem(last=False)
 
