@@ -4,17 +4,27 @@ while a file was in a batch."""
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from tests.core.conftest import MiB
-from tests.core.test_attrs_shadow import all_keys
+from tests.core.test_attrs_shadow import (
+    SHADOW,
+    RefusingStore,
+    all_keys,
+    create_file,
+    fresh_node,
+    shadow_keys,
+    wait_for,
+)
 from tierfs.config import WriteConfig
 from tierfs.core import sync as sync_module
-from tierfs.meta import SyncState
+from tierfs.meta import ROOT_INO, SyncState
 
 #: More single PUTs than the four multipart uploads the uploader may run.
 IN_FLIGHT = 8
@@ -147,3 +157,39 @@ async def test_a_directory_renamed_after_its_keys_were_remembered_uploads_at_the
         assert "z" + path[1:] in keys
         assert path not in keys
         assert get(s3_store, "z" + path[1:]) == data
+
+
+async def test_an_upload_is_marked_clean_only_after_the_stale_shadow_of_its_key_is_gone(
+    make_fs: Any, s3_store: Any, tmp_path: Path
+) -> None:
+    """The batch's transaction reads the file's shadow ledger: a file whose
+    key still has another shadow entry is not marked clean before that
+    entry is deleted from the bucket (here the delete fails: the file stays
+    dirty, its entry stays, until the delete goes through)."""
+    first = await make_fs()
+    await create_file(first, "f.bin", b"old", 0o600, 0, 0)
+    await first.flush()
+    assert shadow_keys(s3_store) == {f"{SHADOW}/f.bin@m0600,u0,g0"}
+    await first.aclose()
+    refusing = RefusingStore(first.store)
+    writer = await fresh_node(first, tmp_path, "writer", store=refusing)
+    ino = (await writer.fs.lookup(ROOT_INO, b"f.bin")).ino  # its listing fills the ledger
+    assert writer.fs.meta.shadow_ledger(ino) == [("f.bin", 0o600, 0, 0)]
+    refusing.refuse = {"delete"}
+    opened = await writer.fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+    await writer.fs.write(opened.fh, 0, b"new bytes")
+    await writer.fs.setattr(ino, mode=0o644)  # canonical: no shadow wanted any more
+    await writer.fs.release(opened.fh)
+    await wait_for(lambda: get(s3_store, "f.bin") == b"new bytes")
+    await wait_for(lambda: writer.fs.journal.failures.get(writer.fs.journal.upload_seq[ino], 0) > 0)
+    inode = writer.fs.meta.get_inode(ino)
+    assert inode is not None and inode.state != SyncState.CLEAN
+    assert ino in writer.fs.journal.upload_seq
+    assert shadow_keys(s3_store) == {f"{SHADOW}/f.bin@m0600,u0,g0"}
+    refusing.refuse = set()
+    await writer.flush()
+    inode = writer.fs.meta.get_inode(ino)
+    assert inode is not None and inode.state == SyncState.CLEAN
+    assert shadow_keys(s3_store) == set()
+    assert writer.fs.meta.shadow_ledger(ino) == []
+    assert int(s3_store.head("f.bin").metadata["mode"]) & 0o7777 == 0o644

@@ -89,8 +89,15 @@ flush's wait is narrowed by the journal as entries end
 11.5%), the thread hop 17%, the file's inode record 9%, the uploader's loop
 7%, ``entry_keys`` 6%, the shadow ledger 5.5%, ``BlockCache.acquire`` 4%;
 the flush of the 2,000 files then ran at about the rate of ``s5cmd cp``
-of the same files (6.5 s against 6.3 s).  Whether uploads should overlap a
-burst of writes: see ``tierfs.workers.uploader``.
+of the same files (6.5 s against 6.3 s).  Since then the shadow ledger is
+read inside the batch's transaction (``_mark_clean``), not in a read
+transaction of its own per upload.  The flush is no longer bound by the
+loop: in two rounds of the bench the loop thread spent 1.0-1.2 CPU-s of a
+5.0-6.6 s flush, and the S3 server (one Node.js thread) 4.0-4.7 CPU-s,
+about what it spends on ``s5cmd cp`` of the same files (3.3-4.8 CPU-s).
+So the time until a burst is in the bucket is the write loop plus a
+flush as long as ``s5cmd cp``; whether uploads should overlap the burst:
+see ``tierfs.workers.uploader``.
 
 Metadata travels as ``x-amz-meta-mode`` (decimal st_mode, as s3fs-fuse
 writes it), ``uid``, ``gid`` and ``mtime`` (seconds, decimal).  Symlinks are
@@ -158,6 +165,10 @@ DIR_KEYS_MAX = 65536
 #: An upload that ends waits this long (seconds) for others to end, so that
 #: one transaction marks them all clean (``_mark_clean_batched``).
 CLEAN_BATCH_WAIT = 0.01
+#: An upload drops the stale shadow entries of its key and tries to be
+#: marked clean again at most this often (a listing may record more of them
+#: meanwhile); then it stays dirty and goes up again later.
+CLEAN_SHADOW_ROUNDS = 3
 
 
 def forget_frames(exc: BaseException) -> None:
@@ -197,10 +208,26 @@ class _Uploaded:
     digests: dict[int, int]
     #: Is the file still what was uploaded (checked in the batch's transaction)?
     unchanged: Callable[[], bool]
+    #: The shadow entry the object carries now (``Sync._put_shadow``): the
+    #: one entry of its key that the file's ledger may keep.
+    shadow: ShadowAttrs | None = None
     #: Set by the batch: the file is clean now, or the batch's transaction
     #: failed (the entry stays and is retried).
     marked: bool = False
     failed: bool = False
+    #: Set by the batch instead of ``marked``: the file's shadow ledger lists
+    #: other entries of the key, to be dropped before the file is clean.
+    stale_shadows: bool = False
+
+
+def stale_shadows(
+    ledger: list[tuple[str, int, int, int]], key: str, keep: ShadowAttrs | None
+) -> list[tuple[str, int, int, int]]:
+    """The items of a shadow ledger for ``key`` (no trailing slash) other
+    than ``keep``: shadow objects to delete once the object at ``key``
+    carries ``keep``'s attributes."""
+    kept = None if keep is None else (key, keep.perm, keep.uid, keep.gid)
+    return [item for item in ledger if item[0] == key and item != kept]
 
 
 def object_metadata(inode: Inode) -> dict[str, str]:
@@ -473,8 +500,7 @@ class Sync:
         """After a change at ``key`` is in the bucket: delete the shadow
         entries of that key in ``ino``'s ledger, except ``keep``."""
         key = key.rstrip("/")
-        kept = None if keep is None else (key, keep.perm, keep.uid, keep.gid)
-        stale = [item for item in self.meta.shadow_ledger(ino) if item[0] == key and item != kept]
+        stale = stale_shadows(self.meta.shadow_ledger(ino), key, keep)
         for item in stale:
             await self._store_call(self.store.delete, shadow_key(key, ShadowAttrs(*item[1:])))
         if stale:
@@ -563,12 +589,8 @@ class Sync:
                     and seq in self.journal.entries
                 )
 
-            if unchanged():
-                # Only once the object has these attributes may the other
-                # shadow entries of the key go (tierfs.core.shadow, ordering).
-                await self._drop_shadows(ino, key, shadow)
-            done = _Uploaded(seq, cf, key, etag, size, digests, unchanged)
-            if not unchanged() or not await self._mark_clean_batched(done):
+            done = _Uploaded(seq, cf, key, etag, size, digests, unchanged, shadow)
+            if not await self._mark_clean_unless_stale(done):
                 log.info("%r changed during its upload; it stays dirty and goes up again", key)
                 if ino not in self.journal.held:
                     self._retry_changed(seq)
@@ -639,6 +661,29 @@ class Sync:
         with self.meta.write() as tx:
             tx.journal_put(seq, {k: v for k, v in entry.items() if k != "running_key"})
 
+    async def _mark_clean_unless_stale(self, done: _Uploaded) -> bool:
+        """Mark ``done``'s file clean (``_mark_clean_batched``) once no other
+        shadow entry of its key is left; False if it changed meanwhile.
+
+        Only once the object has these attributes may the other shadow
+        entries of the key go (``tierfs.core.shadow``, ordering), and they
+        go before the file is clean (no crash forgets them).  Most files
+        have none: their batch's transaction reads the ledger and marks them
+        clean at once; a file with some comes back here, drops them
+        (``_drop_shadows``) and joins the next batch."""
+        for _attempt in range(CLEAN_SHADOW_ROUNDS):
+            if not done.unchanged():
+                return False
+            if await self._mark_clean_batched(done):
+                return True
+            if not done.stale_shadows:
+                return False
+            done.stale_shadows = False
+            if not done.unchanged():
+                return False
+            await self._drop_shadows(done.cf.ino, done.key, done.shadow)
+        return False
+
     async def _mark_clean_batched(self, done: _Uploaded) -> bool:
         """Mark ``done``'s file clean and remove its entry, in one transaction
         with the other uploads that end within ``CLEAN_BATCH_WAIT``; False if
@@ -682,6 +727,10 @@ class Sync:
                 if not done.unchanged():
                     continue
                 cf, inode = done.cf, done.cf.inode
+                ledger = w.tx.shadow_ledger(inode.ino)  # nearly always empty
+                if ledger and stale_shadows(ledger, done.key.rstrip("/"), done.shadow):
+                    done.stale_shadows = True  # dropped first (_mark_clean_unless_stale)
+                    continue
                 for blockno, rec in list(cf.blocks.items()):
                     if rec.dirty:
                         clean = BlockRecord(
