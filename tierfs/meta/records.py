@@ -146,6 +146,16 @@ def raw_validated_at(raw: bytes) -> float:
     return value
 
 
+_SIZE_AT = struct.calcsize(">BBIII")
+_U64 = struct.Struct(">Q")
+
+
+def raw_size(raw: bytes) -> int:
+    """``size`` of an encoded inode (either format), without decoding the rest."""
+    size: int = _U64.unpack_from(raw, _SIZE_AT)[0]
+    return size
+
+
 def raw_mode(raw: bytes) -> int:
     mode: int = struct.unpack_from(">I", raw, _MODE_AT)[0]
     return mode
