@@ -320,3 +320,31 @@ async def test_a_file_bigger_than_the_share_is_not_fetched_ahead(
     # Once the reader is past the big ones, the small ones are fetched ahead.
     assert keys_fetched(mount) & set(paths[6:])
     assert worker.status()["files_fetched"] > 0
+
+
+async def test_an_opened_files_cookie_is_read_once_and_again_after_a_rename(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: Any
+) -> None:
+    """A warm shuffled epoch after the first reads no dentry cookie from
+    LMDB (they are kept in memory); a renamed file's cookie is read again,
+    and its new place in the listing order is the one the stream sees."""
+    paths = put_files(s3_store, 20)
+    mount = await make_fs()
+    worker = await start(nursery, mount, max_files=4)
+    ds = await mount.fs.namespace.resolve("ds")
+    order = [(7 * i) % 20 for i in range(20)]  # shuffled, every file once
+    cookies = _Counted(monkeypatch, mount.fs.meta, "dentry_cookie")
+    for i in order:
+        await mount.read_file(paths[i])
+    assert cookies.calls == 20
+    for i in order:
+        await mount.read_file(paths[i])
+    assert cookies.calls == 20, "a second epoch read cookies from LMDB"
+    # Renamed to the end of the listing order: its cookie is read again,
+    # and the stream sees the open at its new place (past every other).
+    await mount.fs.rename(ds.ino, b"000.bin", ds.ino, b"zzz.bin", 0)
+    await mount.read_file("ds/zzz.bin")
+    assert cookies.calls == 21
+    new_cookie = mount.fs.meta.dentry_cookie(ds.ino, b"zzz.bin")
+    assert new_cookie is not None and new_cookie > 20
+    assert worker._streams[ds.ino].recent[-1] == new_cookie

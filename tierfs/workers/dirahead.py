@@ -52,7 +52,13 @@ entries (``MetaDB.read_dir_records``: one transaction, no decode).
 
 The observer (``opened``) is synchronous and runs inside ``Handles.open``,
 on every open, so it must cost next to nothing when the guess is wrong (a
-shuffled reader, a warm epoch): one LMDB read, the dentry's cookie.
+shuffled reader, a warm epoch): the dentry's cookie, one LMDB read the
+first time, then from memory (``_cookies``: ino -> (directory, name,
+cookie), at most ``COOKIES_KEPT``, all dropped when full; an entry counts
+only while the inode's directory and name are the ones it was read for,
+so a rename reads the cookie again.  A dentry keeps its cookie while it
+exists, and a name that comes back is a new inode: a stale cookie is not
+expected, and would only make a wrong guess).
 Cookies only grow (a new entry takes the directory's ``next_cookie``), so
 ``high < c <= high + slack`` proves that ``c`` is among the next ``slack``
 entries and ``c < recent[0]`` that it is not, with no read; only an open
@@ -109,6 +115,8 @@ DEFAULT_SLACK = 8
 HITS_KEPT = 4096
 #: Entries waiting for a fill task, at most.
 QUEUE_DEPTH = 512
+#: Dentry cookies of opened files kept in memory, at most.
+COOKIES_KEPT = 16384
 #: One stream keeps at most 1/FIRST_TIER_SHARE of the first tier ahead.
 FIRST_TIER_SHARE = 16
 
@@ -158,6 +166,8 @@ class DirectoryReadahead:
         self._generations = 0
         self._send, self._receive = trio.open_memory_channel[tuple[int, int, int]](QUEUE_DEPTH)
         self._filled: collections.OrderedDict[int, None] = collections.OrderedDict()
+        #: ino -> (directory, name, dentry cookie) of files opened (see the docstring).
+        self._cookies: dict[int, tuple[int, bytes, int]] = {}
         self.files_fetched = 0
         self.bytes_fetched = 0
         self.hits = 0
@@ -174,6 +184,7 @@ class DirectoryReadahead:
                     task_status.started()
         finally:
             self._streams.clear()
+            self._cookies.clear()
 
     def status(self) -> dict[str, int]:
         return {
@@ -203,7 +214,7 @@ class DirectoryReadahead:
         if inode is None or not inode.is_file:
             return
         dir_ino = inode.parent
-        cookie = self.meta.dentry_cookie(dir_ino, inode.name)
+        cookie = self._cookie(ino, dir_ino, inode.name)
         if cookie is None:
             return
         stream = self._streams.get(dir_ino)
@@ -218,6 +229,19 @@ class DirectoryReadahead:
         stream.recent.append(cookie)
         if stream.streak >= START_STREAK:
             self._schedule(dir_ino, stream)
+
+    def _cookie(self, ino: int, dir_ino: int, name: bytes) -> int | None:
+        """The readdir cookie of ``ino``, entry ``name`` of ``dir_ino``:
+        from memory if it was read for that directory and name."""
+        known = self._cookies.get(ino)
+        if known is not None and known[0] == dir_ino and known[1] == name:
+            return known[2]
+        cookie = self.meta.dentry_cookie(dir_ino, name)
+        if cookie is not None:
+            if len(self._cookies) >= COOKIES_KEPT:
+                self._cookies.clear()
+            self._cookies[ino] = (dir_ino, name, cookie)
+        return cookie
 
     def _continues(self, dir_ino: int, stream: _Stream, cookie: int) -> bool:
         """Does the open at ``cookie`` continue ``stream`` (else it is a
