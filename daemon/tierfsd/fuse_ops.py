@@ -47,7 +47,10 @@ other work, so CPU per item rather than rates):
   read transaction (``MetaDB.get_inode_and_blocks``, 38.7 -> 34.6 us with
   the decode below), the decode takes ``SyncState`` from a table and builds
   the ``Inode`` positionally, and the directory readahead keeps the
-  readdir cookie of a file once read (a warm epoch reads none).  This
+  readdir cookie of a file once read (a warm epoch reads none).  The
+  bench after these (one run not flagged as disturbed): passthrough
+  4,639/s, tierfs 3,253/s (0.70x), daemon CPU 305 us per file against
+  215 us.  This
   wrapper costs ~1.1 us per request (the extra coroutine ~0.5 us, two
   clock reads and ``observe`` ~0.5 us); a version with the error
   conversion out of line measured the same, so it stays.  Left per open:
