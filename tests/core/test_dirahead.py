@@ -9,9 +9,10 @@ from typing import Any
 import trio
 
 from tests.core.conftest import CoreMount, put
-from tierfs.workers.dirahead import STATUS_SECTION, DirectoryReadahead
+from tierfs.workers.dirahead import FIRST_TIER_SHARE, STATUS_SECTION, DirectoryReadahead
 
 FILE_BYTES = 2000
+MiB = 1024 * 1024
 
 
 def put_files(s3_store: Any, count: int, directory: str = "ds") -> list[str]:
@@ -189,7 +190,7 @@ async def test_a_shuffled_reader_costs_no_directory_read(
     # Far apart both ways (never within 8 entries after the previous open):
     # 0, 30, 1, 31, 2, 32, ... (each open far past, or before, the last).
     order = [i for pair in zip(range(30), range(30, 60), strict=True) for i in pair]
-    read_dir = _Counted(monkeypatch, mount.fs.meta, "read_dir")
+    read_dir = _Counted(monkeypatch, mount.fs.meta, "read_dir_records")
     nth = _Counted(monkeypatch, mount.fs.meta, "nth_cookie_after")
     for i in order:
         assert await mount.read_file(paths[i]) == bytes([i]) * FILE_BYTES
@@ -223,7 +224,7 @@ async def test_resident_files_are_not_queued(
         return await real_fill(*args, **kwargs)
 
     monkeypatch.setattr(mount.fs.movement, "fill", counted_fill)
-    read_dir = _Counted(monkeypatch, mount.fs.meta, "read_dir")
+    read_dir = _Counted(monkeypatch, mount.fs.meta, "read_dir_records")
     for path in paths:
         await mount.read_file(path)
     await settled(mount, worker)
@@ -270,3 +271,80 @@ async def test_a_directory_with_gaps_continues_the_stream(
     assert worker.status()["hits"] == 6
     assert keys_fetched(mount) == set(kept[:12])
     assert len(mount.store.gets) == 12  # each once
+
+
+async def test_a_stream_keeps_at_most_a_sixteenth_of_the_first_tier_ahead(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """An 8 MiB first tier: a stream keeps at most 512 KiB ahead of its
+    reader, so of files of 192 KiB two, not the eight of ``max_files``;
+    the reader in order still finds them fetched ahead."""
+    file_bytes = 192 * 1024
+    paths = [f"big/{i:02d}.bin" for i in range(16)]
+    for i, path in enumerate(paths):
+        put(s3_store, path, bytes([i]) * file_bytes)
+    mount = await make_fs(capacities=(8 * MiB, 16 * MiB))
+    worker = await start(nursery, mount, max_files=8)
+    assert worker.max_bytes == 8 * MiB // FIRST_TIER_SHARE
+    await mount.fs.namespace.resolve("big")
+    hits = 0
+    for i, path in enumerate(paths):
+        await settled(mount, worker)
+        gets_before = len(mount.store.gets)
+        assert await mount.read_file(path) == bytes([i]) * file_bytes
+        hits += len(mount.store.gets) == gets_before
+        await settled(mount, worker)
+        # Fetched so far: what was opened, and at most two files past it.
+        assert max(keys_fetched(mount)) <= paths[min(i + 2, len(paths) - 1)], i
+    assert worker.status()["files_fetched"] >= 10
+    assert hits >= 10, "the reader in order did not find its files fetched ahead"
+    assert len(mount.store.gets) == len(paths)  # each once
+
+
+async def test_a_file_bigger_than_the_share_is_not_fetched_ahead(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """A 4 MiB first tier allows 256 KiB ahead: files of 300 KiB (one
+    block) are never fetched ahead; smaller ones after them still are."""
+    paths = [f"mixed/{i:02d}.bin" for i in range(12)]
+    sizes = [300 * 1024] * 6 + [FILE_BYTES] * 6
+    for i, (path, size) in enumerate(zip(paths, sizes, strict=True)):
+        put(s3_store, path, bytes([i]) * size)
+    mount = await make_fs(capacities=(4 * MiB, 16 * MiB))
+    worker = await start(nursery, mount, max_files=8)
+    await mount.fs.namespace.resolve("mixed")
+    for i, path in enumerate(paths[:6]):
+        assert await mount.read_file(path) == bytes([i]) * sizes[i]
+        await settled(mount, worker)
+        assert not keys_fetched(mount) & set(paths[i + 1 : 6]), f"a big file fetched ahead at {i}"
+    # Once the reader is past the big ones, the small ones are fetched ahead.
+    assert keys_fetched(mount) & set(paths[6:])
+    assert worker.status()["files_fetched"] > 0
+
+
+async def test_an_opened_files_cookie_is_read_once_and_again_after_a_rename(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery, monkeypatch: Any
+) -> None:
+    """A warm shuffled epoch after the first reads no dentry cookie from
+    LMDB (they are kept in memory); a renamed file's cookie is read again,
+    and its new place in the listing order is the one the stream sees."""
+    paths = put_files(s3_store, 20)
+    mount = await make_fs()
+    worker = await start(nursery, mount, max_files=4)
+    ds = await mount.fs.namespace.resolve("ds")
+    order = [(7 * i) % 20 for i in range(20)]  # shuffled, every file once
+    cookies = _Counted(monkeypatch, mount.fs.meta, "dentry_cookie")
+    for i in order:
+        await mount.read_file(paths[i])
+    assert cookies.calls == 20
+    for i in order:
+        await mount.read_file(paths[i])
+    assert cookies.calls == 20, "a second epoch read cookies from LMDB"
+    # Renamed to the end of the listing order: its cookie is read again,
+    # and the stream sees the open at its new place (past every other).
+    await mount.fs.rename(ds.ino, b"000.bin", ds.ino, b"zzz.bin", 0)
+    await mount.read_file("ds/zzz.bin")
+    assert cookies.calls == 21
+    new_cookie = mount.fs.meta.dentry_cookie(ds.ino, b"zzz.bin")
+    assert new_cookie is not None and new_cookie > 20
+    assert worker._streams[ds.ino].recent[-1] == new_cookie

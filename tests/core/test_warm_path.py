@@ -149,3 +149,45 @@ async def test_warm_open_flush_release_do_no_avoidable_work(
     assert handle.read_state is not None
     assert handle.caller is not None and handle.caller.pid == 1
     await ops.release(info.fh)
+
+
+async def test_fuse_errors_keep_their_errno_and_a_bug_is_eio(
+    make_fs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one errno wrapper of the FUSE operations (its success path was
+    made lighter): each request is counted and timed; a TierfsError or an
+    OSError keeps its errno, anything else is EIO; trio's cancellation
+    passes through untouched."""
+    import errno
+
+    import pyfuse3
+
+    mount = await make_fs()
+    ops = TierfsOperations(mount.fs)
+    faults: list[BaseException] = []
+
+    async def failing_readlink(ino: int) -> bytes:
+        raise faults.pop()
+
+    monkeypatch.setattr(mount.fs, "readlink", failing_readlink)
+    requests = mount.fs.requests
+    for fault, expected in (
+        (NotFound("gone"), errno.ENOENT),
+        (OSError(errno.ENOSPC, "full"), errno.ENOSPC),
+        (OSError("no errno"), errno.EIO),
+        (RuntimeError("a bug"), errno.EIO),
+        (pyfuse3.FUSEError(errno.EPERM), errno.EPERM),
+    ):
+        faults.append(fault)
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await ops.readlink(1, CTX)
+        assert raised.value.errno == expected, fault
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        faults.append(trio.Cancelled._create())  # type: ignore[attr-defined]
+        await ops.readlink(1, CTX)
+    assert scope.cancelled_caught
+    stats = ops.op_metrics["readlink"]
+    assert stats.count == 6
+    assert stats.errors == 4  # ENOENT is an ordinary answer, not a failure
+    assert mount.fs.requests == requests + 6

@@ -453,11 +453,18 @@ class BlockCache:
 
     # --- CachedFile lifetime -------------------------------------------------------
 
-    def acquire(self, inode: Inode) -> CachedFile:
-        """The CachedFile of ``inode`` (created from LMDB on first use)."""
+    def acquire(self, inode: Inode, blocks: dict[int, BlockRecord] | None = None) -> CachedFile:
+        """The CachedFile of ``inode`` (created from LMDB on first use).
+
+        ``blocks``: the file's block map as LMDB holds it now, read by the
+        caller in the transaction that read ``inode`` (``TierFS.open``:
+        ``MetaDB.get_inode_and_blocks``) with no await since; used only
+        when the CachedFile is created here, else read now."""
         cf = self.files.get(inode.ino)
         if cf is None:
-            cf = CachedFile(inode=inode, blocks=self.meta.get_blocks(inode.ino))
+            if blocks is None:
+                blocks = self.meta.get_blocks(inode.ino)
+            cf = CachedFile(inode, blocks)
             self.files[inode.ino] = cf
         cf.refs += 1
         return cf

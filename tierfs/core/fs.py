@@ -56,7 +56,7 @@ import trio
 
 from tierfs.config import Config
 from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, NotFound
-from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.meta import ROOT_INO, BlockRecord, Inode, MetaDB, SyncState
 from tierfs.meta.records import decode_inode
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
@@ -550,7 +550,16 @@ class TierFS:
     async def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
         """``caller``: who opens (FUSE context); its writes clear setuid and
         setgid as the kernel's rules say (``posix_attrs``)."""
-        inode = self.namespace.get(ino)
+        # A file not in use: its inode and block map in one read transaction.
+        blocks: dict[int, BlockRecord] | None = None
+        live = self.blocks.live_inode(ino)
+        if live is not None:
+            inode = live
+        else:
+            found = self.meta.get_inode_and_blocks(ino)
+            if found is None:
+                raise NotFound(f"inode {ino} does not exist")
+            inode, blocks = found
         if inode.is_dir:
             raise IsADirectory(f"inode {ino} is a directory")
         if not inode.is_file:
@@ -566,13 +575,16 @@ class TierFS:
             # must start from the current object).
             if self.handles.writable_flags(flags) or self.meta.residency(ino):
                 inode, changed = await self.namespace.revalidate(inode)
+                blocks = None  # read again, after the await (they may have been dropped)
             else:  # pages the kernel may hold from before its blocks left go
                 cold = True
         if changed:
             # The kernel still holds the old size: reads past it would stop
             # short.  Attributes only: the pages go with keep_cache=False.
             await self.invalidate_kernel_cache(ino, False)
-        result = self.handles.open(inode, flags, keep_cache=not (changed or cold), caller=caller)
+        result = self.handles.open(
+            inode, flags, keep_cache=not (changed or cold), caller=caller, blocks=blocks
+        )
         if flags & os.O_TRUNC and self.handles.writable_flags(flags):
             # The kernel leaves O_TRUNC to us (atomic O_TRUNC), with its
             # setuid/setgid clearing.

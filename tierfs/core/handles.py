@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierfs.errors import InvalidArgument
-from tierfs.meta import Inode
+from tierfs.meta import BlockRecord, Inode
 
 from .blockcache import BlockCache, CachedFile, ReadState
 from .journal import Journal
@@ -92,12 +92,19 @@ class Handles:
         return ino in self.writers
 
     def open(
-        self, inode: Inode, flags: int, *, keep_cache: bool = True, caller: Caller | None = None
+        self,
+        inode: Inode,
+        flags: int,
+        *,
+        keep_cache: bool = True,
+        caller: Caller | None = None,
+        blocks: dict[int, BlockRecord] | None = None,
     ) -> OpenResult:
+        """``blocks``: the block map read with ``inode`` (``BlockCache.acquire``)."""
         ino = inode.ino
         keep_cache = keep_cache and ino not in self.stale_page_cache
         self.stale_page_cache.discard(ino)
-        cached = self.blocks.acquire(inode)
+        cached = self.blocks.acquire(inode, blocks)
         writable = self.writable_flags(flags)
         if writable:
             self.writers[ino] = self.writers.get(ino, 0) + 1

@@ -1137,6 +1137,23 @@ class MetaDB:
                 return None
             return int(U64.unpack_from(key, 8)[0])
 
+    def get_inode_and_blocks(self, ino: int) -> tuple[Inode, dict[int, BlockRecord]] | None:
+        """``get_inode`` and ``get_blocks`` in one read transaction (an
+        open of a file not in use needs both); None if there is no inode."""
+        with self._read() as txn:
+            raw = txn.get(ino_key(ino), db=self._inodes)
+            if raw is None:
+                return None
+            blocks: dict[int, BlockRecord] = {}
+            prefix = U64.pack(ino)
+            cur = txn.cursor(db=self._blocks)
+            if cur.set_range(prefix):
+                for key, value in cur:
+                    if not key.startswith(prefix):
+                        break
+                    blocks[unpack_block_key(key)[1]] = decode_block(value)
+            return decode_inode(ino, raw), blocks
+
 
 def _decode_ledger(raw: bytes | None) -> list[tuple[str, int, int, int]]:
     if raw is None:

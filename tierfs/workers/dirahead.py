@@ -36,12 +36,29 @@ entries past it are new work).  A scheduled entry that is a regular file
 with a bucket origin becomes one fill of its first block at AHEAD priority
 (``DataMovement.fill``, shared with demand reads, which always go first,
 see ``tierfs.core.fetch_slots``): a small file whole, a big one its first
-block, the rest of it is the handle's readahead once opened.  So the bytes
-a stream brings in ahead are at most ``max_files`` blocks.
+block, the rest of it is the handle's readahead once opened.
+
+Bytes ahead.  What one stream keeps scheduled past ``high`` is bounded in
+bytes too, by ``max_bytes`` = the first tier's capacity /
+``FIRST_TIER_SHARE`` (16): an entry counts what its fill fetches, its size
+up to one block (0 when resident or not a regular file), and an entry
+that would take the stream past ``max_bytes`` waits (the window stops
+before it) until the reader's opens move ``high`` past entries and make
+room.  So a stream never brings in more than 1/16 of the first tier ahead
+of its reader, whatever ``max_files`` and the block size (32 files of one
+1 MiB block each flooded a 12 MiB tier), and a file whose first block
+alone is more than that is never fetched ahead.  The sizes come with the
+entries (``MetaDB.read_dir_records``: one transaction, no decode).
 
 The observer (``opened``) is synchronous and runs inside ``Handles.open``,
 on every open, so it must cost next to nothing when the guess is wrong (a
-shuffled reader, a warm epoch): one LMDB read, the dentry's cookie.
+shuffled reader, a warm epoch): the dentry's cookie, one LMDB read the
+first time, then from memory (``_cookies``: ino -> (directory, name,
+cookie), at most ``COOKIES_KEPT``, all dropped when full; an entry counts
+only while the inode's directory and name are the ones it was read for,
+so a rename reads the cookie again.  A dentry keeps its cookie while it
+exists, and a name that comes back is a new inode: a stale cookie is not
+expected, and would only make a wrong guess).
 Cookies only grow (a new entry takes the directory's ``next_cookie``), so
 ``high < c <= high + slack`` proves that ``c`` is among the next ``slack``
 entries and ``c < recent[0]`` that it is not, with no read; only an open
@@ -70,6 +87,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,6 +96,7 @@ import trio
 from tierfs.core import TierFS
 from tierfs.core.fetch_slots import FetchPriority
 from tierfs.errors import TierfsError
+from tierfs.meta.records import raw_mode, raw_size
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +115,10 @@ DEFAULT_SLACK = 8
 HITS_KEPT = 4096
 #: Entries waiting for a fill task, at most.
 QUEUE_DEPTH = 512
+#: Dentry cookies of opened files kept in memory, at most.
+COOKIES_KEPT = 16384
+#: One stream keeps at most 1/FIRST_TIER_SHARE of the first tier ahead.
+FIRST_TIER_SHARE = 16
 
 
 @dataclass(slots=True)
@@ -106,8 +129,11 @@ class _Stream:
     #: The furthest cookie scheduled ahead (``high`` when nothing is).
     ahead: int = 0
     recent: collections.deque[int] = field(default_factory=collections.deque)
-    #: The cookies scheduled ahead past ``high`` (at most the window).
-    scheduled: collections.deque[int] = field(default_factory=collections.deque)
+    #: ``(cookie, bytes its fill fetches)`` of the entries scheduled ahead
+    #: past ``high`` (at most the window).
+    scheduled: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    #: The sum of ``scheduled``'s bytes (at most ``max_bytes``).
+    bytes_ahead: int = 0
 
 
 class DirectoryReadahead:
@@ -127,6 +153,9 @@ class DirectoryReadahead:
         #: Most files kept ahead of one stream (``[fetch] dir_readahead``).
         self.max_files = fs.config.fetch.dir_readahead if max_files is None else max_files
         self.enabled = self.max_files > 0 and fs.config.namespace.revalidate_ttl > 0
+        #: Most bytes kept ahead of one stream (see "Bytes ahead").
+        self.max_bytes = fs.tiers[0].capacity // FIRST_TIER_SHARE if fs.tiers else 0
+        self.block_size = fs.config.fetch.block_size
         self.defer = defer
         self.slack = slack
         #: Fills at once: a quarter of ``fetch.concurrency`` (8 of 32), so
@@ -137,6 +166,8 @@ class DirectoryReadahead:
         self._generations = 0
         self._send, self._receive = trio.open_memory_channel[tuple[int, int, int]](QUEUE_DEPTH)
         self._filled: collections.OrderedDict[int, None] = collections.OrderedDict()
+        #: ino -> (directory, name, dentry cookie) of files opened (see the docstring).
+        self._cookies: dict[int, tuple[int, bytes, int]] = {}
         self.files_fetched = 0
         self.bytes_fetched = 0
         self.hits = 0
@@ -153,6 +184,7 @@ class DirectoryReadahead:
                     task_status.started()
         finally:
             self._streams.clear()
+            self._cookies.clear()
 
     def status(self) -> dict[str, int]:
         return {
@@ -182,7 +214,7 @@ class DirectoryReadahead:
         if inode is None or not inode.is_file:
             return
         dir_ino = inode.parent
-        cookie = self.meta.dentry_cookie(dir_ino, inode.name)
+        cookie = self._cookie(ino, dir_ino, inode.name)
         if cookie is None:
             return
         stream = self._streams.get(dir_ino)
@@ -197,6 +229,19 @@ class DirectoryReadahead:
         stream.recent.append(cookie)
         if stream.streak >= START_STREAK:
             self._schedule(dir_ino, stream)
+
+    def _cookie(self, ino: int, dir_ino: int, name: bytes) -> int | None:
+        """The readdir cookie of ``ino``, entry ``name`` of ``dir_ino``:
+        from memory if it was read for that directory and name."""
+        known = self._cookies.get(ino)
+        if known is not None and known[0] == dir_ino and known[1] == name:
+            return known[2]
+        cookie = self.meta.dentry_cookie(dir_ino, name)
+        if cookie is not None:
+            if len(self._cookies) >= COOKIES_KEPT:
+                self._cookies.clear()
+            self._cookies[ino] = (dir_ino, name, cookie)
+        return cookie
 
     def _continues(self, dir_ino: int, stream: _Stream, cookie: int) -> bool:
         """Does the open at ``cookie`` continue ``stream`` (else it is a
@@ -220,26 +265,37 @@ class DirectoryReadahead:
         return False
 
     def _schedule(self, dir_ino: int, stream: _Stream) -> None:
-        """Keep the ``window`` entries after ``high`` scheduled: only those
-        past ``ahead`` are read (usually one per open in order) and queued,
-        unless resident already."""
+        """Keep the ``window`` entries after ``high`` scheduled, within
+        ``max_bytes``: only those past ``ahead`` are read (usually one per
+        open in order) and queued, unless resident already."""
         scheduled = stream.scheduled
-        while scheduled and scheduled[0] <= stream.high:
-            scheduled.popleft()
+        while scheduled and scheduled[0][0] <= stream.high:
+            stream.bytes_ahead -= scheduled.popleft()[1]
         wanted = min(self.max_files, WINDOW_PER_STREAK * stream.streak) - len(scheduled)
         if wanted <= 0:
             return
-        for entry_cookie, _, entry_ino in self.meta.read_dir(
+        for entry_cookie, _, entry_ino, record in self.meta.read_dir_records(
             dir_ino, max(stream.ahead, stream.high), wanted
         ):
+            nbytes = 0 if self._resident(entry_ino) else self._fill_bytes(record)
+            if nbytes and stream.bytes_ahead + nbytes > self.max_bytes:
+                return  # waits for room (see "Bytes ahead")
             stream.ahead = entry_cookie
-            scheduled.append(entry_cookie)
-            if self._resident(entry_ino):
+            scheduled.append((entry_cookie, nbytes))
+            stream.bytes_ahead += nbytes
+            if not nbytes:
                 continue
             try:
                 self._send.send_nowait((dir_ino, stream.generation, entry_ino))
             except trio.WouldBlock:
                 self.dropped += 1
+
+    def _fill_bytes(self, record: bytes) -> int:
+        """What a fill of the entry with this inode record fetches: its
+        first block (0 for what is not a regular file)."""
+        if not stat.S_ISREG(raw_mode(record)):
+            return 0
+        return min(raw_size(record), self.block_size)
 
     def _resident(self, ino: int) -> bool:
         """Has ``ino`` bytes on a tier (the eviction trackers, in memory)?
@@ -261,6 +317,7 @@ class DirectoryReadahead:
             stream.recent.clear()
             stream.recent.append(cookie)
             stream.scheduled.clear()
+            stream.bytes_ahead = 0
             return  # the caller moved it to the end already
         self._streams[dir_ino] = _Stream(
             high=cookie,
