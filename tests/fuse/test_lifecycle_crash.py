@@ -124,7 +124,7 @@ def _scan_hot_share(
         watermarks={"nvme": (0.75, 0.5)},
         readahead_max="1MiB",
         # The scan reads cold/ in listing order: files fetched ahead of it
-        # (32 MiB, more than NVMe) would be scan pressure the test does not set.
+        # would be scan pressure the test does not set.
         dir_readahead=0,
         extra_config='[mover]\ninterval = "0.2s"\n[[rules]]\nmatch = "**"\npromote = "never"\n',
     )
