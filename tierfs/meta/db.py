@@ -874,12 +874,15 @@ class MetaDB:
     # --- blocks ---------------------------------------------------------------------------
 
     def get_blocks(self, ino: int) -> dict[int, BlockRecord]:
-        out: dict[int, BlockRecord] = {}
-        prefix = U64.pack(ino)
         with self._read() as txn:
-            for key, raw in prefixed(txn, self._blocks, prefix):
-                out[unpack_block_key(key)[1]] = decode_block(raw)
-        return out
+            return self._block_map(txn, ino)
+
+    def _block_map(self, txn: lmdb.Transaction, ino: int) -> dict[int, BlockRecord]:
+        """Block number -> record of ``ino``'s blocks, as ``txn`` sees them."""
+        return {
+            unpack_block_key(key)[1]: decode_block(raw)
+            for key, raw in prefixed(txn, self._blocks, U64.pack(ino))
+        }
 
     def add_block(self, ino: int, blockno: int, rec: BlockRecord) -> None:
         """Record a block whose bytes are already in the tier's cache file."""
@@ -1144,15 +1147,7 @@ class MetaDB:
             raw = txn.get(ino_key(ino), db=self._inodes)
             if raw is None:
                 return None
-            blocks: dict[int, BlockRecord] = {}
-            prefix = U64.pack(ino)
-            cur = txn.cursor(db=self._blocks)
-            if cur.set_range(prefix):
-                for key, value in cur:
-                    if not key.startswith(prefix):
-                        break
-                    blocks[unpack_block_key(key)[1]] = decode_block(value)
-            return decode_inode(ino, raw), blocks
+            return decode_inode(ino, raw), self._block_map(txn, ino)
 
 
 def _decode_ledger(raw: bytes | None) -> list[tuple[str, int, int, int]]:
