@@ -296,7 +296,7 @@ async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
     put(s3_store, "other.bin", b"o" * FILE_BYTES)
     fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4)
     mount = await make_fs(fetch=fetch)
-    assert Prefetcher(mount.fs).tasks == 3  # the default: three quarters of the slots
+    assert Prefetcher(mount.fs).tasks == 4  # the default: every slot
     assert mount.fs.blocks.slots.background_max == 2  # preload's share
     gets = GetsOneByOne(mount)
     try:

@@ -21,7 +21,7 @@ The rule (``FetchSlots.take``):
    of the slots, at least 1) non-demand fetches run: the other half is
    always free for demand.  AHEAD fetches are not held to (c): the readers
    they run for will wait for them, and the prefetcher bounds how many it
-   starts (three quarters of the slots by default; see
+   starts (all the slots by default; see
    ``tierfs.workers.prefetch`` for why a window must keep more GETs in
    flight than its readers do).
 3. AHEAD before BACKGROUND: no BACKGROUND fetch starts while an AHEAD one
