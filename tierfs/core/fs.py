@@ -353,10 +353,25 @@ class TierFS:
         holds the last commit, as after a crash, and the next mount goes on
         from there.  Any other failure of this loop restarts it; meanwhile
         (``group_commit`` off) every write transaction commits by itself.
+
+        With nothing written since the last commit it sleeps until the next
+        write (``MetaDB.on_first_uncommitted``), then commits
+        ``COMMIT_INTERVAL`` later, as often as before while writes go on:
+        it used to wake five times a second on an idle mount (a third of an
+        idle daemon's wake-ups, counted with a trio instrument).
         """
+        written = trio.Event()
+
+        def first_write() -> None:
+            written.set()
+
         self.meta.group_commit = True
+        self.meta.on_first_uncommitted = first_write
         try:
             while True:
+                if not self.meta.uncommitted:
+                    written = trio.Event()
+                    await written.wait()
                 await trio.sleep(COMMIT_INTERVAL)
                 if self.meta.uncommitted:
                     try:
@@ -364,6 +379,7 @@ class TierFS:
                     except Exception as exc:
                         raise FatalWorkerError(f"metadata group commit failed: {exc}") from exc
         finally:
+            self.meta.on_first_uncommitted = None
             self.meta.group_commit = False
 
     async def _housekeep_periodically(self) -> None:

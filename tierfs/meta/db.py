@@ -277,6 +277,10 @@ class MetaDB:
         self.group_commit = False
         #: write() blocks and inode allocations in the group since its last commit.
         self.uncommitted = 0
+        #: Called (on the loop thread, synchronously) when a group gets its
+        #: first write block since the last commit: the group committer
+        #: sleeps until then instead of waking every interval for nothing.
+        self.on_first_uncommitted: Callable[[], None] | None = None
         self._allocs = 0
         #: Number of group commits so far (a write made while it was N is
         #: committed once it is N + 1).
@@ -398,6 +402,8 @@ class MetaDB:
             if ok:
                 txn.commit()
                 self.uncommitted += 1
+                if self.uncommitted == 1 and self.on_first_uncommitted is not None:
+                    self.on_first_uncommitted()
             else:
                 txn.abort()
                 self._usage_mirror = None  # it may hold the aborted block's usage

@@ -63,7 +63,11 @@ class ForegroundMeter:
         return self.busy
 
     async def run(self) -> None:
-        """Close a window every ``window`` seconds, for ever."""
+        """Close a window every ``window`` seconds, for ever.  The first
+        window starts now: a caller that runs the meter only while it has
+        work (the mover) starts with what the mount does from then on, not
+        an average over the idle time before."""
+        self._since, self._count = trio.current_time(), self.fs.requests
         while True:
             self.update()
             await trio.sleep(self.window)

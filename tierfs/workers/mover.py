@@ -35,8 +35,9 @@ cap from training I/O.  On top of that it yields to the mount: while FUSE
 requests come fast (``ForegroundMeter`` over windows of ``BUSY_WINDOW``
 seconds, held ``BUSY_HOLD`` seconds after the last busy window), its copies
 share at most ``BUSY_RATE``, whatever the cap.  The meter closes its windows
-in its own task, so a reader that starts is seen within ``BUSY_WINDOW``
-seconds, and the mover then has at most one chunk per running move in
+in its own task while copies run (only then: an idle mover's meter
+woke the daemon's loop ten times a second for nothing), so a reader that
+starts is seen within ``BUSY_WINDOW`` seconds, and the mover then has at most one chunk per running move in
 flight (measured with tiers and reader on one disk: an uncapped mover took
 about half of the disk from sequential training reads, one at 50 MiB/s cost
 them nothing).  Opens, copies, hashing and deletes run in threads, so the
@@ -53,8 +54,10 @@ at any point loses nothing and leaves no block indexed twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -111,10 +114,14 @@ class Mover:
         self._running: dict[int, _Running] = {}
         #: Set (and replaced) each time a move ends.
         self._move_ended = trio.Event()
+        #: Moves and promotions running; the meter runs while there are any.
+        self._copies = 0
+        self._copies_started = trio.Event()
+        self._meter_scope: trio.CancelScope | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.meter.run)
+            nursery.start_soon(self._meter_while_copying)
             nursery.start_soon(self._promote_forever)
             task_status.started()
             while True:
@@ -148,6 +155,32 @@ class Mover:
                 nursery.start_soon(self._run_move, running)
         self._measure(self.status.bytes_moved - moved_before, started)
 
+    async def _meter_while_copying(self) -> None:
+        """Run the meter while moves or promotions run, sleep otherwise."""
+        while True:
+            await self._copies_started.wait()
+            if not self._copies:  # they ended before this task got to run
+                self._copies_started = trio.Event()
+                continue
+            with trio.CancelScope() as self._meter_scope:
+                await self.meter.run()
+            self._meter_scope = None
+
+    @contextlib.contextmanager
+    def _copying(self) -> Iterator[None]:
+        """A move or a promotion runs (the meter runs meanwhile)."""
+        self._copies += 1
+        if self._copies == 1:
+            self._copies_started.set()
+        try:
+            yield
+        finally:
+            self._copies -= 1
+            if not self._copies:
+                self._copies_started = trio.Event()
+                if self._meter_scope is not None:
+                    self._meter_scope.cancel()
+
     def _may_start(self, move: Move) -> bool:
         """May another move start now (see ``MOVE_ADMISSION``)?"""
         running = [r.move.nbytes for r in self._running.values()]
@@ -156,7 +189,8 @@ class Mover:
     async def _run_move(self, running: _Running) -> None:
         move = running.move
         try:
-            await self._execute(move)
+            with self._copying():
+                await self._execute(move)
         finally:
             del self._running[move.ino]
             running.done.set()
@@ -238,7 +272,8 @@ class Mover:
     async def _promote_forever(self) -> None:
         async for promotion in self.lifecycle.promotion_receive:
             try:
-                await self._promote(promotion)
+                with self._copying():
+                    await self._promote(promotion)
             finally:
                 self.lifecycle.promotion_done(promotion.ino)
 

@@ -220,6 +220,8 @@ class Prefetcher:
         #: position -> (the CachedFile held for the reader, trio time of the fill)
         self._held: dict[int, tuple[CachedFile, float]] = {}
         self.hold_seconds = fs.config.namespace.revalidate_ttl
+        #: Set when a hold is taken: ``_expire_holds`` sleeps while none is held.
+        self._hold_taken = trio.Event()
         #: ``low`` when ``_schedule`` last looked for what left the window:
         #: fills and holds leave it only when ``low`` moves (see ``_schedule``).
         self._window_low: int | None = None
@@ -267,8 +269,13 @@ class Prefetcher:
 
     async def _expire_holds(self) -> None:
         """Let ``_schedule`` look for holds older than ``hold_seconds``, at
-        least every half of it (and every second)."""
+        least every half of it (and every second), while any is held; with
+        none it sleeps until one is taken (an idle daemon's loop is not
+        woken every second for nothing)."""
         while True:
+            if not self._held:
+                self._hold_taken = trio.Event()
+                await self._hold_taken.wait()
             await trio.sleep(min(1.0, max(0.05, self.hold_seconds / 2)))
             if self._held:
                 self._holds_due = True
@@ -491,6 +498,7 @@ class Prefetcher:
                     del self._in_flight[position]
                 if held is not None and state == _FILLED and not order.opened[position]:
                     self._held[position] = (held, trio.current_time())
+                    self._hold_taken.set()
                     held = None
                 self._changed.set()
             if held is not None:
