@@ -119,7 +119,7 @@ body's socket reads average about 100 KiB without it (strace), each a GIL
 release and re-take.  With it (same method, 16 x 16 MiB with O_DIRECT
 writes, 12 interleaved rounds on a loaded machine): client CPU 0.60-0.71
 against 0.72-0.81 s/GiB, but s3rver 1.43-1.87 against 1.21-1.59 (its
-socket writes came back short more often: 45-67 syscalls/MiB against
+socket writes came back short more often: 42-67 syscalls/MiB against
 41-49), and MB/s 0.62-1.46x, median about 1.04x.  s3rver is the cap on a
 quiet machine, so its CPU weighs more than the daemon's.
 In the daemon (bench_meta, 4,000 files of 1-16 KiB, 8 reader threads,
