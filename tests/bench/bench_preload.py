@@ -324,10 +324,6 @@ class Results:
         disk = f"; {sample.disk.describe()}" if sample.disk is not None else ""
         if sample.server_syscalls:
             cpu += f", server syscalls {sample.server_syscalls_per_mib:.1f}/MiB"
-        if sample.client_syscalls:
-            cpu += (
-                f", client syscalls {sample.client_syscalls / (sample.nbytes / (1 << 20)):.1f}/MiB"
-            )
         log(
             f"  {case}: {sample.seconds:.2f}s, {fmt_rate(sample.files_per_s)} files/s, "
             f"{sample.mbps:,.0f} MB/s{cpu}{disk}"
