@@ -119,7 +119,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,7 @@ from common import (
     comma_list,
     cpu_seconds,
     fmt_size,
+    io_syscalls,
     log,
     parse_size,
     put_directory_markers,
@@ -278,6 +279,13 @@ class Copy:
     server_cpu: float = 0.0
     #: The tier's disk during the copy: bytes read, bytes written, share of the time busy.
     disk: DiskUse | None = None
+    #: Read and write system calls of the S3 server during the copy (its
+    #: /proc/PID/io ``syscr + syscw``): s3rver reads the object in 64 KiB
+    #: chunks and writes each to the socket, so at least 32 per MiB; more
+    #: when its socket writes come back short (the socket buffer is full:
+    #: the client drains it slower than the server fills it), and each short
+    #: write costs the server an epoll round as well.
+    server_syscalls: int = 0
 
     @property
     def gib(self) -> float:
@@ -290,6 +298,10 @@ class Copy:
     @property
     def mbps(self) -> float:
         return self.nbytes / self.seconds / 1e6
+
+    @property
+    def server_syscalls_per_mib(self) -> float:
+        return self.server_syscalls / (self.nbytes / (1 << 20))
 
 
 @dataclass
@@ -310,6 +322,8 @@ class Results:
             f"{100 * sample.server_cpu / sample.seconds:.0f}% of a core)"
         )
         disk = f"; {sample.disk.describe()}" if sample.disk is not None else ""
+        if sample.server_syscalls:
+            cpu += f", server syscalls {sample.server_syscalls_per_mib:.1f}/MiB"
         log(
             f"  {case}: {sample.seconds:.2f}s, {fmt_rate(sample.files_per_s)} files/s, "
             f"{sample.mbps:,.0f} MB/s{cpu}{disk}"
@@ -450,6 +464,11 @@ class PreloadBench(BenchBase):
         proc = getattr(self, "s3_server_proc", None)
         return cpu_seconds(proc.pid if proc is not None else None)
 
+    def server_syscalls(self) -> int:
+        """Read and write system calls the S3 server has made so far (0 if unknown)."""
+        proc = getattr(self, "s3_server_proc", None)
+        return io_syscalls(proc.pid if proc is not None else None)
+
     def cached_bytes(self, path: Path) -> int:
         (item,) = json.loads(self.run_quiet([self.tierfs_bin, "where", "--json", str(path)]).stdout)
         return int(item["cached_bytes"])
@@ -476,18 +495,20 @@ class PreloadBench(BenchBase):
         dest.mkdir(parents=True)
         self.drop_caches()
         server0, client0 = self.server_cpu(), children_cpu_seconds()
+        calls0 = self.server_syscalls()
         disk0 = self.disk.read()
         t0 = time.perf_counter()
         self.run_quiet(cmd)
         dt = time.perf_counter() - t0
         disk = self.disk.since(disk0)
         server, client = self.server_cpu() - server0, children_cpu_seconds() - client0
+        calls = self.server_syscalls() - calls0
         got = [p.stat().st_size for p in dest.rglob("*") if p.is_file()]
         if len(got) != files or sum(got) != nbytes:
             raise BenchError(
                 f"{case}: {len(got)} files of {sum(got)} bytes, not {files} of {nbytes}"
             )
-        self.results.add_copy(case, Copy(dt, files, nbytes, client, server, disk))
+        self.results.add_copy(case, Copy(dt, files, nbytes, client, server, disk, calls))
         shutil.rmtree(dest, ignore_errors=True)
 
     def case_s5cmd(self, shape: str) -> None:
@@ -511,6 +532,7 @@ class PreloadBench(BenchBase):
         with self.tierfs_mount() as (mp, pid):
             self.drop_caches()
             cpu0, server0 = cpu_seconds(pid), self.server_cpu()
+            calls0 = self.server_syscalls()
             disk0 = self.disk.read()
             with py_spy(spy, pid, f"preload-{shape}"):
                 t0 = time.perf_counter()
@@ -518,13 +540,15 @@ class PreloadBench(BenchBase):
                 dt = time.perf_counter() - t0
             disk = self.disk.since(disk0)
             cpu, server = cpu_seconds(pid) - cpu0, self.server_cpu() - server0
+            calls = self.server_syscalls() - calls0
             if summary["files_total"] != files or summary["bytes_total"] != nbytes:
                 raise BenchError(f"tierfs preload {shape}: summary {summary}")
             cached = self.cached_bytes(mp / shape)
             if cached != nbytes:
                 raise BenchError(f"tierfs preload {shape}: {cached} of {nbytes} bytes cached")
             self.results.add_copy(
-                f"tierfs preload {shape}", Copy(dt, files, nbytes, cpu, server, disk)
+                f"tierfs preload {shape}",
+                Copy(dt, files, nbytes, cpu, server, disk, calls),
             )
             if round_no == 0:
                 self.check_content(mp / shape, self.src / shape)
@@ -883,6 +907,17 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def round_ratios(res: Results, tierfs_case: str, peer_case: str) -> str:
+    """The speed ratio of each round (peer seconds / tierfs seconds of the
+    same round): the machine's load moves both, so a round's ratio is less
+    noisy than the ratio of two medians.  Empty when a case failed in some
+    round (the rounds no longer pair up)."""
+    ours, theirs = res.copies.get(tierfs_case, []), res.copies.get(peer_case, [])
+    if not ours or len(ours) != len(theirs):
+        return ""
+    return " ".join(f"{p.seconds / t.seconds:.2f}" for t, p in zip(ours, theirs, strict=True))
+
+
 def report(res: Results, a: argparse.Namespace) -> str:
     lines: list[str] = [
         f"small/: {a.files:,} files of {fmt_size(a.file_min)}-{fmt_size(a.file_max)}; "
@@ -906,6 +941,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
                     f"{m.daemon_cpu / m.gib:.2f}",
                     f"{m.server_cpu / m.gib:.2f}",
                     f"{100 * m.server_cpu / m.seconds:.0f}%",
+                    f"{m.server_syscalls_per_mib:.1f}",
                     str(len(samples)),
                 ]
             )
@@ -918,6 +954,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
                 "client CPU s/GiB",
                 "server CPU s/GiB",
                 "server busy",
+                "server syscalls/MiB",
                 "n",
             ],
             rows,
@@ -936,11 +973,14 @@ def report(res: Results, a: argparse.Namespace) -> str:
                         f"tierfs preload {shape}",
                         f"{peer} {shape}",
                         f"{ratio:.2f}",
+                        round_ratios(res, f"tierfs preload {shape}", f"{peer} {shape}"),
                         f">= {target:g}" if target else "info",
                         verdict(ratio >= target) if target else "",
                     ]
                 )
-        lines += table(["case", "vs", "speed ratio", "target", "result"], rows, left={0, 1})
+        lines += table(
+            ["case", "vs", "speed ratio", "by round", "target", "result"], rows, left={0, 1, 3}
+        )
         lines.append("")
     if res.latencies:
         rows = []
@@ -1135,7 +1175,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dumps(
                     {
                         "args": {k: str(v) for k, v in vars(args).items()},
-                        "copies": {c: [s.__dict__ for s in v] for c, v in res.copies.items()},
+                        "copies": {c: [asdict(s) for s in v] for c, v in res.copies.items()},
                         "latencies": res.latencies,
                         "epochs": res.epochs,
                         "rss": res.rss,

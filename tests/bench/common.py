@@ -114,6 +114,20 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def io_syscalls(pid: int | None) -> int:
+    """Read and write system calls of a whole process so far (``syscr + syscw``
+    of /proc/PID/io; socket ``recv``/``send`` calls are not counted there,
+    ``read``/``write`` on sockets are), 0 if unknown."""
+    if pid is None:
+        return 0
+    try:
+        lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+    except OSError:
+        return 0
+    fields = dict(line.split(": ", 1) for line in lines)
+    return int(fields["syscr"]) + int(fields["syscw"])
+
+
 def children_cpu_seconds() -> float:
     """User + system CPU time of this script's finished children (dd, s5cmd)."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -81,6 +81,34 @@ with O_DIRECT during the copy, while s3rver reads the object from the same
 (virtual) disk: 60-90 % busy against 23-36 % for s5cmd, whose writes stay
 in the page cache (a direct-write dd of 1 GiB on this disk: 300-340 MB/s).
 
+Does this pattern cost the S3 server more than s5cmd's?  No: for the same
+object on the same machine, 16 BACKGROUND GETs of 16 MiB at once are among
+the cheapest patterns for s3rver.  Measured the way
+``tests/bench/ab_ranged_get.py`` does (one 1 GiB object, no mount, page
+cache dropped before each variant, rounds interleaved, the machine loaded
+5-8 by other work; s3rver's CPU seconds per GiB and its read+write
+syscalls per MiB): 16 x 16 MiB
+(``S3Store.get_range_into``, as the block cache calls it) 1.1-1.5 (35-48
+syscalls/MiB); the same with each block written with O_DIRECT 1.25-1.6;
+``s5cmd cp`` (5 parts of 50 MiB at once) 1.1-2.7 (43-102); the store with
+5 x 64 MiB 1.6-2.4; s5cmd with 16 parts of 16 MiB 1.2-1.4; 16 x 4 MiB
+1.6-1.8 (four times the requests); 16 x 64 MiB 2.0; 32 x 8 MiB 1.5.
+s3rver writes the object in 64 KiB chunks: the fewer the connections, the
+fuller each socket, and the more of its writes come back short, each one
+more syscall and epoll round.  The client's reads are not small (strace:
+the store's ``recv`` calls average about 100 KiB, s5cmd's reads 32 KiB),
+a bigger or smaller ``SO_RCVBUF`` changed nothing measurable, and a disk
+kept 64-88 % busy by an O_DIRECT ``dd`` did not raise the server's CPU per
+GiB either.  The server's figure rises when the client drains its sockets
+slower (a busier machine; blocks written through the page cache: 28-44
+syscalls/MiB and 2.3-2.7 client CPU s/GiB), so a high figure comes with a
+slow run rather than causing it.  In the preload bench on the same day
+(paired rounds, ``--cases copy``, the machine 66-100 % busy with other
+work) s3rver spent 1.40-1.79 CPU s/GiB serving the preload against
+1.40-2.39 serving s5cmd, and the preload ran at 0.54-2.15x ``s5cmd cp``
+(rounds 2.15, 0.54; 0.99, 1.56; 0.90, 0.60 with py-spy attached): the
+spread comes from the machine, not from the pattern, which stays as it is.
+
 Waking.  Parked fetches wait in one FIFO queue per priority, and only as
 many are woken as may start (``_wake``); waking every parked fetch on
 every change (as a first version did) made re-checks most of the event

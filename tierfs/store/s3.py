@@ -104,8 +104,26 @@ the block cache's, botocore's ``readinto`` copies nothing): hence
 ``NATIVE_GET_MAX`` = 2 MiB.  For big ranges the earlier measurement still
 holds: one 1 GiB object in 16 MiB ranged GETs, 8 at once, this botocore
 path 217-266 MB/s at 0.85-0.93 CPU-s/GiB, awscrt's S3Client 1.20-1.37,
-obstore 1.72.  In the daemon (bench_meta, 4,000 files of 1-16 KiB, 8
-reader threads, cold): 6.9 ms of daemon CPU per file before, 3.6 ms after.
+obstore 1.72.  Again for 16 MiB GETs from 16 threads (the method of
+``tests/bench/ab_ranged_get.py``, variant ``n=1``; two interleaved rounds
+on a loaded machine): obstore 0.83-1.01 client CPU s/GiB and 371-385
+MB/s, this path 0.61-0.90 and 399-575 MB/s.  So a native engine for bulk
+GETs would not unload the daemon, and the server's CPU per GiB is the
+same whichever engine asks (see "Does this pattern cost the S3 server
+more" in :mod:`tierfs.core.fetch_slots`).
+Tried and left out: a receive low-water mark (SO_RCVLOWAT 256 KiB while
+more than that was left of the body, the first MiB read without it to
+learn the rate, the mark capped to an eighth of the read timeout at that
+rate, put back to 1 before the connection went back to the pool).  The
+body's socket reads average about 100 KiB without it (strace), each a GIL
+release and re-take.  With it (same method, 16 x 16 MiB with O_DIRECT
+writes, 12 interleaved rounds on a loaded machine): client CPU 0.60-0.71
+against 0.72-0.81 s/GiB, but s3rver 1.43-1.87 against 1.21-1.59 (its
+socket writes came back short more often: 42-67 syscalls/MiB against
+41-49), and MB/s 0.62-1.46x, median about 1.04x.  s3rver is the cap on a
+quiet machine, so its CPU weighs more than the daemon's.
+In the daemon (bench_meta, 4,000 files of 1-16 KiB, 8 reader threads,
+cold): 6.9 ms of daemon CPU per file before, 3.6 ms after.
 py-spy of that phase after the change: the GETs are one native call
 (``NativeEngine.get``, 12 % of samples, waiting on the wire without the
 GIL) where botocore's stack was 13 % with the GIL (request building,
