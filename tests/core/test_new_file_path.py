@@ -22,9 +22,9 @@ from tierfs.meta import db as db_module
 KiB = 1024
 FILES = 24
 CTX = SimpleNamespace(uid=0, gid=0, pid=1)
-#: Per new file: the lookup reads the directory for its answer and for the
-#: negative entry's timeout; the create reads it once more.
-DIRECTORY_DECODES_PER_FILE = 3
+#: Per new file: the lookup decodes the directory (the negative entry's
+#: timeout reads one field of its record), the create decodes it once more.
+DIRECTORY_DECODES_PER_FILE = 2
 #: Once per directory: its key is worked out from its ancestors (``out``,
 #: then remembered: ``Sync.key_of``).
 ANCESTOR_DECODES = 2

@@ -78,10 +78,12 @@ write 14% (of it, creating the cache file on the tier 6% and the pwrite
 4%: what the same loop pays on a local disk), the create 7%, the close's
 commit 3.4%, group commits 2.3%, the lookup 1.8%.  A new file used to
 decode inode records 7 times (the directory twice in the lookup and thrice
-in the create, the directory's ancestors for its key): now 3, the create
+in the create, the directory's ancestors for its key): now 2, the create
 reading the directory once (``_parent_for_change``, handed on) and taking
-directory keys from ``Sync.key_of``'s memo; the first write of a new file
-no longer reads its residency for the eviction tracker (it has none).  The rest of the loop's time is the 7 round trips
+directory keys from ``Sync.key_of``'s memo, the lookup's negative timeout
+reading one field of the record (``MetaDB.listed_at``); the first write of
+a new file no longer reads its residency for the eviction tracker (it has
+none).  The rest of the loop's time is the 7 round trips
 through the kernel and the writer's own work.
 
 Hard links are refused with EPERM, and so are device nodes; FIFOs and
