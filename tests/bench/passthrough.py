@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A trivial read-only pyfuse3 passthrough of a local directory.
+"""A trivial pyfuse3 passthrough of a local directory.
 
     passthrough.py SOURCE MOUNTPOINT [--timeout SECONDS]
 
@@ -12,6 +12,10 @@ attributes get the kernel timeouts ``--timeout`` (1 s, libfuse's default;
 no-op) as tierfs answers it: a filesystem without ``flush`` gets ENOSYS
 once and is never sent FLUSH again, one request per ``close`` fewer than
 any filesystem that accepts writes can have.
+The write side is there for the small-file write loop of ``bench_write.py``
+(create, write, flush, release; mkdir): ``create`` replies as tierfs does
+(a write-only handle gets ``direct_io``, entries the ``--timeout``), so the
+loop through it is the FUSE floor of the same loop through tierfs.
 Inode numbers are the source's (its root is inode 1).  It runs in the
 foreground until the mount is unmounted.
 """
@@ -80,11 +84,37 @@ class Passthrough(pyfuse3.Operations):
                 return
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        access = flags & (os.O_ACCMODE | os.O_TRUNC | os.O_APPEND)
         try:
-            fd = os.open(self._path(inode), os.O_RDONLY)
+            fd = os.open(self._path(inode), access)
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
-        return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=True, direct_io=_write_only(flags))
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        path = os.path.join(self._path(parent_inode), os.fsdecode(name))
+        access = flags & (os.O_ACCMODE | os.O_TRUNC | os.O_APPEND | os.O_EXCL)
+        try:
+            fd = os.open(path, access | os.O_CREAT, mode & 0o7777)
+            entry = self._entry(path, os.fstat(fd))
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        return pyfuse3.FileInfo(fh=fd, keep_cache=True, direct_io=_write_only(flags)), entry
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return os.pwrite(fh, buf, off)
+
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        path = os.path.join(self._path(parent_inode), os.fsdecode(name))
+        try:
+            os.mkdir(path, mode & 0o7777)
+            return self._entry(path, os.lstat(path))
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(fh, size, off)
@@ -94,6 +124,11 @@ class Passthrough(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         os.close(fh)
+
+
+def _write_only(flags: int) -> bool:
+    """tierfs replies ``direct_io`` to write-only opens (``tierfs.core.handles``)."""
+    return flags & os.O_ACCMODE == os.O_WRONLY
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from tierfs.meta.records import (
     decode_inode,
     encode_block,
     encode_inode,
+    raw_listed_at,
 )
 
 IDENT = {"file_mode": 0o644, "dir_mode": 0o755, "uid": 0, "gid": 0}
@@ -32,6 +33,21 @@ def merge(db: MetaDB, entries: list[ListedEntry], parent: int = ROOT_INO) -> Non
 def test_inode_record_round_trip() -> None:
     inode = Inode(7, 0o100600, 1, 2, 12345, 10**18, 2 * 10**18, 3, "ü name".encode(), etag="abc-2")
     assert decode_inode(7, encode_inode(inode)) == inode
+
+
+def test_listed_at_is_read_without_a_decode(tmp_path: Path) -> None:
+    """A missed lookup's negative timeout reads one field of the directory's
+    record (``MetaDB.listed_at``): the same value a decode gives."""
+    inode = Inode(9, 0o40755, 0, 0, 0, 1, 1, ROOT_INO, b"d", validated_at=5.5, listed_at=1234.25)
+    assert raw_listed_at(encode_inode(inode)) == 1234.25
+    db = MetaDB(tmp_path, "s3://one")
+    try:
+        with db.write() as tx:
+            tx.put_inode(inode)
+        assert db.listed_at(9) == 1234.25 == db.get_inode(9).listed_at  # type: ignore[union-attr]
+        assert db.listed_at(10) is None
+    finally:
+        db.close()
 
 
 def test_state_dir_of_another_bucket_is_refused(tmp_path: Path) -> None:

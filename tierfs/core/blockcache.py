@@ -1263,7 +1263,10 @@ class BlockCache:
             await self._ensure(cf, rmw)
         for blockno in range(first, last + 1):
             if blockno not in cf.blocks:
-                tier = await self._reserve_for_write(bs, cf.ino, avoid=cf.fenced_tier)
+                # A file with no block yet (a new one) has no bytes on any
+                # tier: the eviction tracker need not read its residency.
+                file_bytes = None if cf.blocks else 0
+                tier = await self._reserve_for_write(bs, cf.ino, cf.fenced_tier, file_bytes)
                 cf.reserved[blockno] = (tier, bs)
                 cf.blocks[blockno] = BlockRecord(tier=tier, digest=0, nbytes=0, dirty=True)
         hashers = self._begin_writes(cf, offset, end)
@@ -1398,19 +1401,22 @@ class BlockCache:
             if hasher is not None:
                 hasher.update(memoryview(buf)[: len(chunk)], self.block_size)
 
-    async def _reserve_for_write(self, nbytes: int, ino: int, avoid: int | None = None) -> int:
+    async def _reserve_for_write(
+        self, nbytes: int, ino: int, avoid: int | None = None, file_bytes: int | None = None
+    ) -> int:
         """A tier for a new dirty block; waits for uploads to free space.
 
         Dirty data is never evicted, so when every tier is full of it the
         writer waits (backpressure) while ``on_space_pressure`` asks the
         uploader to hurry; after ``write_space_timeout`` it gives up with
-        ENOSPC.
+        ENOSPC.  ``file_bytes``: the file's bytes on the tier, when the
+        caller knows them (``SpaceManager.block_added``).
         """
         deadline = trio.current_time() + self.write_space_timeout
         while True:
             tier = self.space.reserve(nbytes, ino=ino, avoid=avoid)
             if tier is not None:
-                self.space.block_added(ino, tier)
+                self.space.block_added(ino, tier, file_bytes)
                 return tier
             if trio.current_time() >= deadline:
                 raise NoSpace("no tier has room for new data, and nothing can be freed")

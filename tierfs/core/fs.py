@@ -455,10 +455,10 @@ class TierFS:
         negative entry itself (the kernel links the new entry).  0 for a
         listing that expired (being re-listed: its additions show at the
         next access) or was never made."""
-        inode = self.meta.get_inode(parent)
-        if inode is None or inode.listed_at <= 0:
+        listed_at = self.meta.listed_at(parent)
+        if listed_at is None or listed_at <= 0:
             return 0.0
-        return max(0.0, inode.listed_at + self.config.namespace.list_ttl - time.time())
+        return max(0.0, listed_at + self.config.namespace.list_ttl - time.time())
 
     # --- directories -----------------------------------------------------------------
 

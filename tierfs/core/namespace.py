@@ -462,6 +462,11 @@ class Namespace:
         inode = self.meta.get_inode(dir_ino)
         return inode is not None and self.listing_expired(inode)
 
+    def listing_fresh(self, dir_inode: Inode) -> bool:
+        """Is the listing of ``dir_inode`` younger than ``list_ttl`` (so
+        ``ensure_listed`` returns at once, without yielding)?"""
+        return time.time() - dir_inode.listed_at < self.config.list_ttl
+
     def listing_expired(self, dir_inode: Inode) -> bool:
         """``expired`` for a directory record already read (readdir reads
         it for each batch anyway: one decode less)."""
@@ -556,7 +561,7 @@ class Namespace:
         its re-listing (see the module docstring); one never listed waits
         for its listing and raises its error.
         """
-        if time.time() - dir_inode.listed_at < self.config.list_ttl:
+        if self.listing_fresh(dir_inode):
             return
         ino = dir_inode.ino
         have_listing = dir_inode.listed_at > 0

@@ -167,6 +167,7 @@ from tierfs.meta.records import (
     patch_atime,
     patch_attrs,
     raw_is_v2,
+    raw_listed_at,
     raw_mode,
     raw_validated_at,
     residency_key,
@@ -444,6 +445,14 @@ class MetaDB:
         with self._read() as txn:
             raw = txn.get(ino_key(ino), db=self._inodes)
             return None if raw is None else decode_inode(ino, raw)
+
+    def listed_at(self, ino: int) -> float | None:
+        """The ``listed_at`` of inode ``ino`` (None: no such inode), read
+        without decoding the record: a lookup that misses asks for it (the
+        negative entry's timeout) right after it decoded the directory."""
+        with self._read() as txn:
+            raw = txn.get(ino_key(ino), db=self._inodes)
+            return None if raw is None else raw_listed_at(raw)
 
     def put_inode(self, inode: Inode) -> None:
         with self.write() as w:

@@ -146,6 +146,15 @@ def raw_validated_at(raw: bytes) -> float:
     return value
 
 
+_LISTED_AT = _VALIDATED_AT + _F64.size
+
+
+def raw_listed_at(raw: bytes) -> float:
+    """``listed_at`` of an encoded inode (either format), without decoding the rest."""
+    value: float = _F64.unpack_from(raw, _LISTED_AT)[0]
+    return value
+
+
 _SIZE_AT = struct.calcsize(">BBIII")
 _U64 = struct.Struct(">Q")
 

@@ -46,6 +46,31 @@ A py-spy of the loop thread during such a burst put the uploads' own share
 at about 9% of its samples: the writer is slowed by the two CPUs being
 shared with the S3 server and the PUT threads, not by upload bookkeeping.
 
+Measured a third time (issue 15 §4; on the code before that issue's trim
+of the write loop, ``tierfs.core.writes``, which saves a few microseconds
+per file and does not change the picture).  Same 2,000 files,
+``upload_delay`` 1 s as in the bench, s3rver on the same 2 CPUs, four
+interleaved rounds on a machine whose load average was 7-11 from other
+work (so the spread is wide):
+
+=========================  ==============  ==============  ================
+uploads during the burst   write loop (s)  in bucket (s)   daemon CPU/file
+=========================  ==============  ==============  ================
+none (held, kept)          1.8-5.8         4.3-9.0         1.1-1.75 ms
+8 at once, no hold         5.1-9.2         7.5-10.3        1.3-1.95 ms
+16 at once, no hold        2.8-7.5         5.4-8.5         1.15-2.0 ms
+16, GIL switch 0.5 ms      10.7 (1 round)  11.7            2.1 ms
+=========================  ==============  ==============  ================
+
+(``s5cmd cp`` of the same files: 3.9-4.3 s, once 10.0 s.)  The rounds in
+which uploads really ran during the burst are the ones whose loop took
+twice as long or more, and the daemon spent about a fifth more CPU per
+file in all (its loop thread interleaving FUSE requests with completions);
+the two good rounds of 16 had fast loops and did most uploads after them,
+as held does.  A shorter GIL switch interval (to let the loop thread take
+the GIL back from a PUT thread sooner) made the writer slower still.  So
+the hold stays.
+
 States: idle (full ``concurrency``) -> busy, holding (0) -> busy for
 BURST_HOLD (``busy_concurrency``); any BUSY_WINDOW below the rate -> idle.
 """
