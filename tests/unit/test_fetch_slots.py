@@ -21,8 +21,16 @@ DEMAND, AHEAD, BACKGROUND = FetchPriority.DEMAND, FetchPriority.AHEAD, FetchPrio
 class Fetch:
     """One fetch: takes a slot at ``priority``, records when, holds it until ``end``."""
 
-    def __init__(self, slots: FetchSlots, name: str, priority: FetchPriority, log: list[str]):
+    def __init__(
+        self,
+        slots: FetchSlots,
+        name: str,
+        priority: FetchPriority,
+        log: list[str],
+        short: bool = False,
+    ):
         self.slots = slots
+        self.short = short
         self.name = name
         self.priority = priority
         self.log = log
@@ -32,7 +40,7 @@ class Fetch:
 
     async def run(self) -> None:
         with self.cancel_scope:
-            taken = await self.slots.take(lambda: self.priority)
+            taken = await self.slots.take(lambda: self.priority, short=self.short)
             self.started_at = trio.current_time()
             self.log.append(self.name)
             try:
@@ -49,10 +57,11 @@ def run_with_clock(test: Callable[[trio.testing.MockClock], Awaitable[None]]) ->
 async def start(
     nursery: trio.Nursery, slots: FetchSlots, log: list[str], *specs: str
 ) -> list[Fetch]:
-    """Fetches named like "b1" (the letter is the priority: d, a, b), each
-    started once the previous one took its slot or parked."""
-    kinds = {"d": DEMAND, "a": AHEAD, "b": BACKGROUND}
-    fetches = [Fetch(slots, name, kinds[name[0]], log) for name in specs]
+    """Fetches named like "b1" (the letter is the priority: d, a, b; s is a
+    short BACKGROUND fetch), each started once the previous one took its
+    slot or parked."""
+    kinds = {"d": DEMAND, "a": AHEAD, "b": BACKGROUND, "s": BACKGROUND}
+    fetches = [Fetch(slots, name, kinds[name[0]], log, name[0] == "s") for name in specs]
     for fetch in fetches:
         nursery.start_soon(fetch.run)
         await trio.testing.wait_all_tasks_blocked()
@@ -148,6 +157,52 @@ def test_background_fetch_parked_after_every_slot_came_back_starts_by_the_clock(
             await trio.sleep(2)
             assert log == ["d0", "b0", "b1"]
             assert late.started_at == pytest.approx(t0 + 0.5, abs=0.02)
+            nursery.cancel_scope.cancel()
+
+    run_with_clock(main)
+
+
+def test_short_background_fetches_use_every_slot_and_demand_takes_the_first_freed() -> None:
+    async def main(clock: trio.testing.MockClock) -> None:
+        slots = FetchSlots(8)
+        log: list[str] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slots.run)
+            short = await start(nursery, slots, log, *(f"s{i}" for i in range(12)))
+            await trio.testing.wait_all_tasks_blocked()
+            assert log == [f"s{i}" for i in range(8)]  # all 8 slots, not half
+            assert slots.parked == 4
+            for fetch in short[:6]:
+                fetch.end.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(log[8:]) == ["s10", "s11", "s8", "s9"]  # the parked ones
+            assert slots.running[BACKGROUND] == 6
+            # Two slots are free, but a long BACKGROUND fetch is still held
+            # to half of them (6 BACKGROUND fetches run).
+            await start(nursery, slots, log, "b0")
+            await trio.testing.wait_all_tasks_blocked()
+            assert "b0" not in log
+            await start(nursery, slots, log, "s12", "s13")
+            await trio.testing.wait_all_tasks_blocked()
+            assert "s12" not in log  # parked behind b0, which keeps its turn
+            # Demand takes a free slot at once, and the first freed one next.
+            readers = await start(nursery, slots, log, "d0", "d1", "d2")
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(log[12:]) == ["d0", "d1"]
+            assert slots.demand_waiting == 1
+            short[6].end.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert log[14:] == ["d2"]
+            # While demand is active the rest is a trickle: as short fetches
+            # end, none of the parked ones starts while another runs.
+            for fetch in short[7:]:
+                fetch.end.set()
+                await trio.testing.wait_all_tasks_blocked()
+            assert log[15:] == []
+            for reader in readers:
+                reader.end.set()
+            await trio.sleep(0.6)  # demand quiet: the parked ones start
+            assert sorted(log[15:]) == ["b0", "s12", "s13"]
             nursery.cancel_scope.cancel()
 
     run_with_clock(main)

@@ -177,7 +177,7 @@ from tierfs.tiers.tier import Tier, pread_padded, pwrite_all
 
 from .buffers import BlockBuffers
 from .digests import BlockHasher, block_digest, read_and_hash
-from .fetch_slots import FetchPriority, FetchSlots
+from .fetch_slots import SHORT_FETCH_BYTES, FetchPriority, FetchSlots
 from .readahead import ReadaheadWindow
 from .space import SpaceManager
 from .upload_source import UploadSource
@@ -916,7 +916,8 @@ class BlockCache:
         thread (GET, write, hash) and for the loop to take the result."""
         asked = time.perf_counter()
         taken = await self.slots.take(
-            (lambda: flight.priority) if flight is not None else _demand_priority
+            (lambda: flight.priority) if flight is not None else _demand_priority,
+            short=length <= SHORT_FETCH_BYTES,
         )
         try:
             stop: Callable[[], bool] | None = None
