@@ -9,7 +9,9 @@
 #   bash tests/bench/run.sh meta [bench_meta.py options]      # metadata and small files: find,
 #                                      # stat, open+read+close warm and cold, 8-thread cold
 #                                      # reads vs a boto3 GET loop; tierfs, a pyfuse3
-#                                      # passthrough (the ceiling), rclone, s3fs
+#                                      # passthrough (the ceiling), rclone, s3fs;
+#                                      # --server seaweedfs: on SeaweedFS instead of
+#                                      # s3rver (faster; what --large wants)
 #   bash tests/bench/run.sh eviction [bench_eviction.py options]  # eviction bookkeeping
 #                                                           # (pure Python: no root, no mount)
 #   bash tests/bench/run.sh lifecycle [bench_lifecycle.py options]  # the mover and the scan
