@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Metadata and small-file benchmark: tierfs against a pyfuse3 passthrough
-(the FUSE ceiling), rclone mount and s3fs, over one local S3 server.
+(the FUSE ceiling), rclone mount and s3fs, over one local S3 server
+(s3rver, or SeaweedFS with ``--server seaweedfs``: see ``common.py``).
 
 Run it through ``bash tests/bench/run.sh meta`` (installs the peers), as
 root: ``drop_caches`` and FUSE mounts need it.  Not a test: never collected
@@ -8,11 +9,16 @@ by pytest, never run in CI.  Shared pieces are in ``common.py``.
 
 What one run does
 -----------------
-1. Starts ``s3rver``, writes a tree of ``--files`` (4,000) files of
-   ``--file-min``-``--file-max`` (1-16 KiB, sizes and bytes from ``--seed``)
-   in ``--dirs`` (10) directories on the local disk, and uploads it with
-   ``s5cmd cp`` under ``meta/t4000/`` (directory markers for every
-   directory).  ``--large`` adds a tree of 100,000 files (``--large-files``).
+1. Starts the S3 server (``--server``), writes a tree of ``--files``
+   (4,000) files of ``--file-min``-``--file-max`` (1-16 KiB, sizes and bytes
+   from ``--seed``) in ``--dirs`` (10) directories on the local disk, and
+   uploads it with ``s5cmd cp`` under ``meta/t4000/`` (on s3rver with
+   directory markers for every directory, which s3rver needs to list a
+   prefix that holds only prefixes; SeaweedFS, like S3, needs none).
+   ``--large`` adds a tree of 100,000 files (``--large-files``), measured
+   only in ``--large-scenarios`` (cold) and ``--large-operations``
+   (find,stat) by default: what issue 15's request-count check needs,
+   without reading 100,000 files through every mount.
 2. For every tree and every mount of ``--cases`` (passthrough of the local
    copy, tierfs, rclone ``--vfs-cache-mode full``, s3fs ``use_cache``):
 
@@ -37,6 +43,14 @@ What one run does
    tierfs / GET loop, tierfs / rclone and s3fs), and for tierfs the LIST,
    HEAD and GET requests each scenario sent (``tierfs status`` ``store_calls``,
    counted by the daemon's store).
+4. Checks every tierfs ``cold find`` against issue 15's "one LIST per 1,000
+   entries and no HEAD": PASS when the step sent no HEAD and no more LISTs
+   than the pages a delimited listing of each directory on the way needs
+   (the mount's root, the tree's root, each directory: ``ceil(keys /
+   1000)``, at least 1; on s3rver a directory's marker is one of its keys),
+   else FAIL.  tierfs also lists each directory's attribute shadow prefix
+   (``tierfs.core.namespace``, "Attributes of listed names"): one LIST more
+   per directory than the pages, which this check counts against it.
 
 ``--scenarios`` picks a subset (``warm,cold,ttl1s,threads,order``) while
 iterating, ``--operations`` a subset of ``find,stat,read`` (the warm-up
@@ -79,6 +93,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,6 +119,7 @@ from common import (
     py_spy,
     run_in_workdir,
     s3_client,
+    server_name,
     table,
 )
 
@@ -116,6 +132,8 @@ TTL_WAIT = 1.5
 SCENARIOS = ("warm", "cold", "ttl1s", "threads", "order")
 #: tierfs's default ``list_ttl``: the passthrough's kernel timeouts.
 DEFAULT_TIMEOUT = 60.0
+#: Keys of a full ListObjectsV2 page (S3's MaxKeys limit).
+LIST_PAGE = 1000
 #: tierfs store calls reported per scenario.
 COUNTED = {"LIST": "ListObjectsV2", "HEAD": "HeadObject", "GET": "GetObject"}
 
@@ -154,12 +172,54 @@ class Result:
 class Results:
     rows: list[Result] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
+    #: tree -> (the LIST pages a cold ``find`` of it needs, the directories
+    #: on the way): ``list_pages_needed``, ``directories_listed``.
+    trees: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def rate(self, tree: str, scenario: str, mount: str) -> float | None:
         for row in self.rows:
             if (row.tree, row.scenario, row.mount) == (tree, scenario, mount):
                 return row.rate
         return None
+
+
+def directories_listed(tree: Tree, markers: bool) -> Counter[str]:
+    """Keys of each directory a walk of ``tree`` from the mount's root
+    lists: the mount's root (the trees: counted as 1, a few prefixes), the
+    tree's root (its ``dNN``) and each ``dNN`` (its files); with directory
+    markers, each directory's listing also holds its own marker (``d00/``
+    lists ``d00/``: 10,001 keys for 10,000 files, 11 pages)."""
+    per_dir = Counter(rel.split("/", 1)[0] for rel in tree.files)
+    listed = Counter({"": 1, tree.name: len(per_dir), **per_dir})
+    if markers:
+        listed.update(listed.keys())
+    return listed
+
+
+def list_pages_needed(tree: Tree, markers: bool, page_size: int = LIST_PAGE) -> int:
+    """The ListObjectsV2 pages (delimiter "/") a walk of ``tree`` needs: one
+    per ``page_size`` keys of each directory on the way, at least one."""
+    return sum(max(1, -(-n // page_size)) for n in directories_listed(tree, markers).values())
+
+
+def list_check(res: Results) -> list[str]:
+    """Issue 15: "cold find on 100,000 files makes one LIST per 1,000
+    entries and no HEAD", for every tree's tierfs cold find."""
+    out = []
+    for row in res.rows:
+        if row.mount != "tierfs" or row.scenario != "cold find" or row.calls is None:
+            continue
+        if row.tree not in res.trees:
+            continue
+        needed, dirs = res.trees[row.tree]
+        lists, heads = row.calls["LIST"], row.calls["HEAD"]
+        verdict = "PASS" if lists <= needed and heads == 0 else "FAIL"
+        out.append(
+            f"check {row.tree} cold find: one LIST per {LIST_PAGE:,} entries and no HEAD:"
+            f" LIST {lists:,} for {needed:,} pages needed ({dirs} directories listed),"
+            f" HEAD {heads:,}, {row.count:,} entries: {verdict}"
+        )
+    return out
 
 
 # --- the operations, timed by the caller ----------------------------------------------------
@@ -226,6 +286,12 @@ class MetaBench(BenchBase):
         #: PID of the daemon of the mount in use (py-spy's target, CPU time).
         self.daemon_pid: int | None = None
 
+    @property
+    def uses_markers(self) -> bool:
+        """s3rver lists a prefix that holds only prefixes only with a marker
+        (``put_directory_markers``); SeaweedFS, like S3, needs none."""
+        return self.server_name == "s3rver"
+
     def check_prerequisites(self) -> None:
         self.check_common_prerequisites(set(self.cases))
         self._tool("find")
@@ -245,13 +311,16 @@ class MetaBench(BenchBase):
             size = rng.randint(a.file_min, a.file_max)
             (self.source / name / rel).write_bytes(pool[:size])
             files.append(rel)
-        log(f"uploading {name}: {count} files with s5cmd")
+        log(f"uploading {name}: {count} files with s5cmd to {self.server_name}")
+        started = time.perf_counter()
         self.run_quiet(
             self.s5cmd("cp", f"{self.source / name}/*", f"s3://{BUCKET}/{PREFIX}/{name}/")
         )
-        markers = [f"{PREFIX}/", f"{PREFIX}/{name}/"]
-        markers += [f"{PREFIX}/{name}/d{d:02d}/" for d in range(a.dirs)]
-        put_directory_markers(self.endpoint, markers)
+        log(f"uploaded {name} in {time.perf_counter() - started:.0f} s")
+        if self.uses_markers:
+            markers = [f"{PREFIX}/", f"{PREFIX}/{name}/"]
+            markers += [f"{PREFIX}/{name}/d{d:02d}/" for d in range(a.dirs)]
+            put_directory_markers(self.endpoint, markers)
         return Tree(name, files, 1 + a.dirs + count)
 
     # --- mounts: each yields the mount point and a function that reads tierfs's store calls ---
@@ -415,18 +484,25 @@ class MetaBench(BenchBase):
             "in order": lambda: op_read(in_order),
         }
 
+    def wanted(self, tree: Tree) -> tuple[list[str], list[str]]:
+        """The scenarios and operations to run on ``tree``: the large one
+        has its own (``--large-scenarios``, ``--large-operations``)."""
+        if tree.name == f"t{self.args.large_files}" and self.args.large:
+            return self.args.large_scenarios, self.args.large_operations
+        return self.args.scenarios, self.args.operations
+
     def run_mount_case(self, tree: Tree, name: str) -> None:
-        wanted = self.args.scenarios
+        wanted, operations = self.wanted(tree)
         if "warm" in wanted:
             with self.mount(name) as (mp, calls):
                 ops = self.operations(tree, mp)
                 self.drops_before = page_cache_drops()
-                for op in self.args.operations:  # the warm-up pass, untimed
+                for op in operations:  # the warm-up pass, untimed
                     ops[op]()
-                for op in self.args.operations:
+                for op in operations:
                     self.timed(tree, f"warm {op}", name, ops[op], calls)
         cold = [
-            *(self.args.operations if "cold" in wanted else ()),
+            *(operations if "cold" in wanted else ()),
             *(["8 threads"] * ("threads" in wanted)),
             *(["in order"] * ("order" in wanted)),
         ]
@@ -439,9 +515,9 @@ class MetaBench(BenchBase):
             with self.mount(name, list_ttl=1.0) as (mp, calls):
                 ops = self.operations(tree, mp)
                 self.drops_before = page_cache_drops()
-                for op in self.args.operations:
+                for op in operations:
                     ops[op]()
-                for op in self.args.operations:
+                for op in operations:
                     time.sleep(TTL_WAIT)
                     self.timed(tree, f"ttl1s {op}", name, ops[op], calls)
 
@@ -459,9 +535,10 @@ class MetaBench(BenchBase):
                     pass
             return len(keys)
 
-        if "threads" in self.args.scenarios:
+        wanted, _ = self.wanted(tree)
+        if "threads" in wanted:
             self.timed(tree, "cold 8 threads", "GET loop", loop, None)
-        if "order" in self.args.scenarios:
+        if "order" in wanted:
             in_order = sorted(keys)
 
             def loop_in_order() -> int:
@@ -485,7 +562,11 @@ class MetaBench(BenchBase):
             try:
                 for count in sizes:
                     tree = self.make_tree(count)
-                    if {"threads", "order"} & set(self.args.scenarios):
+                    self.results.trees[tree.name] = (
+                        list_pages_needed(tree, self.uses_markers),
+                        len(directories_listed(tree, self.uses_markers)),
+                    )
+                    if {"threads", "order"} & set(self.wanted(tree)[0]):
                         self.run_get_loop(tree)
                     for name in self.cases:
                         log(f"{tree.name}: {name}")
@@ -519,7 +600,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
         f"trees of {a.files:,} files"
         + (f" and {a.large_files:,} files" if a.large else "")
         + f" of {fmt_size(a.file_min)}-{fmt_size(a.file_max)} in {a.dirs} dirs (seed {a.seed});"
-        f" one round; S3 server s3rver; {os.cpu_count()} CPUs; rates per second"
+        f" one round; S3 server {server_name(a)}; {os.cpu_count()} CPUs; rates per second"
         " (find: entries, others: files)",
         "",
     ]
@@ -567,6 +648,9 @@ def report(res: Results, a: argparse.Namespace) -> str:
             out.append("FUSE requests per step (count, median latency, total latency):")
             out += [f"  {r.tree} {r.scenario} {r.mount}: {r.fuse}" for r in traced]
             out.append("")
+    checks = list_check(res)
+    if checks:
+        out += [*checks, ""]
     out.append("(/X: tierfs rate / X rate; tierfs requests: sent to the bucket during the step)")
     if any(r.dropped for r in res.rows):
         out.append("(!): another process dropped the page cache during the step: not comparable")
@@ -582,6 +666,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--files", type=int, default=4000, help="files of the tree (4000)")
     p.add_argument("--large", action="store_true", help="also a tree of --large-files")
     p.add_argument("--large-files", type=int, default=100_000, help="(100000)")
+    p.add_argument(
+        "--large-scenarios",
+        default="cold",
+        type=comma_list,
+        help=f"scenarios to run on the large tree (cold; any of {','.join(SCENARIOS)})",
+    )
+    p.add_argument(
+        "--large-operations",
+        default="find,stat",
+        type=comma_list,
+        help="operations of the large tree's warm, cold and ttl1s scenarios (find,stat)",
+    )
     p.add_argument("--file-min", type=parse_size, default=parse_size("1KiB"))
     p.add_argument("--file-max", type=parse_size, default=parse_size("16KiB"))
     p.add_argument("--dirs", type=int, default=10, help="directories of each tree (10)")
@@ -631,12 +727,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [c for c in args.cases if c not in CASES]
     if bad:
         p.error(f"unknown case: {', '.join(bad)}")
-    bad = [c for c in args.scenarios if c not in SCENARIOS]
+    bad = [c for c in [*args.scenarios, *args.large_scenarios] if c not in SCENARIOS]
     if bad:
         p.error(f"unknown scenario: {', '.join(bad)}")
-    bad = [c for c in args.operations if c not in OPERATIONS]
+    bad = [c for c in [*args.operations, *args.large_operations] if c not in OPERATIONS]
     if bad:
         p.error(f"unknown operation: {', '.join(bad)}")
+    if args.large and args.large_files == args.files:
+        p.error("--large-files must differ from --files (the trees are named by their size)")
     if args.files < 1 or args.dirs < 1 or not 0 < args.file_min <= args.file_max:
         p.error("need --files >= 1, --dirs >= 1 and 0 < --file-min <= --file-max")
     return args
@@ -652,7 +750,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             rows = [r.__dict__ for r in bench.results.rows]
-            args.json.write_text(json.dumps({"rows": rows, "notes": bench.results.notes}, indent=2))
+            document = {
+                "server": server_name(args),
+                "rows": rows,
+                "notes": bench.results.notes,
+                "checks": list_check(bench.results),
+            }
+            args.json.write_text(json.dumps(document, indent=2))
     return code
 
 

