@@ -665,7 +665,7 @@ class BenchBase:
     def seaweedfs_command(self, data: Path) -> list[str]:
         """``weed mini`` on 127.0.0.1 only, every port free-picked, the
         bench's credentials (an S3 identity file), no WebDAV, Iceberg or
-        Lance endpoints."""
+        Lance endpoints, logs and sockets in the work directory."""
         identities = {
             "identities": [
                 {
@@ -677,7 +677,12 @@ class BenchBase:
         }
         config = self.work / "seaweedfs-s3.json"
         config.write_text(json.dumps(identities))
-        cmd = [self._tool("weed", VENV_BIN / "weed"), "mini", f"-dir={data}"]
+        # Its logs and local sockets stay in the work directory (by default
+        # they land in /tmp and outlive the bench).
+        weed = self._tool("weed", VENV_BIN / "weed")
+        cmd = [weed, f"-logdir={self.work}", "mini", f"-dir={data}"]
+        cmd += [f"-s3.localSocket={self.work / 's3.sock'}"]
+        cmd += [f"-filer.localSocket={self.work / 'filer.sock'}"]
         cmd += ["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false"]
         cmd += ["-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}"]
         cmd += [f"-s3.port={self.port}", f"-s3.port.grpc={free_port()}"]
