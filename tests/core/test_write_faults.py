@@ -108,3 +108,30 @@ async def test_replayed_upload_of_a_deleted_file_aborts_its_multipart_upload(
     assert s3_store.list_uploads("") == [], "the recorded multipart upload must be aborted"
     keys = [obj.key for page in s3_store.list_pages("") for obj in page.objects]
     assert "gone.bin" not in keys
+
+
+async def test_a_multipart_upload_id_is_committed_before_its_first_part(make_fs: Any) -> None:
+    """The upload thread sends parts as soon as the upload id is journaled:
+    that record must already be committed (not only in the metadata group),
+    or a daemon killed before the next group commit leaves an open upload
+    that no replay knows to abort (tests/fuse/test_crash.py, kill -9 during a
+    multipart upload)."""
+    mount = await make_fs()
+    sync = mount.fs.sync
+    recorded: list[tuple[bool, int, str]] = []
+    record = sync._record_upload_id
+
+    def record_and_look(seq: int, key: str, upload_id: str) -> None:
+        record(seq, key, upload_id)
+        meta = mount.fs.meta
+        recorded.append((meta.group_commit, meta.uncommitted, upload_id))
+
+    sync._record_upload_id = record_and_look
+    body = os.urandom(20 * MiB)  # 8 MiB parts: a multipart upload
+    await mount.write_file("big.bin", body)
+    await mount.flush()
+    assert len(recorded) == 1, recorded
+    group_commit, uncommitted, upload_id = recorded[0]
+    assert group_commit, "the mount runs without group commit: the test proves nothing"
+    assert uncommitted == 0, "the upload id was left in the uncommitted group"
+    assert upload_id

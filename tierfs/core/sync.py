@@ -653,6 +653,10 @@ class Sync:
         return -(-part // bs) * bs
 
     def _record_upload_id(self, seq: int, key: str, upload_id: str) -> None:
+        """Journal the id of a multipart upload just created, and commit the
+        metadata group at once: the upload thread sends its first part when
+        this returns, and a daemon killed before the next group commit would
+        otherwise leave an open upload that no replay knows to abort."""
         entry = self.journal.entries.get(seq)
         if entry is None:
             return
@@ -660,6 +664,7 @@ class Sync:
         entry["upload_key"] = key
         with self.meta.write() as tx:
             tx.journal_put(seq, {k: v for k, v in entry.items() if k != "running_key"})
+        self.meta.commit()
 
     async def _mark_clean_unless_stale(self, done: _Uploaded) -> bool:
         """Mark ``done``'s file clean (``_mark_clean_batched``) once no other
