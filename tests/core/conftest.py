@@ -11,6 +11,7 @@ forwards every call).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -229,6 +230,29 @@ async def make_fs(s3_store: Any, tmp_path: Path) -> AsyncIterator[Callable[..., 
             if not mount.closed:
                 await mount.aclose()
         nursery.cancel_scope.cancel()
+
+
+def count_calls(
+    monkeypatch: pytest.MonkeyPatch, counts: dict[str, int], key: str, owner: Any, attr: str
+) -> None:
+    """Count each call of ``owner.attr`` (a function or a coroutine function)
+    in ``counts[key]``, then make the call; ``monkeypatch`` undoes it."""
+    real = getattr(owner, attr)
+    counts.setdefault(key, 0)
+    if inspect.iscoroutinefunction(real):
+
+        async def counted_async(*args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, attr, counted_async)
+        return
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[key] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, counted)
 
 
 def put(s3_store: Any, key: str, data: bytes) -> str:

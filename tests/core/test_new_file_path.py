@@ -16,6 +16,7 @@ import pytest
 import trio
 from tierfsd.fuse_ops import TierfsOperations
 
+from tests.core.conftest import count_calls
 from tierfs.config import WriteConfig
 from tierfs.meta import db as db_module
 
@@ -41,25 +42,10 @@ async def test_new_small_file_costs_two_write_transactions_and_no_thread(
     directory = await ops.mkdir(top.st_ino, b"step-1", 0o755, CTX)
     payloads = {f"f{i:02d}".encode(): os.urandom(4 * KiB + 997 * i) for i in range(FILES)}
 
-    counts = {"write": 0, "thread": 0, "decode": 0}
-    real_write, real_decode = meta.write, db_module.decode_inode
-    real_to_thread = trio.to_thread.run_sync
-
-    def counted_write(*args: Any, **kwargs: Any) -> Any:
-        counts["write"] += 1
-        return real_write(*args, **kwargs)
-
-    def counted_decode(*args: Any, **kwargs: Any) -> Any:
-        counts["decode"] += 1
-        return real_decode(*args, **kwargs)
-
-    async def counted_to_thread(*args: Any, **kwargs: Any) -> Any:
-        counts["thread"] += 1
-        return await real_to_thread(*args, **kwargs)
-
-    monkeypatch.setattr(meta, "write", counted_write)
-    monkeypatch.setattr(db_module, "decode_inode", counted_decode)
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted_to_thread)
+    counts: dict[str, int] = {}
+    count_calls(monkeypatch, counts, "write", meta, "write")
+    count_calls(monkeypatch, counts, "decode", db_module, "decode_inode")
+    count_calls(monkeypatch, counts, "thread", trio.to_thread, "run_sync")
     store_calls = dict(getattr(mount.store.inner, "calls", {}))
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # open(path, "wb")
     for name, data in payloads.items():

@@ -16,7 +16,7 @@ import pytest
 import trio
 from tierfsd.fuse_ops import TierfsOperations
 
-from tests.core.conftest import put
+from tests.core.conftest import count_calls, put
 from tierfs.errors import NotFound
 from tierfs.workers.dirahead import DirectoryReadahead
 
@@ -40,25 +40,10 @@ async def test_warm_small_files_cost_no_write_no_thread_no_request(
     directory = await fs.namespace.resolve("w")
     await trio.sleep(0.3)  # the group commit of the fetched blocks ran
 
-    counts = {"write": 0, "thread": 0, "get_inode": 0}
-    real_write, real_get_inode = meta.write, meta.get_inode
-    real_run_sync = trio.to_thread.run_sync
-
-    def counted_write() -> Any:
-        counts["write"] += 1
-        return real_write()
-
-    def counted_get_inode(ino: int) -> Any:
-        counts["get_inode"] += 1
-        return real_get_inode(ino)
-
-    async def counted_run_sync(*args: Any, **kwargs: Any) -> Any:
-        counts["thread"] += 1
-        return await real_run_sync(*args, **kwargs)
-
-    monkeypatch.setattr(meta, "write", counted_write)
-    monkeypatch.setattr(meta, "get_inode", counted_get_inode)
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted_run_sync)
+    counts: dict[str, int] = {}
+    count_calls(monkeypatch, counts, "write", meta, "write")
+    count_calls(monkeypatch, counts, "get_inode", meta, "get_inode")
+    count_calls(monkeypatch, counts, "thread", trio.to_thread, "run_sync")
     requests = (len(store.gets), store.heads, len(store.lists))
 
     for key, data in files.items():
@@ -104,25 +89,10 @@ async def test_warm_open_flush_release_do_no_avoidable_work(
     fetched_ahead = readahead.status()["files_fetched"]  # by the warm-up, in order
 
     meta = mount.fs.meta
-    counts = {"write": 0, "read": 0, "thread": 0}
-    real_write, real_read = meta.write, meta._read
-    real_to_thread = trio.to_thread.run_sync
-
-    def counted_write(*args: Any, **kwargs: Any) -> Any:
-        counts["write"] += 1
-        return real_write(*args, **kwargs)
-
-    def counted_read(*args: Any, **kwargs: Any) -> Any:
-        counts["read"] += 1
-        return real_read(*args, **kwargs)
-
-    async def counted_to_thread(*args: Any, **kwargs: Any) -> Any:
-        counts["thread"] += 1
-        return await real_to_thread(*args, **kwargs)
-
-    monkeypatch.setattr(meta, "write", counted_write)
-    monkeypatch.setattr(meta, "_read", counted_read)
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted_to_thread)
+    counts: dict[str, int] = {}
+    count_calls(monkeypatch, counts, "write", meta, "write")
+    count_calls(monkeypatch, counts, "read", meta, "_read")
+    count_calls(monkeypatch, counts, "thread", trio.to_thread, "run_sync")
     order = inos[:]
     random.Random(15).shuffle(order)
     for ino in order:
