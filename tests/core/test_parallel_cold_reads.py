@@ -37,14 +37,16 @@ async def test_eight_cold_readers_have_eight_gets_in_flight_and_send_nothing_els
     lock = threading.Lock()
     real_get = store.get_range_into
 
-    def gated_get(key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None) -> int:
+    def gated_get(
+        key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None, **kw: Any
+    ) -> int:
         nonlocal in_flight, peak
         with lock:
             in_flight += 1
             peak = max(peak, in_flight)
         try:
             barrier.wait()
-            return real_get(key, start, bufs, etag)
+            return real_get(key, start, bufs, etag, **kw)
         finally:
             with lock:
                 in_flight -= 1

@@ -181,12 +181,12 @@ class GatedGets:
         mount.store.get_range_into = self  # type: ignore[method-assign]
 
     def __call__(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None, **kw: Any
     ) -> int:
         self.started.append(key)
         if any(key.endswith(name) for name in self.held):
             assert self.gate.wait(20)
-        return self.inner(key, start, bufs, etag)
+        return self.inner(key, start, bufs, etag, **kw)
 
 
 async def test_a_prefetched_file_is_held_so_its_open_is_cheap(
@@ -276,14 +276,14 @@ class GetsOneByOne:
                 gate.set()
 
     def __call__(
-        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None
+        self, key: str, start: int, bufs: Sequence[memoryview], etag: str | None = None, **kw: Any
     ) -> int:
         gate = self._gate(key)
         self.started.append(key)
         if self._all.is_set():
             gate.set()
         assert gate.wait(20)
-        return self.inner(key, start, bufs, etag)
+        return self.inner(key, start, bufs, etag, **kw)
 
 
 async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(

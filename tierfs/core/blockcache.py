@@ -1183,10 +1183,9 @@ class BlockCache:
                 stopped = stop is not None and stop()
                 return stopped
 
-            if stop is None:
-                got = self.store.get_range_into(key, offset, views, etag or None)
-            else:
-                got = self.store.get_range_into(key, offset, views, etag or None, stop=stop_here)
+            got = self.store.get_range_into(
+                key, offset, views, etag or None, stop=None if stop is None else stop_here
+            )
             count = len(bufs)
             if stopped and got < length:  # whole blocks only: the first ``count``
                 ends = list(itertools.accumulate(len(view) for view in views))
