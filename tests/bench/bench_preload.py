@@ -142,6 +142,8 @@ from common import (
     py_spy,
     run_in_workdir,
     table,
+    thread_cpu_delta,
+    thread_cpu_seconds,
 )
 
 CASES = ("copy", "latency", "epoch", "rss")
@@ -474,11 +476,28 @@ class PreloadBench(BenchBase):
         return int(item["cached_bytes"])
 
     def preload(self, path: Path, *extra: str) -> dict[str, Any]:
-        """``tierfs preload PATH --json EXTRA...`` until it exits; its summary line."""
-        done = self.run_quiet([self.tierfs_bin, "preload", str(path), "--json", *extra])
-        summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        """``tierfs preload PATH --json EXTRA...`` until it exits; its summary
+        line, with ``scan_seconds`` added: when the first event of the fetch
+        pass came (the scan's length, to within one progress interval)."""
+        cmd = [self.tierfs_bin, "preload", str(path), "--json", *extra]
+        started = time.perf_counter()
+        scan_seconds: float | None = None
+        lines: list[str] = []
+        with subprocess.Popen(
+            cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if scan_seconds is None and '"fetching"' in line:
+                    scan_seconds = time.perf_counter() - started
+            err = proc.stderr.read()
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} exited {proc.returncode}: {err.strip()}")
+        summary: dict[str, Any] = json.loads(lines[-1])
         if summary.get("files_failed"):
             raise BenchError(f"tierfs preload of {path}: {summary['files_failed']} files failed")
+        summary["scan_seconds"] = scan_seconds
         return summary
 
     # --- copy: preload against s5cmd cp and rclone copy ---
@@ -532,6 +551,7 @@ class PreloadBench(BenchBase):
         with self.tierfs_mount() as (mp, pid):
             self.drop_caches()
             cpu0, server0 = cpu_seconds(pid), self.server_cpu()
+            threads0 = thread_cpu_seconds(pid)
             calls0 = self.server_syscalls()
             disk0 = self.disk.read()
             with py_spy(spy, pid, f"preload-{shape}"):
@@ -540,6 +560,13 @@ class PreloadBench(BenchBase):
                 dt = time.perf_counter() - t0
             disk = self.disk.since(disk0)
             cpu, server = cpu_seconds(pid) - cpu0, self.server_cpu() - server0
+            log(
+                f"  tierfs daemon CPU by thread: {thread_cpu_delta(threads0, thread_cpu_seconds(pid))}"
+            )
+            if summary["scan_seconds"] is not None:
+                log(
+                    f"  tierfs preload {shape}: fetch pass began after {summary['scan_seconds']:.2f}s"
+                )
             calls = self.server_syscalls() - calls0
             if summary["files_total"] != files or summary["bytes_total"] != nbytes:
                 raise BenchError(f"tierfs preload {shape}: summary {summary}")

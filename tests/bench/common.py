@@ -139,6 +139,47 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int | None) -> dict[str, tuple[float, float]]:
+    """(user, system) CPU seconds of a process's live threads, summed per
+    thread name with its digits dropped ("Trio thread 12" and "Trio thread
+    3" are one "Trio thread #"; the process's first thread is "main"), so a
+    caller can say which kind of thread a cost is on: the event loop, the
+    worker threads, a native runtime's own.  trio's worker threads show as
+    "python" or "Trio thread #" (the OS name is not always set)."""
+    if pid is None:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, tuple[float, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        name = "main" if tid == str(pid) else re.sub(r"\d+", "#", head.split("(", 1)[1])
+        fields = tail.split()
+        user, system = totals.get(name, (0.0, 0.0))
+        totals[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
+    return totals
+
+
+def thread_cpu_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> str:
+    """``thread_cpu_seconds`` growth between two readings, largest first, as
+    "name 1.2s (user 0.8s)" (threads that ended in between are not counted)."""
+    grown = {}
+    for name, (user, system) in after.items():
+        user0, system0 = before.get(name, (0.0, 0.0))
+        grown[name] = (user - user0, system - system0)
+    ranked = sorted(((u + s, u, k) for k, (u, s) in grown.items() if u + s >= 0.05), reverse=True)
+    return ", ".join(f"{k} {t:.1f}s (user {u:.1f}s)" for t, u, k in ranked) or "none"
+
+
 def io_syscalls(pid: int | None) -> int:
     """Read and write system calls of a whole process so far (``syscr + syscw``
     of /proc/PID/io; socket ``recv``/``send`` calls are not counted there,

