@@ -6,6 +6,7 @@ over preload fetches in the block cache."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +16,8 @@ import trio
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import FetchConfig
 from tierfs.core.blockcache import BACKGROUND_TRICKLE_BYTES
-from tierfs.core.namespace import WALK_PAGE
-from tierfs.errors import InvalidArgument
+from tierfs.core.namespace import LIST_AHEAD, WALK_PAGE
+from tierfs.errors import InvalidArgument, StoreAccessDenied
 from tierfs.workers.preload import Preloader, PreloadJob, normalize_path
 
 TREE = {
@@ -77,25 +78,93 @@ async def test_walk_yields_every_file_depth_first(make_fs: Any, s3_store: Any) -
 
 
 async def test_walk_lists_directories_lazily(make_fs: Any, s3_store: Any) -> None:
-    put_tree(s3_store, {"t/a/1": 1, "t/a/2": 1, "t/b/sub/3": 1, "t/c/4": 1})
+    """The walk lists a directory when it gets there, plus at most
+    ``LIST_AHEAD`` never-listed ones ahead of itself: never the whole tree
+    up front."""
+    subdirs = [f"d{i:02d}" for i in range(LIST_AHEAD + 4)]
+    put_tree(s3_store, {f"t/{d}/f": 1 for d in subdirs})
     mount = await make_fs()
     ns = mount.fs.namespace
     walk = ns.walk("t")
     first_inode, first_path = await walk.__anext__()
-    listed_before = ns.listings_done
-    # Directories the walk has not reached yet were never listed.
+    assert first_inode.is_file and first_path == "t/d00/f"
     t = await ns.resolve("t")
-    unlisted = [
-        name
-        for name in (b"a", b"b", b"c")
-        if (ino := mount.fs.meta.lookup(t.ino, name)) is not None
-        and mount.fs.meta.get_inode(ino).listed_at == 0  # type: ignore[union-attr]
-    ]
-    assert len(unlisted) == 2, unlisted
+    touched = []
+    for name in subdirs:
+        ino = mount.fs.meta.lookup(t.ino, name.encode())
+        assert ino is not None
+        inode = mount.fs.meta.get_inode(ino)
+        assert inode is not None
+        if inode.listed_at > 0 or ino in ns._listing:
+            touched.append(name)
+    # d00 (walked) and the LIST_AHEAD after it; the rest untouched yet.
+    assert touched == subdirs[: 1 + LIST_AHEAD]
     rest = [p async for _i, p in walk]
-    assert sorted([first_path, *rest]) == ["t/a/1", "t/a/2", "t/b/sub/3", "t/c/4"]
-    assert ns.listings_done > listed_before
-    assert first_inode.is_file
+    assert [first_path, *rest] == [f"t/{d}/f" for d in subdirs]
+    assert ns._listing_ahead == 0
+
+
+class SlowSubdirListings:
+    """Forwards to a store; each listing of a prefix under ``under`` takes
+    ``delay`` seconds (in its thread) and counts how many ran at once.  A
+    prefix in ``fail`` raises ``StoreAccessDenied`` instead."""
+
+    def __init__(self, inner: Any, under: str, delay: float, fail: Sequence[str] = ()) -> None:
+        self.inner = inner
+        self.under = under
+        self.delay = delay
+        self.fail = set(fail)
+        self.running = 0
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def list_pages(self, prefix: str, page_size: int = 1000) -> Any:
+        # A generator, as the real one: its first page (and the delay) comes
+        # in the namespace's store thread.
+        if prefix in self.fail:
+            raise StoreAccessDenied(f"listing {prefix!r} refused")
+        if prefix.startswith(self.under) and prefix != self.under:
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            try:
+                time.sleep(self.delay)
+            finally:
+                with self.lock:
+                    self.running -= 1
+        yield from self.inner.list_pages(prefix, page_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_walk_lists_the_next_subdirectories_while_it_walks_one(
+    make_fs: Any, s3_store: Any
+) -> None:
+    subdirs = [f"d{i}" for i in range(6)]
+    put_tree(s3_store, {f"t/{d}/f": 1 for d in subdirs})
+    mount = await make_fs()
+    slow = SlowSubdirListings(mount.fs.namespace.store, "t/", 0.2)
+    mount.fs.namespace.store = slow
+    paths = [p async for _i, p in mount.fs.namespace.walk("t")]
+    assert paths == [f"t/{d}/f" for d in subdirs]
+    # One at a time (the walk's own) took six delays; ahead, they overlap.
+    assert slow.most >= 2
+
+
+async def test_a_failed_listing_ahead_gives_the_walker_the_buckets_error(
+    make_fs: Any, s3_store: Any
+) -> None:
+    put_tree(s3_store, {"t/a/f": 1, "t/b/f": 1, "t/c/f": 1})
+    mount = await make_fs()
+    ns = mount.fs.namespace
+    ns.store = SlowSubdirListings(ns.store, "t/", 0.1, fail=["t/b/"])
+    seen = []
+    with pytest.raises(StoreAccessDenied, match="t/b/"):
+        async for _inode, path in ns.walk("t"):
+            seen.append(path)
+    assert seen == ["t/a/f"]
+    assert ns._listing_ahead == 0 and not ns._listing
 
 
 async def test_walk_pages_through_large_directories(make_fs: Any, s3_store: Any) -> None:
