@@ -234,6 +234,51 @@ async def test_preload_tree_then_rerun_fetches_nothing(
     assert again.bytes_resident == again.bytes_total
 
 
+class ListingWaitsForAGet:
+    """Forwards to a store; the listing of ``gated`` waits (at most
+    ``timeout`` seconds, in its thread) until ``counting`` saw a GET of
+    ``key``, and records whether that GET is what let it go on."""
+
+    def __init__(self, inner: Any, counting: Any, gated: str, key: str, timeout: float) -> None:
+        self.inner = inner
+        self.counting = counting
+        self.gated = gated
+        self.key = key
+        self.timeout = timeout
+        self.released_by_get: bool | None = None
+
+    def list_pages(self, prefix: str, page_size: int = 1000) -> Any:
+        if prefix == self.gated:
+            deadline = time.monotonic() + self.timeout
+            while not any(key == self.key for key, _start, _n in self.counting.gets):
+                if time.monotonic() > deadline:
+                    self.released_by_get = False
+                    break
+                time.sleep(0.01)
+            else:
+                self.released_by_get = True
+        yield from self.inner.list_pages(prefix, page_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_the_fetch_pass_starts_while_the_scan_still_lists(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """Files found so far are fetched while the rest of the tree is still
+    being listed: the listing of t/b/ goes on only once t/a/f was fetched."""
+    data = put_tree(s3_store, {"t/a/f": 1000, "t/b/g": 2000})
+    mount = await make_fs()
+    gate = ListingWaitsForAGet(mount.fs.namespace.store, mount.store, "t/b/", "t/a/f", 10.0)
+    mount.fs.namespace.store = gate
+    job = await run_preload(nursery, mount, ["t"])
+    assert gate.released_by_get is True
+    assert job.state == "done" and job.failures == []
+    assert (job.files_total, job.files_done, job.bytes_fetched) == (2, 2, 3000)
+    assert await mount.read_file("t/b/g") == data["t/b/g"]
+
+
 async def test_preload_names_missing_paths_and_goes_on(
     make_fs: Any, s3_store: Any, nursery: trio.Nursery
 ) -> None:

@@ -14,14 +14,28 @@ they arrive and written to a *path spool*: an unnamed temporary file in
 the state directory (``PathSpool``).  Only once the whole list arrived and
 no line was bad does the job start: a bad list fetches nothing.  The scan
 then walks each path (``Namespace.walk``: directories listed lazily, one
-page and one frame per level in memory) and writes one line per file
-(inode, size, path) to a second spool, while it sums files and bytes; so
-the totals (and the "larger than the tier" warning, and ETA) are known
-before the first byte is fetched, and the fetch pass reads the file spool
-line by line.  Memory per job: the bounded channel between the reader of
-the file spool and the fetch tasks, plus the failures kept for the report
-(``FAILURES_KEPT``; more are counted).  The spools are deleted when the job
-ends (unnamed files: also when the daemon dies).
+page and one frame per level in memory, the next few listed ahead) and
+writes one line per file (inode, size, path) to a second spool, the *file
+spool*, while it sums files and bytes.  The fetch pass runs beside the
+scan: it follows the file spool (``PathSpool.take``, woken by the scan),
+so the first file is fetched as soon as it is found, not after the whole
+tree was listed (a tree of many directories costs one LIST round trip
+each; the fetch pass no longer waits for all of them).  The scan is not
+held back by the fetches, so the totals (and ETA, and ``--ready-fraction``,
+which counts only once they are final: ``PreloadJob.ready``) are known
+long before the fetch pass ends.  Memory per job: the bounded channel
+between the reader of the file spool and the fetch tasks, one
+``TAKE_BYTES`` chunk of the spool, plus the failures kept for the report
+(``FAILURES_KEPT``; more are counted).  The spools are deleted when the
+job ends (unnamed files: also when the daemon dies).
+
+"Larger than the tiers" is said as soon as the totals scanned so far show
+it (``_warn_if_too_big``, every ``SPOOL_BATCH`` files and at the end of
+the scan), against the tier's room when the job started: the fetch pass
+has then fetched less than the scan found, so the warning comes before
+the job filled the tier.  Before, the fetch pass waited for the whole
+scan: measured on s3rver with 5,000 files in 10 directories, the scan
+took 1.2-1.7 s of a 5 s preload.
 
 Bounded parallelism for both shapes: the fetch pass cuts each file into
 block ranges of ``RANGE_BYTES`` and puts (file, range) items on a channel
@@ -127,6 +141,23 @@ BAD_LINES_NAMED = 20
 FINISHED_KEPT = 8
 #: Lines read from a spool between two yields to the loop.
 SPOOL_BATCH = 256
+#: Bytes of the file spool read at a time by the fetch pass (``PathSpool.take``).
+TAKE_BYTES = 64 * 1024
+
+
+class _Wakeup:
+    """Wakes one waiting task when something was added (no lost wake-up: a
+    ``notify`` before ``wait`` makes the next ``wait`` return at once)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()
 
 
 def normalize_path(path: str, mountpoint: str | None) -> str:
@@ -160,6 +191,9 @@ class PathSpool:
             dir=directory, prefix="preload-"
         )
         self.count = 0
+        #: ``take``'s place in the file, and the start of a line not complete there.
+        self._taken_to = 0
+        self._partial = b""
 
     def add(self, line: str) -> None:
         self._file.write(line.encode(errors="surrogateescape") + b"\n")
@@ -170,6 +204,16 @@ class PathSpool:
         self._file.seek(0)
         for raw in self._file:
             yield raw[:-1].decode(errors="surrogateescape")
+
+    def take(self) -> list[str]:
+        """The lines added since the last ``take`` (at most about
+        ``TAKE_BYTES`` of them): a reader that follows the writer while it
+        writes.  Does not move the writer."""
+        self._file.flush()
+        chunk = os.pread(self._file.fileno(), TAKE_BYTES, self._taken_to)
+        self._taken_to += len(chunk)
+        *complete, self._partial = (self._partial + chunk).split(b"\n")
+        return [raw.decode(errors="surrogateescape") for raw in complete]
 
     def close(self) -> None:
         self._file.close()
@@ -204,6 +248,9 @@ class PreloadJob:
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     #: Set once the scan is over (the totals are final).
     scanned: trio.Event = field(default_factory=trio.Event)
+    #: The "larger than every tier" / "no room on the tier" warnings were given.
+    too_big_warned: bool = False
+    no_room_warned: bool = False
     #: This job's own cap, bytes per second (0: none).
     bandwidth: int = 0
     throttle: Throttle = field(init=False)
@@ -376,12 +423,16 @@ class Preloader:
         files = self.new_spool()
         try:
             with job.cancel_scope:
-                await self._scan(job, spool, files)
-                job.scanned.set()
-                self._warn_if_too_big(job)
-                job.state = "fetching"
+                room = self._room(job)
+                scanned = _Wakeup()
                 job.fetch_started = time.time()
-                await self._fetch_all(job, files)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._fetch_all, job, files, scanned)
+                    await self._scan(job, spool, files, scanned, room)
+                    job.scanned.set()
+                    scanned.notify()
+                    self._warn_if_too_big(job, room)
+                    job.state = "fetching"
                 job.state = "done"
             if job.state != "done":
                 job.state = "cancelled"
@@ -401,8 +452,16 @@ class Preloader:
             files.close()
             log.info("preload %s %s: %s", job.id, job.state, job.snapshot())
 
-    async def _scan(self, job: PreloadJob, spool: PathSpool, files: PathSpool) -> None:
-        """Walk every path of the job; totals, and one line per file."""
+    async def _scan(
+        self,
+        job: PreloadJob,
+        spool: PathSpool,
+        files: PathSpool,
+        scanned: _Wakeup,
+        room: int | None,
+    ) -> None:
+        """Walk every path of the job; totals, and one line per file (the
+        fetch pass follows, woken by ``scanned``)."""
         for count, relpath in enumerate(spool.lines()):
             if count % SPOOL_BATCH == 0:
                 await trio.sleep(0)
@@ -412,33 +471,54 @@ class Preloader:
                     resident = min(size, sum(self.fs.meta.residency(inode.ino).values()))
                     origin_blocks = -(-min(size, inode.origin_size) // self.block_size)
                     files.add(f"{inode.ino} {resident} {origin_blocks} {path}")
+                    scanned.notify()
                     job.files_total += 1
                     job.bytes_total += size
                     job.bytes_resident += resident
+                    if files.count % SPOOL_BATCH == 0:
+                        self._warn_if_too_big(job, room)
             except TierfsError as exc:
                 job.fail(relpath or "/", _reason(exc))
 
-    def _warn_if_too_big(self, job: PreloadJob) -> None:
-        """Say up front when the job cannot all stay resident."""
+    def _room(self, job: PreloadJob) -> int | None:
+        """Free bytes of the job's tier as the job starts (None: no tier named)."""
+        if job.tier is None:
+            return None
+        return self.fs.tiers[job.tier].usable_bytes(self.fs.space.used(job.tier))
+
+    def _warn_if_too_big(self, job: PreloadJob, room: int | None) -> None:
+        """Say as soon as the totals scanned so far show that the job cannot
+        all stay resident (each warning once): while the fetch pass has
+        fetched less than the scan found, so before the job filled the
+        tier.  ``room``: the tier's free bytes when the job started."""
         missing = job.bytes_total - job.bytes_resident
         everywhere = sum(t.capacity for t in self.fs.tiers)
-        if job.bytes_total > everywhere:
-            job.warnings.append(
-                f"the preload ({job.bytes_total} bytes) is larger than every tier together "
-                f"({everywhere} bytes): not all of it can stay resident"
+        warning = None
+        if job.bytes_total > everywhere and not job.too_big_warned:
+            job.too_big_warned = True
+            warning = (
+                f"the preload ({job.bytes_total} bytes so far) is larger than every tier "
+                f"together ({everywhere} bytes): not all of it can stay resident"
             )
-        elif job.tier is not None:
-            target = self.fs.tiers[job.tier]
-            room = target.usable_bytes(self.fs.space.used(job.tier))
-            if missing > room:
-                job.warnings.append(
-                    f"the preload needs {missing} bytes but tier {target.name} has room for "
-                    f"{room}: the rest goes to the next tiers"
-                )
-        for warning in job.warnings:
+        elif (
+            job.tier is not None
+            and room is not None
+            and missing > room
+            and not (job.too_big_warned or job.no_room_warned)
+        ):
+            job.no_room_warned = True
+            warning = (
+                f"the preload needs {missing} bytes (so far) but tier "
+                f"{self.fs.tiers[job.tier].name} had room for {room}: the rest goes to "
+                "the next tiers"
+            )
+        if warning is not None:
+            job.warnings.append(warning)
             log.warning("preload %s: %s", job.id, warning)
 
-    async def _fetch_all(self, job: PreloadJob, files: PathSpool) -> None:
+    async def _fetch_all(self, job: PreloadJob, files: PathSpool, scanned: _Wakeup) -> None:
+        """The fetch pass: follows the file spool while the scan writes it,
+        until the scan is over and every line was taken."""
         send, receive = trio.open_memory_channel[tuple[_FileWork, _FileProgress]](2 * self.tasks)
         #: Files with ranges queued or running (bounded by the channel and tasks).
         in_flight: dict[int, _FileProgress] = {}
@@ -447,15 +527,28 @@ class Preloader:
                 nursery.start_soon(self._fetch_task, job, receive.clone(), in_flight)
             receive.close()
             async with send:
-                for count, line in enumerate(files.lines()):
-                    if count % SPOOL_BATCH == 0:
-                        await trio.sleep(0)
-                    ino_text, resident_text, blocks_text, path = line.split(" ", 3)
-                    work = self._file_work(
-                        job, int(ino_text), int(resident_text), int(blocks_text), path, in_flight
-                    )
-                    for item in work:
-                        await send.send(item)
+                while True:
+                    scan_over = job.scanned.is_set()
+                    lines = files.take()
+                    if not lines:
+                        if scan_over:
+                            return
+                        await scanned.wait()
+                        continue
+                    for count, line in enumerate(lines, start=1):
+                        ino_text, resident_text, blocks_text, path = line.split(" ", 3)
+                        work = self._file_work(
+                            job,
+                            int(ino_text),
+                            int(resident_text),
+                            int(blocks_text),
+                            path,
+                            in_flight,
+                        )
+                        for item in work:
+                            await send.send(item)
+                        if count % SPOOL_BATCH == 0:
+                            await trio.sleep(0)
 
     def _file_work(
         self,
