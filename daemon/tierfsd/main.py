@@ -82,7 +82,7 @@ class StartupError(Exception):
 SHUTDOWN_GRACE = 1.0
 
 #: sys.setswitchinterval for the daemon (seconds); see main().
-GIL_SWITCH_INTERVAL = 0.0001
+GIL_SWITCH_INTERVAL = 0.001
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -401,9 +401,16 @@ def main(argv: list[str] | None = None) -> int:
             ready.close()
         sd_notify("READY=1")
 
-    # FUSE handlers on the trio loop share the GIL with the S3 worker threads
-    # (boto3 is CPU-heavy).  With the default 5 ms switch interval, every
-    # request that waits for the GIL behind a busy worker waits up to 5 ms.
+    # FUSE handlers on the trio loop share the GIL with the S3 worker threads.
+    # With the default 5 ms switch interval, a request that waits for the GIL
+    # behind a busy worker may wait up to 5 ms.  It was 0.1 ms while boto3 ran
+    # every GET; small GETs now go through obstore, and 0.1 ms made the 32
+    # fetch threads of a small-file preload hand the GIL around so often that
+    # they spent two thirds of their CPU in the kernel (strace: about 190
+    # futex calls per file).  1 ms: the fetch threads' CPU fell by about a
+    # quarter (3.0 to 2.3 s for 5,000 files), and a demand read during a
+    # preload stayed at 0.96x its idle
+    # latency (bench_preload --cases latency; 0.88x at 0.1 ms, 0.86x at 5 ms).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     try:
         trio.run(daemon.run, on_ready)
