@@ -52,28 +52,20 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import resource
-import shutil
 import statistics
 import sys
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from ab_s3 import S3AB, Sample
 from common import (
     BUCKET,
     REGION,
-    BenchBase,
     BenchError,
     add_run_arguments,
     add_server_arguments,
-    children_cpu_seconds,
     comma_list,
-    cpu_seconds,
     fmt_size,
-    io_syscalls,
-    log,
     parse_size,
     run_in_workdir,
     table,
@@ -86,41 +78,8 @@ BLOCK = 4 * MiB
 KEY = "big/big.bin"
 
 
-@dataclass(frozen=True)
-class Sample:
-    seconds: float
-    client_cpu: float
-    server_cpu: float
-    server_syscalls: int
-
-
-def own_cpu_seconds() -> float:
-    """User + system CPU time of this process (all its threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``store:t=16:r=16`` -> ("store", {"t": "16", "r": "16"})."""
-    kind, *options = text.split(":")
-    if kind not in ("s5cmd", "store"):
-        raise BenchError(f"unknown variant {text!r}: s5cmd or store")
-    parsed: dict[str, str] = {}
-    for option in options:
-        name, sep, value = option.partition("=")
-        if not sep:
-            raise BenchError(f"variant {text!r}: option {option!r} is not NAME=VALUE")
-        parsed[name] = value
-    return kind, parsed
-
-
-class RangedGetAB(BenchBase):
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        super().__init__(args, work)
-        self.variants = [(text, *parse_variant(text)) for text in args.variants]
-        self.samples: dict[str, list[Sample]] = {text: [] for text in args.variants}
-        # The store variants run in this process: s3rver's credentials, as the children get.
-        os.environ.update({k: v for k, v in self.env.items() if k.startswith("AWS_")})
+class RangedGetAB(S3AB):
+    KINDS = ("s5cmd", "store")
 
     def upload(self) -> None:
         source = self.work / "big.bin"
@@ -131,28 +90,7 @@ class RangedGetAB(BenchBase):
         self.run_quiet(self.s5cmd("cp", str(source), f"s3://{BUCKET}/{KEY}"))
         source.unlink()
 
-    def run(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root: the bench drops the page cache")
-        with self.s3_server():
-            self.upload()
-            for round_no in range(self.args.rounds):
-                log(f"round {round_no + 1} of {self.args.rounds}")
-                self.wait_idle()
-                shift = round_no % len(self.variants)
-                for text, kind, options in self.variants[shift:] + self.variants[:shift]:
-                    self.samples[text].append(self.measure(kind, options))
-                    log(f"  {text}: {self.describe(self.samples[text][-1])}")
-
-    def measure(self, kind: str, options: dict[str, str]) -> Sample:
-        dest = self.work / "dest"
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir()
-        self.drop_caches()
-        server_pid = self.s3_server_proc.pid if self.s3_server_proc else None
-        server0, calls0 = cpu_seconds(server_pid), io_syscalls(server_pid)
-        client0 = own_cpu_seconds() + children_cpu_seconds()
-        started = time.perf_counter()
+    def fetch(self, kind: str, options: dict[str, str], dest: Path) -> None:
         if kind == "s5cmd":
             cmd = ["cp"]
             if "c" in options:
@@ -162,15 +100,6 @@ class RangedGetAB(BenchBase):
             self.run_quiet(self.s5cmd(*cmd, f"s3://{BUCKET}/{KEY}", f"{dest}/"))
         else:
             self.store_gets(dest, options)
-        seconds = time.perf_counter() - started
-        sample = Sample(
-            seconds,
-            own_cpu_seconds() + children_cpu_seconds() - client0,
-            cpu_seconds(server_pid) - server0,
-            io_syscalls(server_pid) - calls0,
-        )
-        shutil.rmtree(dest, ignore_errors=True)
-        return sample
 
     def store_gets(self, dest: Path, options: dict[str, str]) -> None:
         """GETs of ``r`` MiB from ``t`` threads, each straight into 4 MiB block buffers."""
@@ -238,12 +167,11 @@ class RangedGetAB(BenchBase):
 
     def report(self) -> str:
         gib, mib = self.args.size / (1 << 30), self.args.size / MiB
-        reference = self.samples.get(self.args.variants[0], [])
         rows = []
         for text, samples in self.samples.items():
             if not samples:
                 continue
-            ratios = [ref.seconds / s.seconds for ref, s in zip(reference, samples, strict=False)]
+            ratios = self.ratios(samples)
             rows.append(
                 [
                     text,

@@ -46,31 +46,25 @@ import asyncio
 import hashlib
 import os
 import random
-import resource
 import shutil
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import obstore
 import xxhash
+from ab_s3 import S3AB, Sample
 from common import (
     BUCKET,
     REGION,
-    BenchBase,
     BenchError,
     add_run_arguments,
     add_server_arguments,
-    children_cpu_seconds,
     comma_list,
-    cpu_seconds,
-    io_syscalls,
-    log,
     run_in_workdir,
     table,
 )
@@ -79,33 +73,6 @@ from obstore.store import S3Store as ObstoreS3Store
 KiB = 1 << 10
 MiB = 1 << 20
 PREFIX = "small"
-
-
-@dataclass(frozen=True)
-class Sample:
-    seconds: float
-    client_cpu: float
-    server_cpu: float
-    server_syscalls: int
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``threads:t=32`` -> ("threads", {"t": "32"})."""
-    kind, *options = text.split(":")
-    if kind not in ("s5cmd", "threads", "asyncio"):
-        raise BenchError(f"unknown variant {text!r}: s5cmd, threads or asyncio")
-    parsed: dict[str, str] = {}
-    for option in options:
-        name, sep, value = option.partition("=")
-        if not sep:
-            raise BenchError(f"variant {text!r}: option {option!r} is not NAME=VALUE")
-        parsed[name] = value
-    return kind, parsed
 
 
 def store_to_file(dest: Path, index: int, body: Any) -> None:
@@ -145,11 +112,11 @@ class GilHog:
             self._thread.join()
 
 
-class SmallGetAB(BenchBase):
+class SmallGetAB(S3AB):
+    KINDS = ("s5cmd", "threads", "asyncio")
+
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         super().__init__(args, work)
-        self.variants = [(text, *parse_variant(text)) for text in args.variants]
-        self.samples: dict[str, list[Sample]] = {text: [] for text in args.variants}
         self.sizes: list[int] = []
         self.etags: list[str] = []
 
@@ -180,48 +147,20 @@ class SmallGetAB(BenchBase):
         self.run_quiet(self.s5cmd("cp", f"{source}/*", f"s3://{BUCKET}/{PREFIX}/"))
         shutil.rmtree(source)
 
-    def run(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root: the bench drops the page cache")
-        with self.s3_server():
-            self.upload()
-            for round_no in range(self.args.rounds):
-                log(f"round {round_no + 1} of {self.args.rounds}")
-                self.wait_idle()
-                shift = round_no % len(self.variants)
-                for text, kind, options in self.variants[shift:] + self.variants[:shift]:
-                    self.samples[text].append(self.measure(kind, options))
-                    log(f"  {text}: {self.describe(self.samples[text][-1])}")
-
-    def measure(self, kind: str, options: dict[str, str]) -> Sample:
-        dest = self.work / "dest"
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir()
-        self.drop_caches()
-        server_pid = self.s3_server_proc.pid if self.s3_server_proc else None
-        server0, calls0 = cpu_seconds(server_pid), io_syscalls(server_pid)
-        client0 = own_cpu_seconds() + children_cpu_seconds()
-        started = time.perf_counter()
+    def fetch(self, kind: str, options: dict[str, str], dest: Path) -> None:
         hog = GilHog(float(options.get("h", "0")))
-        if kind == "s5cmd":
-            self.run_quiet(self.s5cmd("cp", f"s3://{BUCKET}/{PREFIX}/*", f"{dest}/"))
-            fetched = len(os.listdir(dest))
-        else:
-            write = options.get("w", "1") != "0"
-            run = self.threads if kind == "threads" else self.asyncio
-            fetched = run(dest, options, write)
-        seconds = time.perf_counter() - started
-        hog.stop()
+        try:
+            if kind == "s5cmd":
+                self.run_quiet(self.s5cmd("cp", f"s3://{BUCKET}/{PREFIX}/*", f"{dest}/"))
+                fetched = len(os.listdir(dest))
+            else:
+                write = options.get("w", "1") != "0"
+                run = self.threads if kind == "threads" else self.asyncio
+                fetched = run(dest, options, write)
+        finally:
+            hog.stop()
         if fetched != self.args.files:
             raise BenchError(f"{kind}: fetched {fetched} of {self.args.files} objects")
-        sample = Sample(
-            seconds,
-            own_cpu_seconds() + children_cpu_seconds() - client0,
-            cpu_seconds(server_pid) - server0,
-            io_syscalls(server_pid) - calls0,
-        )
-        shutil.rmtree(dest, ignore_errors=True)
-        return sample
 
     def key(self, index: int) -> str:
         return f"{PREFIX}/{index:06d}"
@@ -310,12 +249,11 @@ class SmallGetAB(BenchBase):
 
     def report(self) -> str:
         n, mib = self.args.files, sum(self.sizes) / MiB
-        reference = self.samples.get(self.args.variants[0], [])
         rows = []
         for text, samples in self.samples.items():
             if not samples:
                 continue
-            ratios = [ref.seconds / s.seconds for ref, s in zip(reference, samples, strict=False)]
+            ratios = self.ratios(samples)
 
             def median(f: Callable[[Sample], float], samples: list[Sample] = samples) -> float:
                 return statistics.median(f(s) for s in samples)
