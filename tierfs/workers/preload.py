@@ -108,6 +108,28 @@ after the cuts, the loop took 27% fewer samples for the same 2,000 files
 (1,389 against 1,905); first in what is left: the inode read of
 ``fill_range`` (13%, needed: a demand read may have changed the file since
 the scan) and the group commit's fdatasync (12%).
+
+Where the CPU of a small file goes now (2026-11-26, 10,000 files of 20-200
+KiB on s3rver, the machine otherwise idle; small GETs go through obstore).
+The daemon spends 0.72-0.80 ms of CPU per file against 0.42-0.47 for
+``s5cmd cp``, and s3rver 0.73-0.83 ms per file on the same two cores
+against 0.66-0.76 for s5cmd: the two CPUs are the cap, and the speed ratio
+follows the CPU ratio (0.72-0.83x).  By thread (``bench_preload``'s "CPU by
+thread" line): the 32 fetch threads 0.42 ms per file, two thirds of it in
+the kernel; the event loop 0.2 ms; obstore's tokio threads 0.08 ms.
+``perf record`` of the daemon: 61% of its cycles in the kernel, a third of
+them switching threads (``futex`` waits: the GIL going from thread to
+thread, and obstore's ``block_on`` parking the fetch thread twice per GET,
+for the head and for the body); ext4 allocating the new cache files' inodes
+about 10%; Python's cyclic GC about 2.5%.  ``strace -c -f``: about 78
+``futex`` calls per file (190 with the GIL switch interval at 0.1 ms, see
+``tierfsd.main``).  The GET alone is cheap: ``tests/bench/ab_small_get.py``
+fetches the same objects from 32 plain threads with obstore, writing each
+to a file, for 0.28-0.39 ms per file all in, and an asyncio loop driving
+obstore's async API was no cheaper.  What is left is the handing of each
+file between the loop and a thread, and of the GIL between 33 threads;
+cutting it means fewer hand-offs per file (several files per thread job,
+or the cache file writes off the fetch threads), not a faster GET.
 """
 
 from __future__ import annotations
