@@ -232,10 +232,14 @@ class PathSpool:
         ``TAKE_BYTES`` of them): a reader that follows the writer while it
         writes.  Does not move the writer."""
         self._file.flush()
-        chunk = os.pread(self._file.fileno(), TAKE_BYTES, self._taken_to)
-        self._taken_to += len(chunk)
-        *complete, self._partial = (self._partial + chunk).split(b"\n")
-        return [raw.decode(errors="surrogateescape") for raw in complete]
+        while True:
+            chunk = os.pread(self._file.fileno(), TAKE_BYTES, self._taken_to)
+            self._taken_to += len(chunk)
+            *complete, self._partial = (self._partial + chunk).split(b"\n")
+            # A line longer than one chunk: read on, so that an empty result
+            # always means that nothing complete was added.
+            if complete or len(chunk) < TAKE_BYTES:
+                return [raw.decode(errors="surrogateescape") for raw in complete]
 
     def close(self) -> None:
         self._file.close()
