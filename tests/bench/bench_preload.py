@@ -477,8 +477,9 @@ class PreloadBench(BenchBase):
 
     def preload(self, path: Path, *extra: str) -> dict[str, Any]:
         """``tierfs preload PATH --json EXTRA...`` until it exits; its summary
-        line, with ``scan_seconds`` added: when the first event of the fetch
-        pass came (the scan's length, to within one progress interval)."""
+        line, with ``scan_seconds`` added: when the first event of the state
+        "fetching" came, that is when the scan ended (to within one progress
+        interval; the fetch pass runs beside the scan from the start)."""
         cmd = [self.tierfs_bin, "preload", str(path), "--json", *extra]
         started = time.perf_counter()
         scan_seconds: float | None = None
@@ -564,9 +565,7 @@ class PreloadBench(BenchBase):
                 f"  tierfs daemon CPU by thread: {thread_cpu_delta(threads0, thread_cpu_seconds(pid))}"
             )
             if summary["scan_seconds"] is not None:
-                log(
-                    f"  tierfs preload {shape}: fetch pass began after {summary['scan_seconds']:.2f}s"
-                )
+                log(f"  tierfs preload {shape}: scan over after {summary['scan_seconds']:.2f}s")
             calls = self.server_syscalls() - calls0
             if summary["files_total"] != files or summary["bytes_total"] != nbytes:
                 raise BenchError(f"tierfs preload {shape}: summary {summary}")
