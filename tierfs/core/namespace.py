@@ -617,14 +617,21 @@ class Namespace:
                 done.set()
 
     async def _ensure_listed_for_walk(self, dir_inode: Inode) -> None:
-        """``ensure_listed``; a first listing that another task ran for the
-        walk (``list_ahead``) and that failed is tried once more here, so the
-        walker gets the bucket's own error, not "did not answer"."""
+        """``ensure_listed``; a first listing that another task ran (one
+        started ahead of the walk, ``list_ahead``) and that failed is tried
+        once more here, so the walker gets the bucket's own error, not "did
+        not answer".  A listing of the walker's own that failed is not."""
+        someone_elses = dir_inode.ino in self._listing
         try:
             await self.ensure_listed(dir_inode)
         except StoreUnavailable:
             current = self.meta.get_inode(dir_inode.ino)
-            if current is None or current.listed_at > 0 or current.ino in self._listing:
+            if (
+                not someone_elses
+                or current is None
+                or current.listed_at > 0
+                or current.ino in self._listing
+            ):
                 raise
             await self.ensure_listed(current)
 
