@@ -186,6 +186,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import stat
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable
@@ -213,6 +214,7 @@ from tierfs.meta import (
     MetaDB,
     SyncState,
 )
+from tierfs.meta.records import decode_inode, raw_listed_at, raw_mode
 from tierfs.store import ObjectInfo, ObjectStore
 from tierfs.store.breaker import breaker_of
 
@@ -542,16 +544,15 @@ class Namespace:
         stack = [_WalkFrame(inode.ino, relpath)]
         while stack:
             frame = stack[-1]
-            page = self.meta.read_dir(frame.ino, frame.cookie, WALK_PAGE)
+            # One read transaction per page, each record decoded once here.
+            page = self.meta.read_dir_records(frame.ino, frame.cookie, WALK_PAGE)
             if not page:
                 stack.pop()
                 continue
             descend: tuple[Inode, str] | None = None
-            for index, (entry_cookie, name, child) in enumerate(page):
+            for index, (entry_cookie, name, child, record) in enumerate(page):
                 frame.cookie = entry_cookie
-                child_inode = self.live_inode(child) or self.meta.get_inode(child)
-                if child_inode is None:
-                    continue
+                child_inode = self.live_inode(child) or decode_inode(child, record)
                 text = name.decode(errors="surrogateescape")
                 child_path = f"{frame.path}/{text}" if frame.path else text
                 if child_inode.is_file:
@@ -567,19 +568,27 @@ class Namespace:
                 stack.append(_WalkFrame(descend[0].ino, descend[1]))
             await trio.sleep(0)
 
-    def _list_ahead_of_walk(self, frame: _WalkFrame, later: list[tuple[int, bytes, int]]) -> None:
+    def _list_ahead_of_walk(
+        self, frame: _WalkFrame, later: list[tuple[int, bytes, int, bytes]]
+    ) -> None:
         """Start first listings of the never-listed directories among
         ``later`` (the entries of ``frame``'s page after the one the walk
-        descends into), as many as ``LIST_AHEAD`` leaves room for; entries
-        looked at before (up to ``frame.ahead``) are skipped."""
-        for entry_cookie, _name, child in later:
+        descends into, with their records), as many as ``LIST_AHEAD`` leaves
+        room for; entries looked at before (up to ``frame.ahead``) are
+        skipped.  Only the records of never-listed directories are decoded
+        (files, the most of a page, are told by their mode)."""
+        for entry_cookie, _name, child, record in later:
             if self._listing_ahead >= LIST_AHEAD:
                 return
             if entry_cookie <= frame.ahead:
                 continue
             frame.ahead = entry_cookie
-            child_inode = self.live_inode(child) or self.meta.get_inode(child)
-            if child_inode is not None and child_inode.is_dir:
+            child_inode = self.live_inode(child)
+            if child_inode is None:
+                if not stat.S_ISDIR(raw_mode(record)) or raw_listed_at(record) > 0:
+                    continue
+                child_inode = decode_inode(child, record)
+            if child_inode.is_dir:
                 self.list_ahead(child_inode)
 
     def list_ahead(self, dir_inode: Inode) -> bool:
