@@ -57,14 +57,11 @@ import sys
 import threading
 from pathlib import Path
 
-from ab_s3 import S3AB, Sample
+from ab_s3 import S3AB, Sample, add_ab_arguments
 from common import (
     BUCKET,
     REGION,
     BenchError,
-    add_run_arguments,
-    add_server_arguments,
-    comma_list,
     fmt_size,
     parse_size,
     run_in_workdir,
@@ -200,18 +197,7 @@ class RangedGetAB(S3AB):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=parse_size, default=parse_size("1GiB"), help="the object (1GiB)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument(
-        "--variants",
-        type=comma_list,
-        default=comma_list("s5cmd,store:t=16:r=16,store:t=16:r=16:w=direct,store:t=5:r=64"),
-        help="the first is the reference of the ratios (see the module docstring)",
-    )
-    p.add_argument("--settle", type=float, default=1.0, help="seconds after drop_caches (1)")
-    p.add_argument("--wait-idle", type=float, default=30.0, help="before each round (30)")
-    p.add_argument("--py-spy", default=None, help=argparse.SUPPRESS)
-    add_server_arguments(p)
-    add_run_arguments(p, json_help=argparse.SUPPRESS)
+    add_ab_arguments(p, "s5cmd,store:t=16:r=16,store:t=16:r=16:w=direct,store:t=5:r=64")
     args = p.parse_args(argv)
     if args.size % BLOCK:
         p.error("--size must be a multiple of 4 MiB")

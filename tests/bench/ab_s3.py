@@ -21,7 +21,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import BenchBase, BenchError, children_cpu_seconds, cpu_seconds, io_syscalls, log
+from common import (
+    BenchBase,
+    BenchError,
+    add_run_arguments,
+    add_server_arguments,
+    children_cpu_seconds,
+    comma_list,
+    cpu_seconds,
+    io_syscalls,
+    log,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,22 @@ def parse_variant(text: str, kinds: tuple[str, ...]) -> tuple[str, dict[str, str
             raise BenchError(f"variant {text!r}: option {option!r} is not NAME=VALUE")
         parsed[name] = value
     return kind, parsed
+
+
+def add_ab_arguments(p: argparse.ArgumentParser, default_variants: str) -> None:
+    """The options every S3 A/B script takes (its own come before)."""
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--variants",
+        type=comma_list,
+        default=comma_list(default_variants),
+        help="the first is the reference of the ratios (see the module docstring)",
+    )
+    p.add_argument("--settle", type=float, default=1.0, help="seconds after drop_caches (1)")
+    p.add_argument("--wait-idle", type=float, default=30.0, help="before each round (30)")
+    p.add_argument("--py-spy", default=None, help=argparse.SUPPRESS)
+    add_server_arguments(p)
+    add_run_arguments(p, json_help=argparse.SUPPRESS)
 
 
 class S3AB(BenchBase):

@@ -57,14 +57,11 @@ from typing import Any
 
 import obstore
 import xxhash
-from ab_s3 import S3AB, Sample
+from ab_s3 import S3AB, Sample, add_ab_arguments
 from common import (
     BUCKET,
     REGION,
     BenchError,
-    add_run_arguments,
-    add_server_arguments,
-    comma_list,
     run_in_workdir,
     table,
 )
@@ -283,18 +280,7 @@ class SmallGetAB(S3AB):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", type=int, default=5000, help="objects of 20-200 KiB (5000)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument(
-        "--variants",
-        type=comma_list,
-        default=comma_list("s5cmd,threads:t=32,asyncio:c=32"),
-        help="the first is the reference of the ratios (see the module docstring)",
-    )
-    p.add_argument("--settle", type=float, default=1.0, help="seconds after drop_caches (1)")
-    p.add_argument("--wait-idle", type=float, default=30.0, help="before each round (30)")
-    p.add_argument("--py-spy", default=None, help=argparse.SUPPRESS)
-    add_server_arguments(p)
-    add_run_arguments(p, json_help=argparse.SUPPRESS)
+    add_ab_arguments(p, "s5cmd,threads:t=32,asyncio:c=32")
     args = p.parse_args(argv)
     bench, code = run_in_workdir(args, "tierfs-ab-small-get-", lambda work: SmallGetAB(args, work))
     if bench is not None and any(bench.samples.values()):
