@@ -9,6 +9,7 @@ from typing import Any
 
 from tests.core.conftest import MiB, put
 from tierfs.config import RuleConfig, WriteConfig
+from tierfs.errors import Busy
 from tierfs.meta import ROOT_INO
 from tierfs.workers.mover import Mover
 
@@ -86,6 +87,47 @@ async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(
     assert fs.meta.residency(f0.ino) == {NVME: MiB}
     status = fs.lifecycle.status
     assert status.files_moved == 4 and status.bytes_moved == 4 * MiB, status
+    for name, body in bodies.items():
+        assert await mount.read_file(name) == body
+
+
+async def test_a_pass_whose_move_was_skipped_is_followed_down_to_the_low_mark(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """The first pass finds one file busy (as an upload running after a
+    remount would make it) and skips it, which leaves the tier between its
+    marks.  The tier is still draining, so the next pass goes on down to the
+    low mark instead of stopping because it is no longer above high."""
+    bodies = {f"f{i}.bin": data(MiB, i + 2) for i in range(8)}
+    for name, body in bodies.items():
+        put(s3_store, name, body)
+    mount = await make_fs(capacities=(8 * MiB, 32 * MiB), low_watermark=0.5)
+    fs = mount.fs
+    for name in bodies:
+        assert await mount.read_file(name) == bodies[name]
+    assert fs.space.used(NVME) == 8 * MiB  # above the high mark (90%)
+
+    mover = Mover(fs)
+    relocate = mover.movement.relocate
+    busy_once: list[int] = []
+
+    async def busy_for_the_first_file(ino: int, *args: Any, **kwargs: Any) -> int:
+        if not busy_once:
+            busy_once.append(ino)
+            raise Busy("an upload of it is running")
+        return await relocate(ino, *args, **kwargs)
+
+    mover.movement.relocate = busy_for_the_first_file  # type: ignore[method-assign]
+    await mover.run_pass()
+    assert len(busy_once) == 1 and fs.lifecycle.status.skipped == 1
+    assert 4 * MiB < fs.space.used(NVME) <= int(0.9 * 8 * MiB)  # between the marks
+    assert fs.lifecycle.needs_pass()
+    assert fs.lifecycle.tier_usage()[NVME].must_drain
+
+    await mover.run_pass()
+    assert fs.space.used(NVME) <= 4 * MiB, fs.lifecycle.status
+    assert fs.meta.residency(busy_once[0]) == {HDD: MiB}  # planned again, moved this time
+    assert not fs.lifecycle.tier_usage()[NVME].must_drain
     for name, body in bodies.items():
         assert await mount.read_file(name) == body
 

@@ -83,6 +83,22 @@ def test_watermark_demotes_the_least_valuable_down_to_low() -> None:
     assert used_after(state, moves)[0] == 700  # the low mark
 
 
+def test_a_tier_still_draining_goes_on_down_to_low_between_its_marks() -> None:
+    """A pass whose moves were skipped leaves the tier between its marks
+    (here 750: below high 800, above low 700).  While it is still draining
+    from above high, the next plan goes on down to low; a tier that merely
+    sits between its marks is left alone."""
+    files = [facts(i, f"data/f{i}", nvme=50) for i in range(1, 16)]  # 750 bytes
+    order = list(range(1, 16))
+    resting = plan_moves(tiers(nvme_used=750), files, rules(), eviction_order=order, now=NOW)
+    assert resting == []
+    state = tiers(nvme_used=750)
+    state[0] = TierUsage("nvme", 0, 1000, 750, high=0.8, low=0.7, draining=True)
+    moves = plan_moves(state, files, rules(), eviction_order=order, now=NOW)
+    assert moves == [Move(1, "data/f1", 0, 1, 50, "watermark")]
+    assert used_after(state, moves)[0] == 700  # the low mark
+
+
 def test_files_the_eviction_order_does_not_list_go_first_oldest_atime_first() -> None:
     files = [
         facts(1, "a", nvme=300, atime=NOW - 5),

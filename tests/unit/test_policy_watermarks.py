@@ -77,6 +77,21 @@ def test_tier_usage(tier: TierUsage) -> None:
     assert not after.above_high
 
 
+@given(tier_usages())
+def test_draining_is_the_hysteresis_between_the_marks(tier: TierUsage) -> None:
+    """Above high it must drain whatever the flag; a tier that was draining
+    goes on until it reaches low, one that was not stays put between the
+    marks; at or below low nothing is to be freed."""
+    draining = TierUsage(
+        tier.name, tier.index, tier.capacity, tier.used, tier.high, tier.low, draining=True
+    )
+    assert tier.must_drain == tier.above_high
+    assert draining.must_drain == (tier.used > tier.low_mark)
+    assert draining.to_free == max(0, tier.used - tier.low_mark)
+    assert draining.with_used(draining.low_mark).to_free == 0
+    assert draining.with_used(tier.used).draining
+
+
 @given(sizes, sizes, fractions, fractions)
 def test_monotonic_in_used_and_fraction(used: int, capacity: int, f1: float, f2: float) -> None:
     low, high = sorted((f1, f2))

@@ -194,6 +194,8 @@ class Lifecycle:
         self.rules = RuleSet(config.rules, default_write=config.write.mode)
         self._tier_index = {t.name: t.index for t in tiers}
         self._pins: dict[int, int] = meta.pins()
+        # Tiers seen above high and not yet seen at or below low (``tier_usage``).
+        self._draining: set[int] = set()
         # Per-inode cache: ino -> (rule match, placement tier, pinned tier).
         self._per_inode: dict[int, InodePolicy] = {}
         self._cache_gen = journal.namespace_gen
@@ -303,24 +305,35 @@ class Lifecycle:
     # --- planning -------------------------------------------------------------------------
 
     def tier_usage(self) -> list[TierUsage]:
-        return [
-            TierUsage(
+        """Each tier's usage now, with its watermark hysteresis: a tier seen
+        above its high mark stays ``draining`` until it is seen at or below
+        its low mark, so that a pass whose moves were skipped (a file busy)
+        does not leave it stuck between the marks."""
+        usage = []
+        for t in self.tiers:
+            state = TierUsage(
                 index=t.index,
                 name=t.name,
                 capacity=t.capacity,
                 used=self.space.used(t.index),
                 high=t.high_watermark,
                 low=t.low_watermark,
+                draining=t.index in self._draining,
             )
-            for t in self.tiers
-        ]
+            if state.must_drain:
+                self._draining.add(t.index)
+            else:
+                self._draining.discard(t.index)
+            usage.append(state)
+        return usage
 
     def needs_pass(self) -> bool:
-        """Could a planning pass find work?  A tier above its high watermark,
+        """Could a planning pass find work?  A tier above its high watermark
+        (or on its way down from there to its low one),
         an explicit pin, or a rule that moves data by itself (ages, place,
         ``cache = false``).  Without any, the mover skips the pass: planning
         reads the whole residency."""
-        if any(t.above_high for t in self.tier_usage()) or self._pins:
+        if any(t.must_drain for t in self.tier_usage()) or self._pins:
             return True
         return any(
             r.demote_after is not None or r.evict_after is not None or r.place or not r.cache
@@ -394,6 +407,7 @@ class Lifecycle:
                     "high_watermark": t.high,
                     "low_watermark": t.low,
                     "above_high": t.above_high,
+                    "draining": t.must_drain,
                 }
                 for t in tiers
             ],

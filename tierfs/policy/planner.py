@@ -39,8 +39,9 @@ copy" (``nbytes`` is then the clean bytes).  Reasons, in planning order:
    the other local tiers relocated to P, then the rest fetched
    (``src_tier`` None).  A rule's ``pin = true`` only protects (it has no
    tier to fill).
-6. ``"keep_newest"`` and ``"watermark"``: each tier above its high mark,
-   fastest first, is brought down to its low mark: candidates in order,
+6. ``"keep_newest"`` and ``"watermark"``: each tier above its high mark
+   (or still draining from above it: ``TierUsage.must_drain``), fastest
+   first, is brought down to its low mark: candidates in order,
    first the entries that ``keep_newest`` does not keep (oldest entry
    first: reason ``"keep_newest"``), then the least valuable (eviction
    order; reason ``"watermark"``).  A tier with a next tier demotes into
@@ -320,7 +321,7 @@ def plan_moves(
 
     for tier in range(count):
         state = tiers[tier].with_used(max(0, planner.used[tier]))
-        if not state.above_high:
+        if not state.must_drain:
             continue
         need = state.to_free
         candidates = [

@@ -7,8 +7,16 @@ the fraction as written (its shortest decimal form, so 0.7 is 7/10, not the
 binary float just below it): ``mark(capacity, f) = floor(f * capacity)``.
 
 * above high  <=>  ``used > mark(capacity, high)``;
-* to free     =   ``max(0, used - mark(capacity, low))``: what brings the tier
-  down to its low mark;
+* draining    <=>  above high, or ``draining`` was seen (the tier went above
+  high and has not been seen at or below its low mark since) and ``used >
+  mark(capacity, low)``.  This is the hysteresis of "above high, bring it
+  down to low": a pass whose moves were skipped (a file busy, no room)
+  leaves the tier between its marks, and the next pass goes on down to low
+  instead of stopping because the tier is no longer above high.  Who keeps
+  the ``draining`` flag between passes is the caller's business
+  (``core.lifecycle``): it keeps ``must_drain`` as the next ``draining``;
+* to free     =   ``max(0, used - mark(capacity, low))`` while draining, 0
+  otherwise: what brings the tier down to its low mark;
 * room        =   ``max(0, mark(capacity, high) - used)``: what may still be
   added before the tier goes above high (``room_to_full`` is the same up to
   the whole capacity).
@@ -80,6 +88,8 @@ class TierUsage:
     used: int  # bytes
     high: float
     low: float
+    # Seen above high, and not seen at or below low since (see the docstring).
+    draining: bool = False
 
     def __post_init__(self) -> None:
         _check(self.used, self.capacity, self.high)
@@ -101,9 +111,14 @@ class TierUsage:
         return self.used > self.high_mark
 
     @property
+    def must_drain(self) -> bool:
+        """Above high, or still on the way down from above high to low."""
+        return self.above_high or (self.draining and self.used > self.low_mark)
+
+    @property
     def to_free(self) -> int:
-        """Bytes to free to reach the low mark when above high; 0 otherwise."""
-        return max(0, self.used - self.low_mark) if self.above_high else 0
+        """Bytes to free to reach the low mark while draining; 0 otherwise."""
+        return max(0, self.used - self.low_mark) if self.must_drain else 0
 
     @property
     def room(self) -> int:
@@ -116,4 +131,6 @@ class TierUsage:
         return max(0, self.capacity - self.used)
 
     def with_used(self, used: int) -> TierUsage:
-        return TierUsage(self.name, self.index, self.capacity, used, self.high, self.low)
+        return TierUsage(
+            self.name, self.index, self.capacity, used, self.high, self.low, self.draining
+        )

@@ -26,8 +26,11 @@ counting the bytes of moves still running from it as gone: once that is
 at or below its low mark, the rest of that tier's watermark moves are
 skipped.  A move that finds the file busy (opened for writing, an upload
 running, written meanwhile, a move of it running) or no room is skipped
-and counted; the next pass plans it again if it still applies.  Nothing is
-retried in a loop.
+and counted; the next pass plans it again if it still applies.  A tier
+that went above high stays draining until it reaches its low mark
+(``TierUsage.must_drain``, kept by the lifecycle), so a skipped watermark
+move still applies when the skip left the tier between its marks: the
+next pass goes on down to low.  Nothing is retried in a loop.
 
 Bandwidth: every copy goes through one ``Throttle`` (``[mover]
 bandwidth``), promotions included, so the mover never takes more than its
