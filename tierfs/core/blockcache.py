@@ -126,8 +126,10 @@ O_DIRECT fd is opened only for a block written through it (a small file's
 partial block is not).  The rest per fetched block on the loop: the tier
 choice (``SpaceManager.reserve``, whose tier usage MetaDB keeps in
 memory), one record in the metadata group (``MetaDB.add_block``) and the
-eviction bookkeeping.  The GET's thread hop (``_run_unnamed_in_thread``)
-skips trio's renaming of the worker thread per job.
+eviction bookkeeping.  The GET's thread hop (``thread_hop.ThreadHop``)
+keeps its own threads (no renaming of a trio worker thread per job) and
+hands results back to the loop in batches (one wake-up of the loop for all
+the GETs that finished meanwhile).
 
 The object changed: a GET of a clean file carries the ETag it was listed
 or last checked with (If-Match).  On a mismatch ``revalidate_origin`` HEADs
@@ -166,7 +168,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import trio
 
@@ -180,11 +181,11 @@ from .digests import BlockHasher, block_digest, read_and_hash
 from .fetch_slots import SHORT_FETCH_BYTES, FetchPriority, FetchSlots
 from .readahead import ReadaheadWindow
 from .space import SpaceManager
+from .thread_hop import ThreadHop
 from .upload_source import UploadSource
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 
 #: Sequential fetches are grouped into ranged GETs of up to this many bytes
 #: (DESIGN.md: 8-16 MiB), whatever the block size.
@@ -214,28 +215,6 @@ _TRANSIENT_BLOCKS = 8
 
 async def _nothing() -> None:
     return None
-
-
-async def _run_unnamed_in_thread(fn: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
-    """``fn()`` in a worker thread of trio's cache, at most ``limiter``'s
-    total at once; uncancellable while it runs (as ``trio.to_thread.run_sync``
-    is by default).  The fetch path's one thread hop per GET: unlike
-    ``to_thread.run_sync`` it does not rename the OS thread before and after
-    each job (two ctypes ``pthread_setname_np`` calls, each a GIL release
-    and re-take: about 6% of the fetch threads' busy samples in a
-    small-file preload) and copies no context."""
-    async with limiter:
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
-
-        def deliver(result: Any) -> None:  # an outcome.Outcome of fn()
-            token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-
-        trio.lowlevel.start_thread_soon(fn, deliver)
-        result: _T = await trio.lowlevel.wait_task_rescheduled(
-            lambda _raise_cancel: trio.lowlevel.Abort.FAILED
-        )
-        return result
 
 
 def _demand_priority() -> FetchPriority:
@@ -404,6 +383,7 @@ class BlockCache:
         self.slots = FetchSlots(fetch_concurrency)
         #: The GET threads (a task holds a fetch slot while its thread runs).
         self._fetch_threads = trio.CapacityLimiter(fetch_concurrency)
+        self._fetch_hop = ThreadHop(fetch_concurrency, name="tierfs-fetch")
         self._thread_buffers = threading.local()
         #: (ino, blockno) -> (pooled buffer, valid bytes) of blocks just fetched.
         self._recent: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, int]] = (
@@ -929,12 +909,12 @@ class BlockCache:
                 else:  # gives way when demand comes
                     stop = functools.partial(self._background_gives_way, flight)
             started = time.perf_counter()
-            results, thread_done = await _run_unnamed_in_thread(
-                functools.partial(
-                    self._timed_get_and_store, key, etag, offset, length, lengths, files, stop
-                ),
-                self._fetch_threads,
-            )
+            async with self._fetch_threads:
+                results, thread_done = await self._fetch_hop.run(
+                    functools.partial(
+                        self._timed_get_and_store, key, etag, offset, length, lengths, files, stop
+                    )
+                )
             if taken is FetchPriority.DEMAND and log.isEnabledFor(logging.DEBUG):
                 back = time.perf_counter()
                 log.debug(
