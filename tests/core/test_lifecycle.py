@@ -20,6 +20,18 @@ def data(size: int, seed: int) -> bytes:
     return bytes((i * seed) % 251 for i in range(size))
 
 
+async def full_first_tier(make_fs: Any, s3_store: Any) -> tuple[Any, dict[str, bytes]]:
+    """A mount whose 8 MiB first tier holds eight 1 MiB files read once each
+    (above its 90% high mark; low mark 50%), and the files' bodies."""
+    bodies = {f"f{i}.bin": data(MiB, i + 2) for i in range(8)}
+    for name, body in bodies.items():
+        put(s3_store, name, body)
+    mount = await make_fs(capacities=(8 * MiB, 32 * MiB), low_watermark=0.5)
+    for name in bodies:
+        assert await mount.read_file(name) == bodies[name]
+    return mount, bodies
+
+
 async def test_placement_follows_a_rename(make_fs: Any) -> None:
     rule = RuleConfig(match="scratch/**", source="policy.toml:1", place="hdd")
     mount = await make_fs(rules=[rule])
@@ -65,13 +77,8 @@ async def test_a_pinned_directory_pins_what_is_created_in_it_later(
 async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(
     make_fs: Any, s3_store: Any
 ) -> None:
-    bodies = {f"f{i}.bin": data(MiB, i + 2) for i in range(8)}
-    for name, body in bodies.items():
-        put(s3_store, name, body)
-    mount = await make_fs(capacities=(8 * MiB, 32 * MiB), low_watermark=0.5)
+    mount, bodies = await full_first_tier(make_fs, s3_store)
     fs = mount.fs
-    for name in bodies:
-        assert await mount.read_file(name) == bodies[name]
     assert await mount.read_file("f0.bin") == bodies["f0.bin"]  # opened twice: valuable
     assert fs.space.used(NVME) == 8 * MiB  # above the high mark (90%)
 
@@ -98,13 +105,8 @@ async def test_a_pass_whose_move_was_skipped_is_followed_down_to_the_low_mark(
     remount would make it) and skips it, which leaves the tier between its
     marks.  The tier is still draining, so the next pass goes on down to the
     low mark instead of stopping because it is no longer above high."""
-    bodies = {f"f{i}.bin": data(MiB, i + 2) for i in range(8)}
-    for name, body in bodies.items():
-        put(s3_store, name, body)
-    mount = await make_fs(capacities=(8 * MiB, 32 * MiB), low_watermark=0.5)
+    mount, bodies = await full_first_tier(make_fs, s3_store)
     fs = mount.fs
-    for name in bodies:
-        assert await mount.read_file(name) == bodies[name]
     assert fs.space.used(NVME) == 8 * MiB  # above the high mark (90%)
 
     mover = Mover(fs)
