@@ -107,3 +107,19 @@ async def test_idle_threads_end(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         ThreadHop(0)
+
+
+async def test_a_thread_that_cannot_start_fails_the_call_and_leaves_the_pool_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hop = ThreadHop(2)
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", no_thread)
+        with pytest.raises(RuntimeError, match="can't start"):
+            await hop.run(lambda: "never")
+    assert hop.threads == 0
+    assert await hop.run(lambda: "later") == "later"

@@ -78,9 +78,15 @@ class ThreadHop:
             start = self._waiting < self._queued and self._threads < self.max_threads
             if start:
                 self._threads += 1
-        self._jobs.put((fn, task, token))
         if start:
-            threading.Thread(target=self._work, name=self.name, daemon=True).start()
+            try:
+                threading.Thread(target=self._work, name=self.name, daemon=True).start()
+            except BaseException:  # no thread: nothing was queued, the caller gets the error
+                with self._lock:
+                    self._threads -= 1
+                    self._queued -= 1
+                raise
+        self._jobs.put((fn, task, token))
         result: _T = await trio.lowlevel.wait_task_rescheduled(
             lambda _raise_cancel: trio.lowlevel.Abort.FAILED
         )
