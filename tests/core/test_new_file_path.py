@@ -27,7 +27,7 @@ CTX = SimpleNamespace(uid=0, gid=0, pid=1)
 #: timeout reads one field of its record), the create decodes it once more.
 DIRECTORY_DECODES_PER_FILE = 2
 #: Once per directory: its key is worked out from its ancestors (``out``,
-#: then remembered: ``Sync.key_of``).
+#: then remembered: ``Namespace.key_of``).
 ANCESTOR_DECODES = 2
 
 

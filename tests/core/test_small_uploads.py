@@ -132,7 +132,7 @@ async def test_uploads_marked_clean_in_a_batch_survive_a_remount(
 async def test_a_directory_renamed_after_its_keys_were_remembered_uploads_at_the_new_keys(
     make_fs: Any, s3_store: Any
 ) -> None:
-    """``Sync.key_of`` remembers directory keys; a rename of a directory
+    """``Namespace.key_of`` remembers directory keys; a rename of a directory
     above queued uploads must make them go to the new keys, not the old."""
     mount = await make_fs(write=WriteConfig(mode="back", upload_delay=60.0, part_size=8 * MiB))
     fs = mount.fs
@@ -144,13 +144,13 @@ async def test_a_directory_renamed_after_its_keys_were_remembered_uploads_at_the
     for ino, path in zip(inos, files, strict=True):
         inode = fs.meta.get_inode(ino)
         assert inode is not None
-        assert fs.sync.key_of(inode) == path
+        assert fs.namespace.key_of(inode) == path
         assert fs.entry_keys(fs.journal.upload_seq[ino], {"op": "upload", "ino": ino}) == [path]
     await fs.rename(1, b"a", 1, b"z", 0)
     for ino, path in zip(inos, files, strict=True):
         inode = fs.meta.get_inode(ino)
         assert inode is not None
-        assert fs.sync.key_of(inode) == "z" + path[1:]
+        assert fs.namespace.key_of(inode) == "z" + path[1:]
     await mount.flush()
     keys = all_keys(s3_store)
     for path, data in files.items():

@@ -185,6 +185,7 @@ class TierFS:
             watch_deletes=self.journal.watch_deletes,
             protects=self.journal.protects,
             attrs_owed=self.journal.attrs_owed,
+            shape_generation=lambda: self.journal.namespace_gen,
             spawn=self._spawn,
         )
         self.handles = Handles(self.blocks, self.space, self.journal)

@@ -216,7 +216,8 @@ class Journal:
         for entry in self.entries.values():
             self._count_delete(entry, +1)
             self._count_attrs(entry, +1)
-        #: Bumped by every rename and removal: cached keys are then stale.
+        #: Bumped before and after every rename and removal (``reshaping``)
+        #: and when an orphan's inode goes: cached keys are then stale.
         self.namespace_gen = 0
         self._keys: dict[int, tuple[int, list[str] | None]] = {}
         self._changed = trio.Event()
@@ -239,6 +240,19 @@ class Journal:
             writer = JournalWriter(tx, self)
             yield writer
         self._publish(writer)
+
+    @contextlib.contextmanager
+    def reshaping(self) -> Iterator[JournalWriter]:
+        """``write()`` for a change of the namespace's shape (a rename, an
+        unlink, an rmdir): ``namespace_gen`` is bumped before it and again
+        after it, so that no key remembered before the change, nor one
+        computed while it ran, outlives it."""
+        self.namespace_gen += 1
+        try:
+            with self.write() as writer:
+                yield writer
+        finally:
+            self.namespace_gen += 1
 
     def _publish(self, writer: JournalWriter) -> None:
         self.superseded.update(writer.superseded)

@@ -82,8 +82,8 @@ marking clean in batches 12% (its LMDB write 8.5%); the event loop itself
 10%; the journal scan and ``entry_keys`` 5-9%; the upload source (the cache
 file opened on the loop) 3.5%; the shadow ledger read of ``_drop_shadows``
 3%; group commits 3%; the flush's wait 2%; metrics under 1%.  Since then
-the keys of directories are remembered (``key_of``, dropped with every
-rename or removal), a flush of the whole mount works out no keys, and a
+the keys of directories are remembered (``Namespace.key_of``, dropped
+with every rename or removal), a flush of the whole mount works out no keys, and a
 flush's wait is narrowed by the journal as entries end
 (``Journal.wait_done``).  Measured after: marking clean 17% (LMDB write
 11.5%), the thread hop 17%, the file's inode record 9%, the uploader's loop
@@ -127,14 +127,14 @@ from tierfs.errors import (
     StoreRefused,
     TierfsError,
 )
-from tierfs.meta import ROOT_INO, BlockRecord, Inode, MetaDB, SyncState
+from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore, abort_stale_uploads
 from tierfs.store.breaker import CircuitBreaker
 from tierfs.tiers.tier import Tier
 
 from .blockcache import BlockCache, CachedFile
 from .damage import DamageLog
-from .journal import Entry, Journal, child_key
+from .journal import Entry, Journal
 from .namespace import Namespace
 from .shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
 from .store_threads import StoreThreads
@@ -160,8 +160,6 @@ FAILED_LISTED = 20
 #: boto3 PUTs of 64 KiB reached 102 files/s with 4 threads, 150 with 8 and
 #: 162 with 16 (``s5cmd cp`` 190 on the same busy machine).
 SMALL_UPLOAD_CONCURRENCY = 16
-#: ``Sync.key_of`` remembers the keys of at most this many directories.
-DIR_KEYS_MAX = 65536
 #: An upload that ends waits this long (seconds) for others to end, so that
 #: one transaction marks them all clean (``_mark_clean_batched``).
 CLEAN_BATCH_WAIT = 0.01
@@ -290,30 +288,6 @@ class Sync:
         #: that batch sets once it committed (None: no batch is collecting).
         self._uploaded: list[_Uploaded] = []
         self._batch_committed: trio.Event | None = None
-        #: Directory ino -> its key, valid while ``journal.namespace_gen`` is
-        #: ``_dir_keys_gen`` (see ``key_of``).
-        self._dir_keys: dict[int, str] = {}
-        self._dir_keys_gen = journal.namespace_gen
-
-    def key_of(self, inode: Inode) -> str:
-        """``Namespace.key_of``, with the keys of directories remembered.
-
-        A key changes only with a rename (which also moves every key under
-        a directory) or a removal, and both bump ``Journal.namespace_gen``
-        before they change an inode: the memo is dropped then.  Without
-        it, every key cost an LMDB read and a decode per directory on its
-        path, several times per upload (measured: a fifth of the event
-        loop's time while small files were flushed)."""
-        if inode.ino == ROOT_INO:
-            return ""
-        if self._dir_keys_gen != self.journal.namespace_gen or len(self._dir_keys) >= DIR_KEYS_MAX:
-            self._dir_keys.clear()
-            self._dir_keys_gen = self.journal.namespace_gen
-        parent_key = self._dir_keys.get(inode.parent)
-        if parent_key is None:
-            parent = self.namespace.get(inode.parent)
-            parent_key = self._dir_keys[inode.parent] = self.namespace.key_of(parent)
-        return child_key(parent_key, inode.name)
 
     # --- local commits ------------------------------------------------------------------------
 
@@ -355,7 +329,7 @@ class Sync:
         upload, else the key."""
         if entry["op"] == "upload":
             inode = self.linked_inode(entry["ino"])
-            return self.key_of(inode) if inode is not None else f"<inode {entry['ino']}>"
+            return self.namespace.key_of(inode) if inode is not None else f"<inode {entry['ino']}>"
         return str(entry["dst"] if entry["op"] == "copy" else entry["key"])
 
     def refusal_of(self, ino: int) -> str | None:
@@ -400,7 +374,7 @@ class Sync:
             inode = self.linked_inode(entry["ino"])
             if inode is None:
                 return None
-            return [self.key_of(inode)]
+            return [self.namespace.key_of(inode)]
         if op == "copy":
             return [entry["src"], entry["dst"]]
         return [entry["key"]]
@@ -528,7 +502,7 @@ class Sync:
         if ino in self._upload_refused:
             self._refuse_upload(seq, ino)
             return
-        key = self.key_of(inode)
+        key = self.namespace.key_of(inode)
         # Keys change only with a rename or a removal, which bump this.
         namespace_gen = self.journal.namespace_gen
         entry["running_key"] = key
@@ -585,7 +559,10 @@ class Sync:
                     and version == cf.version
                     and not cf.writing  # a write in flight has not bumped the version yet
                     and (cf.inode.mode, cf.inode.uid, cf.inode.gid) == attrs
-                    and (self.journal.namespace_gen == namespace_gen or self.key_of(current) == key)
+                    and (
+                        self.journal.namespace_gen == namespace_gen
+                        or self.namespace.key_of(current) == key
+                    )
                     and seq in self.journal.entries
                 )
 
@@ -803,7 +780,7 @@ class Sync:
                 inode is not None
                 and inode.is_dir
                 and inode.state != SyncState.CLEAN
-                and self.key_of(inode) + "/" == entry["key"]
+                and self.namespace.key_of(inode) + "/" == entry["key"]
             ):
                 inode.state = SyncState.CLEAN
                 w.tx.put_inode(inode)

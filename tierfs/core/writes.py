@@ -276,7 +276,7 @@ class FileWrites:
     def _new_key(self, parent: Inode, name: bytes, *, is_dir: bool = False) -> str:
         """The key of a new name in ``parent``, checked (``_check_key``); a
         directory's marker ends in "/"."""
-        key = child_key(self.sync.key_of(parent), name)
+        key = child_key(self.namespace.key_of(parent), name)
         self._check_key(key + "/" if is_dir else key)
         return key
 
@@ -371,8 +371,7 @@ class FileWrites:
         key = child_key(self.namespace.key_of(dir_inode), name)
         busy = self.blocks.is_busy(inode.ino)
         tiers: list[int] = []
-        self.journal.namespace_gen += 1
-        with self.journal.write() as w:
+        with self.journal.reshaping() as w:
             parent_inode = w.tx.get_inode(parent)
             assert parent_inode is not None
             self._touch_dir(parent_inode)
@@ -415,8 +414,7 @@ class FileWrites:
         if self.meta.count_children(inode.ino):
             raise DirectoryNotEmpty(name.decode(errors="replace"))
         key = child_key(self.namespace.key_of(dir_inode), name)
-        self.journal.namespace_gen += 1
-        with self.journal.write() as w:
+        with self.journal.reshaping() as w:
             parent_inode = w.tx.get_inode(parent)
             assert parent_inode is not None
             self._touch_dir(parent_inode)
@@ -469,8 +467,7 @@ class FileWrites:
         old_key = child_key(self.namespace.key_of(src_dir), old_name)
         target_tiers: list[int] = []
         target_busy = target is not None and self.blocks.is_busy(target.ino)
-        self.journal.namespace_gen += 1
-        with self.journal.write() as w:
+        with self.journal.reshaping() as w:
             if target is not None:
                 w.tx.unlink(new_parent, new_name)
                 if target.is_dir:
