@@ -52,12 +52,11 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import statistics
 import sys
 import threading
 from pathlib import Path
 
-from ab_s3 import S3AB, Sample, add_ab_arguments
+from ab_s3 import S3AB, Units, add_ab_arguments
 from common import (
     BUCKET,
     REGION,
@@ -65,7 +64,6 @@ from common import (
     fmt_size,
     parse_size,
     run_in_workdir,
-    table,
 )
 
 from tierfs.store.s3 import S3Store
@@ -154,44 +152,15 @@ class RangedGetAB(S3AB):
         if errors:
             raise BenchError(f"store GETs failed: {errors[0]}")
 
-    def describe(self, sample: Sample) -> str:
-        gib, mib = self.args.size / (1 << 30), self.args.size / MiB
-        return (
-            f"{self.args.size / sample.seconds / 1e6:,.0f} MB/s, client {sample.client_cpu / gib:.2f}"
-            f" CPU s/GiB, server {sample.server_cpu / gib:.2f} CPU s/GiB,"
-            f" {sample.server_syscalls / mib:.1f} syscalls/MiB"
+    def units(self) -> Units:
+        return Units(
+            rate="MB/s",
+            amount=self.args.size / 1e6,
+            cpu="s/GiB",
+            cpu_per=self.args.size / (1 << 30),
+            mib=self.args.size / MiB,
+            title=f"one object of {fmt_size(self.args.size)}",
         )
-
-    def report(self) -> str:
-        gib, mib = self.args.size / (1 << 30), self.args.size / MiB
-        rows = []
-        for text, samples in self.samples.items():
-            if not samples:
-                continue
-            ratios = self.ratios(samples)
-            rows.append(
-                [
-                    text,
-                    f"{statistics.median(self.args.size / s.seconds / 1e6 for s in samples):,.0f}",
-                    " ".join(f"{r:.2f}" for r in ratios),
-                    f"{statistics.median(s.client_cpu for s in samples) / gib:.2f}",
-                    f"{statistics.median(s.server_cpu for s in samples) / gib:.2f}",
-                    f"{statistics.median(s.server_syscalls for s in samples) / mib:.1f}",
-                ]
-            )
-        header = [
-            "variant",
-            "MB/s",
-            f"speed vs {self.args.variants[0]} by round",
-            "client CPU s/GiB",
-            "server CPU s/GiB",
-            "server syscalls/MiB",
-        ]
-        lines = [
-            f"one object of {fmt_size(self.args.size)}; medians of {self.args.rounds} rounds",
-            "",
-        ]
-        return "\n".join(lines + table(header, rows, left={0, 2}))
 
 
 def main(argv: list[str] | None = None) -> int:

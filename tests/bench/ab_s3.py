@@ -8,7 +8,8 @@ seconds, the client's CPU (this process and its finished children: the
 variants run in this process or as a child such as ``s5cmd``), the
 server's CPU and its read+write system calls.  The subclass uploads its
 objects (``upload``) and runs one variant (``fetch``) into a fresh
-directory; the report is the subclass's (per GiB, per file ...).
+directory, and says in what units its figures are read (``units``: per
+file, per GiB ...); the log lines and the report are the same for all.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import os
 import resource
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from common import (
     cpu_seconds,
     io_syscalls,
     log,
+    table,
 )
 
 
@@ -40,6 +43,21 @@ class Sample:
     client_cpu: float
     server_cpu: float
     server_syscalls: int
+
+
+@dataclass(frozen=True)
+class Units:
+    """How a script reads its samples: a rate of ``amount`` per second
+    (``rate``, e.g. "files/s"), CPU seconds divided by ``cpu_per`` (``cpu``,
+    e.g. "ms/file"), the server's syscalls per MiB of ``mib``."""
+
+    rate: str
+    amount: float
+    cpu: str
+    cpu_per: float
+    mib: float
+    #: The first line of the report.
+    title: str
 
 
 def own_cpu_seconds() -> float:
@@ -98,8 +116,43 @@ class S3AB(BenchBase):
         """Run one variant into ``dest`` (empty); raise BenchError if it got less."""
         raise NotImplementedError
 
-    def describe(self, sample: Sample) -> str:
+    def units(self) -> Units:
         raise NotImplementedError
+
+    def describe(self, sample: Sample) -> str:
+        u = self.units()
+        return (
+            f"{u.amount / sample.seconds:,.0f} {u.rate}, client {sample.client_cpu / u.cpu_per:.2f}"
+            f" CPU {u.cpu}, server {sample.server_cpu / u.cpu_per:.2f} CPU {u.cpu},"
+            f" {sample.server_syscalls / u.mib:.1f} syscalls/MiB"
+        )
+
+    def report(self) -> str:
+        u = self.units()
+        rows = []
+        for text, samples in self.samples.items():
+            if not samples:
+                continue
+            rows.append(
+                [
+                    text,
+                    f"{statistics.median(u.amount / s.seconds for s in samples):,.0f}",
+                    " ".join(f"{r:.2f}" for r in self.ratios(samples)),
+                    f"{statistics.median(s.client_cpu for s in samples) / u.cpu_per:.2f}",
+                    f"{statistics.median(s.server_cpu for s in samples) / u.cpu_per:.2f}",
+                    f"{statistics.median(s.server_syscalls for s in samples) / u.mib:.1f}",
+                ]
+            )
+        header = [
+            "variant",
+            u.rate,
+            f"speed vs {self.args.variants[0]} by round",
+            f"client CPU {u.cpu}",
+            f"server CPU {u.cpu}",
+            "server syscalls/MiB",
+        ]
+        lines = [f"{u.title}; medians of {self.args.rounds} rounds", ""]
+        return "\n".join(lines + table(header, rows, left={0, 2}))
 
     def run(self) -> None:
         if os.geteuid() != 0:

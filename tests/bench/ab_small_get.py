@@ -47,23 +47,20 @@ import hashlib
 import os
 import random
 import shutil
-import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import obstore
 import xxhash
-from ab_s3 import S3AB, Sample, add_ab_arguments
+from ab_s3 import S3AB, Units, add_ab_arguments
 from common import (
     BUCKET,
     REGION,
     BenchError,
     run_in_workdir,
-    table,
 )
 from obstore.store import S3Store as ObstoreS3Store
 
@@ -236,45 +233,16 @@ class SmallGetAB(S3AB):
             raise BenchError("asyncio: the loop failed (see above)")
         return result[0]
 
-    def describe(self, sample: Sample) -> str:
-        n, mib = self.args.files, sum(self.sizes) / MiB
-        return (
-            f"{n / sample.seconds:,.0f} files/s, client {1000 * sample.client_cpu / n:.2f}"
-            f" CPU ms/file, server {1000 * sample.server_cpu / n:.2f} CPU ms/file,"
-            f" {sample.server_syscalls / mib:.1f} syscalls/MiB"
+    def units(self) -> Units:
+        n = self.args.files
+        return Units(
+            rate="files/s",
+            amount=n,
+            cpu="ms/file",
+            cpu_per=n / 1000,
+            mib=sum(self.sizes) / MiB,
+            title=f"{n:,} objects of 20-200 KiB",
         )
-
-    def report(self) -> str:
-        n, mib = self.args.files, sum(self.sizes) / MiB
-        rows = []
-        for text, samples in self.samples.items():
-            if not samples:
-                continue
-            ratios = self.ratios(samples)
-
-            def median(f: Callable[[Sample], float], samples: list[Sample] = samples) -> float:
-                return statistics.median(f(s) for s in samples)
-
-            rows.append(
-                [
-                    text,
-                    f"{median(lambda s: n / s.seconds):,.0f}",
-                    " ".join(f"{r:.2f}" for r in ratios),
-                    f"{1000 * median(lambda s: s.client_cpu) / n:.2f}",
-                    f"{1000 * median(lambda s: s.server_cpu) / n:.2f}",
-                    f"{median(lambda s: s.server_syscalls) / mib:.1f}",
-                ]
-            )
-        header = [
-            "variant",
-            "files/s",
-            f"speed vs {self.args.variants[0]} by round",
-            "client CPU ms/file",
-            "server CPU ms/file",
-            "server syscalls/MiB",
-        ]
-        lines = [f"{n:,} objects of 20-200 KiB; medians of {self.args.rounds} rounds", ""]
-        return "\n".join(lines + table(header, rows, left={0, 2}))
 
 
 def main(argv: list[str] | None = None) -> int:
