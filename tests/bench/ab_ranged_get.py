@@ -64,6 +64,7 @@ from common import (
     fmt_size,
     parse_size,
     run_in_workdir,
+    run_threads,
 )
 
 from tierfs.store.s3 import S3Store
@@ -112,45 +113,35 @@ class RangedGetAB(S3AB):
         fd = None if flags is None else os.open(dest / "out", os.O_WRONLY | os.O_CREAT | flags)
         offsets = list(range(0, self.args.size, run_bytes))
         lock = threading.Lock()
-        errors: list[BaseException] = []
+        failed = threading.Event()
 
         def fetch() -> None:
             buffers = [mmap.mmap(-1, BLOCK) for _ in range(run_bytes // BLOCK)]
-            try:
-                while True:
-                    with lock:
-                        if not offsets or errors:
-                            return
-                        offset = offsets.pop(0)
-                    length = min(run_bytes, self.args.size - offset)
-                    views = [
-                        memoryview(b)[: max(0, min(BLOCK, length - i * BLOCK))]
-                        for i, b in enumerate(buffers)
-                    ]
-                    got = store.get_range_into(KEY, offset, [v for v in views if len(v)])
-                    for view in views:
-                        view.release()
-                    if got != length:
-                        raise BenchError(f"GET at {offset}: {got} bytes, not {length}")
-                    if fd is not None:
-                        for i in range(length // BLOCK):
-                            os.pwrite(fd, buffers[i], offset + i * BLOCK)
-            except BaseException as exc:
+            while True:
                 with lock:
-                    errors.append(exc)
+                    if not offsets or failed.is_set():
+                        return
+                    offset = offsets.pop(0)
+                length = min(run_bytes, self.args.size - offset)
+                views = [
+                    memoryview(b)[: max(0, min(BLOCK, length - i * BLOCK))]
+                    for i, b in enumerate(buffers)
+                ]
+                got = store.get_range_into(KEY, offset, [v for v in views if len(v)])
+                for view in views:
+                    view.release()
+                if got != length:
+                    raise BenchError(f"GET at {offset}: {got} bytes, not {length}")
+                if fd is not None:
+                    for i in range(length // BLOCK):
+                        os.pwrite(fd, buffers[i], offset + i * BLOCK)
 
-        workers = [threading.Thread(target=fetch) for _ in range(threads)]
         try:
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
+            run_threads(fetch, threads, "store GETs failed", failed)
         finally:
             if fd is not None:
                 os.close(fd)
             store.close()
-        if errors:
-            raise BenchError(f"store GETs failed: {errors[0]}")
 
     def units(self) -> Units:
         return Units(

@@ -61,6 +61,7 @@ from common import (
     REGION,
     BenchError,
     run_in_workdir,
+    run_threads,
 )
 from obstore.store import S3Store as ObstoreS3Store
 
@@ -165,38 +166,28 @@ class SmallGetAB(S3AB):
         todo = list(range(self.args.files))
         lock = threading.Lock()
         done: list[int] = []
-        errors: list[BaseException] = []
+        failed = threading.Event()
 
         def fetch() -> None:
-            try:
-                while True:
-                    with lock:
-                        if not todo or errors:
-                            return
-                        index = todo.pop()
-                    size = self.sizes[index]
-                    get_options: dict[str, Any] = {"range": (0, size)}
-                    if if_match:
-                        get_options["if_match"] = f'"{self.etags[index]}"'
-                    result = obstore.get(store, self.key(index), options=get_options)
-                    body = result.bytes()
-                    if len(body) != size:
-                        raise BenchError(f"{index}: {len(body)} bytes, not {size}")
-                    if write:
-                        store_to_file(dest, index, body)
-                    with lock:
-                        done.append(index)
-            except BaseException as exc:
+            while True:
                 with lock:
-                    errors.append(exc)
+                    if not todo or failed.is_set():
+                        return
+                    index = todo.pop()
+                size = self.sizes[index]
+                get_options: dict[str, Any] = {"range": (0, size)}
+                if if_match:
+                    get_options["if_match"] = f'"{self.etags[index]}"'
+                result = obstore.get(store, self.key(index), options=get_options)
+                body = result.bytes()
+                if len(body) != size:
+                    raise BenchError(f"{index}: {len(body)} bytes, not {size}")
+                if write:
+                    store_to_file(dest, index, body)
+                with lock:
+                    done.append(index)
 
-        workers = [threading.Thread(target=fetch) for _ in range(int(options.get("t", "32")))]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        if errors:
-            raise BenchError(f"threads: {errors[0]!r}")
+        run_threads(fetch, int(options.get("t", "32")), "threads", failed)
         return len(done)
 
     def asyncio(self, dest: Path, options: dict[str, str], write: bool) -> int:

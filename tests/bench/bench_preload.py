@@ -141,6 +141,7 @@ from common import (
     put_directory_markers,
     py_spy,
     run_in_workdir,
+    run_threads,
     table,
     thread_cpu_delta,
     thread_cpu_seconds,
@@ -719,29 +720,19 @@ class PreloadBench(BenchBase):
     def read_epoch(self, mp: Path, order: list[str]) -> None:
         lock = threading.Lock()
         position = iter(order)
-        errors: list[BaseException] = []
 
         def reader() -> None:
             buf = bytearray(1 << 20)
-            try:
-                while True:
-                    with lock:
-                        rel = next(position, None)
-                    if rel is None:
-                        return
-                    with open(mp / rel, "rb", buffering=0) as f:
-                        while f.readinto(buf):
-                            pass
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
+            while True:
+                with lock:
+                    rel = next(position, None)
+                if rel is None:
+                    return
+                with open(mp / rel, "rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
 
-        threads = [threading.Thread(target=reader) for _ in range(self.args.readers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise BenchError(f"epoch read failed: {errors[0]!r}")
+        run_threads(reader, self.args.readers, "epoch read failed")
 
     def case_epoch(self, round_no: int) -> None:
         files = [f"small/{rel}" for rel, _size, _off in self.small[: self.args.epoch_files]]
@@ -771,29 +762,19 @@ class PreloadBench(BenchBase):
         )
         lock = threading.Lock()
         position = iter(order)
-        errors: list[BaseException] = []
 
         def reader() -> None:
-            try:
-                while True:
-                    with lock:
-                        key = next(position, None)
-                    if key is None:
-                        return
-                    client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
+            while True:
+                with lock:
+                    key = next(position, None)
+                if key is None:
+                    return
+                client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
 
         self.drop_caches()
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=reader) for _ in range(self.args.readers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(reader, self.args.readers, "epoch GETs failed")
         dt = time.perf_counter() - t0
-        if errors:
-            raise BenchError(f"epoch GETs failed: {errors[0]!r}")
         self.results.epochs.setdefault("gets", []).append(dt)
         log(f"  epoch of boto3 GETs: {dt:.2f}s ({len(order) / dt:,.0f} files/s)")
 

@@ -52,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -264,6 +265,31 @@ class KernelKnobs:
         write_int(self.bdi, read_ahead_kb)
         write_int(self.conn / "max_background", max_background)
         write_int(self.conn / "congestion_threshold", max_background * 3 // 4)
+
+
+def run_threads(
+    work: Callable[[], None], count: int, what: str, failed: threading.Event | None = None
+) -> None:
+    """``work()`` in ``count`` threads at once, until every one returns; then
+    BenchError(``what``) with the first failure, if any.  ``failed`` is set
+    at the first failure, so that the other threads can stop early."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # reported by the calling thread
+            errors.append(exc)
+            if failed is not None:
+                failed.set()
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise BenchError(f"{what}: {errors[0]!r}")
 
 
 def table(header: list[str], rows: list[list[str]], left: set[int] | None = None) -> list[str]:
