@@ -90,6 +90,14 @@ Invariants:
   their quotes.
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
+- Listings are parsed by botocore with our ``parse_timestamp``: botocore's
+  default hands every ``LastModified`` to dateutil (about 26 us each), which
+  was three quarters of the parse of a 1,000-key ListObjectsV2 page (45 ms
+  against 11 ms with ``datetime.fromisoformat``, measured by parsing one
+  such page with botocore's rest-xml parser both ways).
+  py-spy of a 10,000-file preload had found that parse as most of the CPU
+  of the threads that list (about 0.6 CPU-s of the daemon's 6-7); a cold
+  ``find`` of 100,000 entries spends it 100 times.
 
 Read engine.  Small requests go native, bulk ranged GETs stay on
 botocore.  botocore spends about 3 ms of client CPU per request whatever
@@ -173,6 +181,7 @@ import base64
 import collections
 import contextlib
 import dataclasses
+import datetime
 import logging
 import re
 import threading
@@ -184,6 +193,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import botocore.loaders
 import botocore.session
+import botocore.utils
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -359,6 +369,24 @@ def parse_s3_url(url: str) -> tuple[str, str]:
         raise InvalidArgument(f"s3 URL prefix may not contain '.' or '..': {url!r}")
     prefix = "/".join(segments)
     return bucket, (prefix + "/" if prefix else "")
+
+
+def parse_timestamp(value: Any) -> Any:
+    """botocore's timestamp parser, without dateutil for the ISO 8601 form
+    with a zone that listings carry (``2026-11-26T18:30:11.000Z``).
+
+    Anything else (a HEAD's RFC 1123 ``Last-Modified``, a naive or numeric
+    value) goes to botocore's own parser, so every result is what botocore
+    would have returned (an aware datetime of the same instant)."""
+    if isinstance(value, str):
+        try:
+            parsed = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if parsed.tzinfo is not None:
+                return parsed
+    return botocore.utils.parse_timestamp(value)
 
 
 def _strip_etag(etag: str | None) -> str:
@@ -568,6 +596,9 @@ class S3Store:
         )
         session = botocore.session.get_session()
         session.register_component("data_loader", _shared_loader())
+        session.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=parse_timestamp
+        )
         self.client: Any = session.create_client(
             "s3", region_name=region, endpoint_url=endpoint_url, config=config
         )
