@@ -75,7 +75,10 @@ Cases (``--cases``, comma-separated):
     15: cold small-file reads >= 0.8x it); ``without``: a fresh mount,
     plain reads; ``with``: a fresh mount, and first
     ``tierfs.client.set_order(MOUNT, order)`` (its time counts in the
-    epoch), then the same reads.  Target: with >= 2x faster.  With
+    epoch), then the same reads.  Target: with >= 2x faster, judged only
+    with ``--s3-delay`` (on loopback the epoch is CPU-bound, and a prefetch
+    cannot make it faster; README, "Order-aware prefetch in the shuffled
+    epoch"; without a delay the line is marked info).  With
     ``--py-spy``, the first round's mounted variants are profiled too.
 
 ``rss``: the daemon's memory during a preload of a ``--rss-entries``
@@ -1049,9 +1052,16 @@ def report(res: Results, a: argparse.Namespace) -> str:
             )
         if res.epochs.get("without") and res.epochs.get("with"):
             ratio = statistics.median(res.epochs["without"]) / statistics.median(res.epochs["with"])
+            # On loopback the epoch is CPU-bound (s3rver, the daemon and the
+            # readers share the machine): a prefetch keeps more GETs in
+            # flight, which pays only while each GET waits on the network.
+            judged = (
+                verdict(ratio >= EPOCH_TARGET)
+                if a.s3_delay
+                else "info (the target applies to a bucket far away: --s3-delay)"
+            )
             lines.append(
-                f"speed-up with prefetch: {ratio:.2f} (target >= {EPOCH_TARGET:g}) "
-                f"{verdict(ratio >= EPOCH_TARGET)}"
+                f"speed-up with prefetch: {ratio:.2f} (target >= {EPOCH_TARGET:g}) {judged}"
             )
         lines.append("")
     for sample in res.rss:

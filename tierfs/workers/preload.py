@@ -140,6 +140,14 @@ file instead of 49, 0.27 wake-up socket writes per file instead of 0.8,
 client CPU per GiB 7% lower.  The speed ratio moved from a median of 0.80x
 to 0.90x ``s5cmd cp`` over nine rounds each, but single rounds of either
 spread from 0.72x to 1.01x on this machine, so most of that move is noise.
+
+Second step: the scan's listings.  py-spy of the preload put the threads
+that list (trio's worker threads, 0.5-0.7 CPU-s per 10,000 files, all of
+it user time) mostly in botocore's parse of the ListObjectsV2 pages, and
+most of that in dateutil parsing each ``LastModified``.  The store now
+parses those with ``datetime.fromisoformat`` (``tierfs.store.s3``,
+``parse_timestamp``): those threads fell to 0.2 CPU-s per 10,000 files,
+and the scan ended after 1.7-2.1 s instead of 2.2-2.6 s.
 """
 
 from __future__ import annotations
