@@ -96,8 +96,8 @@ Invariants:
   against 11 ms with ``datetime.fromisoformat``, measured by parsing one
   such page with botocore's rest-xml parser both ways).
   py-spy of a 10,000-file preload had found that parse as most of the CPU
-  of the threads that list (about 0.6 CPU-s of the daemon's 6-7); a cold
-  ``find`` of 100,000 entries spends it 100 times.
+  of the threads that list (0.5-0.7 of the daemon's 6-7 CPU-s; 0.1-0.2
+  after); a cold ``find`` of 100,000 entries parses 100 such pages.
 
 Read engine.  Small requests go native, bulk ranged GETs stay on
 botocore.  botocore spends about 3 ms of client CPU per request whatever

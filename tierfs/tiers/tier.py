@@ -28,6 +28,9 @@ the bytes this tier has taken since (the ``used`` the caller passes grew by
 them), and only while what it leaves free is above ``STATFS_REUSE_ABOVE``:
 near full, every placement asks the filesystem again, as before.  Another
 process filling the same filesystem is seen within ``STATFS_REUSE``.
+Measured the same way after: 50 ``fstatfs`` for 2,367 files, 3.3 ``futex``
+calls per file instead of 5.0; the preload's speed did not move
+measurably (its rounds spread by about 10% either way on that machine).
 """
 
 from __future__ import annotations
