@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from typing import Any
 
 import botocore.utils
@@ -51,17 +50,10 @@ def test_garbage_fails_as_it_does_in_botocore() -> None:
         parse_timestamp("not a time")
 
 
-@pytest.fixture
-def store(bucket: tuple[str, str]) -> Iterator[S3Store]:
-    endpoint, name = bucket
-    s = S3Store(f"s3://{name}/pre/", endpoint_url=endpoint)
-    yield s
-    s.close()
-
-
 def test_a_listing_does_not_use_dateutil_and_agrees_with_head(
-    store: S3Store, monkeypatch: pytest.MonkeyPatch
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = s3_store
     for i in range(30):
         store.put(f"d/f{i:02d}", b"x" * i)
     calls = []
