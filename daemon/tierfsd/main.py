@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import logging.handlers
 import os
@@ -83,6 +84,33 @@ SHUTDOWN_GRACE = 1.0
 
 #: sys.setswitchinterval for the daemon (seconds); see main().
 GIL_SWITCH_INTERVAL = 0.001
+
+#: The cyclic garbage collector's thresholds while the daemon serves; see
+#: tune_garbage_collector().
+GC_THRESHOLDS = (20_000, 20, 10)
+
+
+def tune_garbage_collector() -> None:
+    """Fewer and smaller cyclic collections while the daemon serves.
+
+    What a collection costs grows with the objects it looks at, and about
+    80,000 of the daemon's objects are made while it starts (modules,
+    config, the object graph of ``TierFS``) and live until it exits.
+    ``gc.freeze()`` moves them out of every collection.  A collection of
+    the youngest objects then runs every ``GC_THRESHOLDS[0]`` allocations
+    instead of Python's 700: most objects of a request or a fetch die before
+    it comes, and the older generations follow less often.  Reference
+    counting frees everything that is not in a cycle, as before; cyclic
+    garbage waits a little longer (at most that many allocations).
+
+    Measured (``gc.callbacks`` around each collection; a 10,000-file
+    preload from s3rver, three interleaved runs each): collections took
+    0.40-0.52 s of the daemon's CPU with the defaults, 0.16-0.19 s with the
+    freeze alone, 0.01-0.03 s with both; the daemon's CPU per run went from
+    6.5-6.8 s to 5.6-6.2 s.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -412,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     # preload stayed at 0.96x its idle
     # latency (bench_preload --cases latency; 0.88x at 0.1 ms, 0.86x at 5 ms).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    tune_garbage_collector()
     try:
         trio.run(daemon.run, on_ready)
     except BaseException:
