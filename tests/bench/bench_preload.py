@@ -134,6 +134,7 @@ from common import (
     BenchError,
     add_run_arguments,
     add_server_arguments,
+    add_tier_fs_argument,
     children_cpu_seconds,
     comma_list,
     cpu_seconds,
@@ -879,7 +880,7 @@ class PreloadBench(BenchBase):
 
     def run(self) -> None:
         self.check_prerequisites()
-        with self.s3_server():
+        with self.tier_filesystem(self.work / "tier-fs"), self.s3_server():
             self.upload()
             background: list[str] = []
             for r in range(self.args.repeat):
@@ -1148,6 +1149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each round, wait up to this many seconds for other work to stop (120)",
     )
     add_server_arguments(p)
+    add_tier_fs_argument(p)
     add_run_arguments(p, json_help="also write the raw figures here")
     p.add_argument(
         "--py-spy",

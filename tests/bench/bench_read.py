@@ -88,6 +88,7 @@ from common import (
     KernelKnobs,
     add_run_arguments,
     add_server_arguments,
+    add_tier_fs_argument,
     children_cpu_seconds,
     comma_list,
     cpu_seconds,
@@ -204,7 +205,7 @@ class Bench(BenchBase):
         self.check_common_prerequisites(self.cases)
 
     def upload(self) -> None:
-        self.ref.parent.mkdir()
+        self.ref.parent.mkdir(exist_ok=True)
         log(f"writing {fmt_size(self.size)} of random bytes to the tier filesystem")
         chunk = 16 << 20
         with open(self.ref, "wb") as f:
@@ -473,7 +474,7 @@ class Bench(BenchBase):
 
     def run(self) -> None:
         self.check_prerequisites()
-        with self.s3_server():
+        with self.tier_filesystem(self.work / "tier-fs"), self.s3_server():
             self.upload()
             if "tierfs" in self.cases:
                 self.tierfs_config()
@@ -636,6 +637,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each round, wait up to this many seconds for other work to stop (120)",
     )
     add_server_arguments(p)
+    add_tier_fs_argument(p)
     add_run_arguments(p, json_help="also write raw samples to this file")
     p.add_argument(
         "--py-spy", type=Path, default=None, help="record py-spy profiles of tierfsd here"

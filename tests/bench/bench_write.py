@@ -100,6 +100,7 @@ from common import (
     OpStats,
     add_run_arguments,
     add_server_arguments,
+    add_tier_fs_argument,
     children_cpu_seconds,
     comma_list,
     cpu_seconds,
@@ -358,7 +359,7 @@ class WriteBench(BenchBase):
     # --- setup ---
 
     def setup(self) -> None:
-        self.tierdir.mkdir()
+        self.tierdir.mkdir(exist_ok=True)
         if self.args.source == "file" and "big" in self.parts:
             log(f"writing {fmt_size(self.size)} of random bytes to {self.source.name}")
             chunk = 16 << 20
@@ -740,7 +741,7 @@ class WriteBench(BenchBase):
         self.check_prerequisites()
         self.round_no = 0
         try:
-            with self.s3_server():
+            with self.tier_filesystem(self.tierdir), self.s3_server():
                 self.setup()
                 background: list[str] = []
                 for r in range(self.args.repeat):
@@ -963,6 +964,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-fuse-trace", action="store_true", help="do not trace FUSE requests (tracefs)"
     )
     add_server_arguments(p)
+    add_tier_fs_argument(p)
     add_run_arguments(p, json_help="also write raw samples to this file")
     p.add_argument(
         "--py-spy",
