@@ -148,6 +148,23 @@ most of that in dateutil parsing each ``LastModified``.  The store now
 parses those with ``datetime.fromisoformat`` (``tierfs.store.s3``,
 ``parse_timestamp``): those threads fell to 0.2 CPU-s per 10,000 files,
 and the scan ended after 1.7-2.1 s instead of 2.2-2.6 s.
+
+Third step: where the kernel time of the fetch threads went.  ``perf`` of
+the daemon, split by system call, put 25 % of its CPU in ``openat`` of
+the new cache files: the bench machine's root filesystem is ext4 without a
+journal, which passes over every recently freed inode when it allocates
+one (``recently_deleted``), and the bench had just deleted the previous
+mount's 10,000 cache files.  Not the daemon's cost: the bench now keeps
+the tier and the peers' copies on a fresh journaled ext4 (see "The tiers'
+filesystem" in ``tests/bench/common.py``) and the README tells users to
+format tiers with a journal.  The cyclic garbage collector took another
+0.4-0.5 CPU-s of the preload; the daemon now freezes its start-up objects
+and collects less often (``tierfsd.main.tune_garbage_collector``).  With
+both, the daemon spends about 0.55 ms of CPU per file (5.4-6.4 s per
+10,000 files) against 0.43-0.45 ms for ``s5cmd cp``: the loop about 0.2 ms,
+the fetch threads 0.2-0.3 ms (half of it in the kernel), obstore's tokio
+threads 0.08 ms.  Tried and no better within the noise: a GIL switch
+interval of 2 or 5 ms, and 16 fetch slots instead of 32.
 """
 
 from __future__ import annotations
