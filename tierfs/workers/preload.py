@@ -160,8 +160,8 @@ filesystem" in ``tests/bench/common.py``) and the README tells users to
 format tiers with a journal.  The cyclic garbage collector took another
 0.4-0.5 CPU-s of the preload; the daemon now freezes its start-up objects
 and collects less often (``tierfsd.main.tune_garbage_collector``).  With
-both, the daemon spends about 0.55 ms of CPU per file (5.4-6.4 s per
-10,000 files) against 0.43-0.45 ms for ``s5cmd cp``: the loop about 0.2 ms,
+both, the daemon spends 0.50-0.68 ms of CPU per file (5.0-6.8 s per
+10,000 files) against 0.43-0.51 ms for ``s5cmd cp``: the loop about 0.2 ms,
 the fetch threads 0.2-0.3 ms (half of it in the kernel), obstore's tokio
 threads 0.08 ms.  Tried and no better within the noise: a GIL switch
 interval of 2 or 5 ms, and 16 fetch slots instead of 32.
