@@ -925,24 +925,15 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def round_ratios(res: Results, tierfs_case: str, peer_case: str) -> str:
+def paired_ratios(res: Results, tierfs_case: str, peer_case: str) -> list[float]:
     """The speed ratio of each round (peer seconds / tierfs seconds of the
     same round): the machine's load moves both, so a round's ratio is less
     noisy than the ratio of two medians.  Empty when a case failed in some
     round (the rounds no longer pair up)."""
     ours, theirs = res.copies.get(tierfs_case, []), res.copies.get(peer_case, [])
     if not ours or len(ours) != len(theirs):
-        return ""
-    return " ".join(f"{p.seconds / t.seconds:.2f}" for t, p in zip(ours, theirs, strict=True))
-
-
-def paired_median(res: Results, tierfs_case: str, peer_case: str) -> float | None:
-    """The median of the rounds' speed ratios (see ``round_ratios``); None
-    when the rounds do not pair up."""
-    ours, theirs = res.copies.get(tierfs_case, []), res.copies.get(peer_case, [])
-    if not ours or len(ours) != len(theirs):
-        return None
-    return statistics.median(p.seconds / t.seconds for t, p in zip(ours, theirs, strict=True))
+        return []
+    return [p.seconds / t.seconds for t, p in zip(ours, theirs, strict=True)]
 
 
 def report(res: Results, a: argparse.Namespace) -> str:
@@ -996,13 +987,14 @@ def report(res: Results, a: argparse.Namespace) -> str:
                     continue
                 ratio = p.seconds / t.seconds
                 cases = (f"tierfs preload {shape}", f"{peer} {shape}")
-                paired = paired_median(res, *cases)
+                rounds = paired_ratios(res, *cases)
+                paired = statistics.median(rounds) if rounds else None
                 judged = paired if paired is not None else ratio
                 rows.append(
                     [
                         *cases,
                         f"{ratio:.2f}",
-                        round_ratios(res, *cases),
+                        " ".join(f"{r:.2f}" for r in rounds),
                         f"{paired:.2f}" if paired is not None else "-",
                         f">= {target:g}" if target else "info",
                         verdict(judged >= target) if target else "",

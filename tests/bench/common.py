@@ -335,18 +335,24 @@ def table(header: list[str], rows: list[list[str]], left: set[int] | None = None
 # --- process and mount cleanup -----------------------------------------------------------------
 
 
-def fusermount_unmount(mp: Path) -> None:
-    """``fusermount3 -u`` (a few tries while busy), then ``-uz`` if still mounted."""
+def unmount(mp: Path, command: list[str], lazy: str) -> None:
+    """``command mp`` (a few tries while busy), then ``command lazy mp`` if
+    still mounted."""
     for attempt in range(5):
         if not is_mounted(mp):
             return
-        done = subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True, text=True)
+        done = subprocess.run([*command, str(mp)], capture_output=True, text=True)
         if done.returncode == 0 and not is_mounted(mp):
             return
         time.sleep(0.2 * (attempt + 1))
     if is_mounted(mp):
         log(f"{mp} still busy: lazy unmount")
-        subprocess.run(["fusermount3", "-uz", str(mp)], capture_output=True, text=True)
+        subprocess.run([*command, lazy, str(mp)], capture_output=True, text=True)
+
+
+def fusermount_unmount(mp: Path) -> None:
+    """``fusermount3 -u`` (a few tries while busy), then ``-uz`` if still mounted."""
+    unmount(mp, ["fusermount3", "-u"], "-z")
 
 
 def stop_process(proc: subprocess.Popen[bytes] | None, name: str, grace: float = 10.0) -> None:
@@ -731,41 +737,27 @@ class BenchBase:
         # Inode tables and journal written now, not by a kernel thread during the rounds.
         mkfs = ["mkfs.ext4", "-q", "-F", "-i", "65536", "-E"]
         mkfs += ["lazy_itable_init=0,lazy_journal_init=0", str(image)]
-        self._tier_fs_step(mkfs, hint)
-        device = self._tier_fs_step(
-            ["losetup", "--find", "--show", "--direct-io=on", str(image)], hint
-        ).strip()
+        try:
+            self.run_quiet(mkfs)
+            losetup = ["losetup", "--find", "--show", "--direct-io=on", str(image)]
+            device = self.run_quiet(losetup).stdout.strip()
+        except BenchError as exc:
+            raise BenchError(f"{exc} {hint}") from exc
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self._tier_fs_step(["mount", device, str(path)], hint)
+            try:
+                self.run_quiet(["mount", device, str(path)])
+            except BenchError as exc:
+                raise BenchError(f"{exc} {hint}") from exc
             log(f"tiers' filesystem: fresh ext4 with a journal on {device}")
             try:
                 yield
             finally:
-                self._unmount_tier_fs(path)
+                unmount(path, ["umount"], "--lazy")
         finally:
             subprocess.run(["losetup", "--detach", device], capture_output=True, text=True)
             with contextlib.suppress(OSError):
                 image.unlink()
-
-    def _tier_fs_step(self, cmd: list[str], hint: str) -> str:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise BenchError(
-                f"{' '.join(cmd)} exited {done.returncode}: "
-                f"{(done.stderr or done.stdout).strip()} {hint}"
-            )
-        return done.stdout
-
-    @staticmethod
-    def _unmount_tier_fs(path: Path) -> None:
-        """``umount`` (a few tries while busy), then a lazy one."""
-        for attempt in range(5):
-            if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
-                return
-            time.sleep(0.2 * (attempt + 1))
-        log(f"{path} still busy: lazy unmount")
-        subprocess.run(["umount", "--lazy", str(path)], capture_output=True)
 
     # --- the S3 server ---
 
