@@ -348,3 +348,27 @@ async def test_an_opened_files_cookie_is_read_once_and_again_after_a_rename(
     new_cookie = mount.fs.meta.dentry_cookie(ds.ino, b"zzz.bin")
     assert new_cookie is not None and new_cookie > 20
     assert worker._streams[ds.ino].recent[-1] == new_cookie
+
+
+async def test_files_fetched_ahead_and_read_once_count_one_use(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """Issue 29: the fill ahead of an open is not a use, so a file read once
+    is a file read once for the eviction ranking, and a pass over a
+    directory does not look like reuse."""
+    paths = put_files(s3_store, 30)
+    mount = await make_fs()
+    worker = await start(nursery, mount, max_files=8)
+    await mount.fs.namespace.resolve("ds")
+    for path in paths:
+        await mount.read_file(path)
+        await settled(mount, worker)
+    assert worker.status()["hits"] >= 20  # most were fetched ahead of their open
+    tracker = mount.fs.space.trackers[0]
+    inos = [(await mount.fs.namespace.resolve(path)).ino for path in paths]
+    assert all(tracker.queue_of(ino) == "small" for ino in inos)
+    # Read once each: no file is counted as re-accessed.  One more open of
+    # the last one makes it the only one.
+    assert [tracker.freq_of(ino) for ino in inos] == [0] * 30
+    await mount.read_file(paths[-1])
+    assert [tracker.freq_of(ino) for ino in inos] == [0] * 29 + [1]

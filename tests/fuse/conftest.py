@@ -47,6 +47,8 @@ from typing import Any
 import pytest
 
 PREFIX = "data"
+#: The ``[fetch] block_size`` a config that does not set it gets.
+DEFAULT_BLOCK_SIZE = "4MiB"
 CLI_TIMEOUT = 60.0
 LOG_TAIL_CHARS = 4000
 
@@ -320,12 +322,12 @@ def write_config(
     state_dir: Path,
     tier_dirs: dict[str, Path],
     capacities: dict[str, str],
-    block_size: str,
-    readahead_max: str,
+    block_size: str | None,
+    readahead_max: str | None,
     list_ttl: str,
     revalidate_ttl: str,
-    fetch_concurrency: int = 8,
-    dir_readahead: int = 32,
+    fetch_concurrency: int | None = 8,
+    dir_readahead: int | None = 32,
     write: dict[str, str] | None = None,
     backing_dir: Path | None = None,
     watermarks: dict[str, tuple[float, float]] | None = None,
@@ -337,7 +339,9 @@ def write_config(
     becomes a ``[write]`` table; without it the defaults apply.  With
     ``backing_dir`` the backing is ``file://backing_dir`` instead of the bucket.
     ``watermarks`` maps a tier name to its (high, low) watermarks; ``extra``
-    is TOML appended as written (``[mover]``, ``[[rules]]``, ...)."""
+    is TOML appended as written (``[mover]``, ``[[rules]]``, ...).  A ``[fetch]`` key
+    given as None is left out (its default applies); with all four None there is
+    no ``[fetch]`` table, as in a config that sets none."""
     if backing_dir is not None:
         backing = [f"url = {json.dumps(backing_dir.resolve().as_uri())}"]
     else:
@@ -365,13 +369,18 @@ def write_config(
             high, low = watermarks[name]
             lines += [f"high_watermark = {high}", f"low_watermark = {low}"]
         lines.append("")
+    fetch = {
+        "block_size": block_size,
+        "readahead_max": readahead_max,
+        "concurrency": fetch_concurrency,
+        "dir_readahead": dir_readahead,
+    }
+    fetch_lines = [
+        f"{key} = {json.dumps(value)}" for key, value in fetch.items() if value is not None
+    ]
+    if fetch_lines:
+        lines += ["[fetch]", *fetch_lines, ""]
     lines += [
-        "[fetch]",
-        f"block_size = {json.dumps(block_size)}",
-        f"readahead_max = {json.dumps(readahead_max)}",
-        f"concurrency = {fetch_concurrency}",
-        f"dir_readahead = {dir_readahead}",
-        "",
         "[namespace]",
         f"list_ttl = {json.dumps(list_ttl)}",
         f"revalidate_ttl = {json.dumps(revalidate_ttl)}",
@@ -420,10 +429,10 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
         *,
         nvme: str = "16MiB",
         hdd: str = "64MiB",
-        block_size: str = "1MiB",
-        readahead_max: str = "4MiB",
-        fetch_concurrency: int = 8,
-        dir_readahead: int = 32,
+        block_size: str | None = "1MiB",
+        readahead_max: str | None = "4MiB",
+        fetch_concurrency: int | None = 8,
+        dir_readahead: int | None = 32,
         list_ttl: str = "2s",
         revalidate_ttl: str = "1s",
         upload_delay: str | None = None,
@@ -483,7 +492,7 @@ def mount(bucket: tuple[str, str], s3_client: Any, tmp_path: Path) -> Iterator[M
             s3=s3_client,
             list_ttl=_parse_seconds(list_ttl),
             revalidate_ttl=_parse_seconds(revalidate_ttl),
-            block_size=_parse_size(block_size),
+            block_size=_parse_size(block_size or DEFAULT_BLOCK_SIZE),
             options=options,
         )
         made.append(m)

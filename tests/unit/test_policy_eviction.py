@@ -291,7 +291,8 @@ def test_batch_eviction_by_ranking_keeps_the_hot_set_where_lru_does_not() -> Non
 
 @pytest.mark.parametrize("burst_window", [0, 64])
 def test_inode_zero_is_an_inode_like_any_other(burst_window: int) -> None:
-    tracker = S3FifoTracker(capacity=100, burst_window=burst_window)
+    # Full (12 of 12 bytes): small holds more than its 10% share, so it goes first.
+    tracker = S3FifoTracker(capacity=12, burst_window=burst_window)
     assert 0 not in tracker and not tracker.on_access(0)
     tracker.on_insert(0, 7)
     tracker.on_insert(1, 5)  # its neighbour in the page: a separate entry
@@ -312,7 +313,8 @@ def test_inode_zero_is_an_inode_like_any_other(burst_window: int) -> None:
 def test_inodes_far_apart_are_separate_entries(burst_window: int) -> None:
     """1, 2**40, and the edges of a page: each its own state, size and freq."""
     inodes = [1, 4095, 4096, 2**40, 2**40 + 4095, 2**62]
-    tracker = S3FifoTracker(capacity=10**6, burst_window=burst_window)
+    # Full once the sizes are set (66 bytes): small is above its 10% share.
+    tracker = S3FifoTracker(capacity=66, burst_window=burst_window)
     for nbytes, ino in enumerate(inodes, start=1):
         tracker.on_insert(ino, nbytes)
     assert tracker.pages == 4  # 1 and 4095 share page 0; 2**40 and 2**40 + 4095 share one
@@ -402,3 +404,109 @@ def test_a_file_evicted_by_the_planner_comes_back_to_main() -> None:
     assert not tracker.in_ghost(7)
     tracker.on_insert(7, 10)
     assert tracker.queue_of(7) == "small"
+
+
+# --- issue 29: not-yet-used inserts, one walk for the plan and the emergency path --------------
+
+
+@pytest.mark.parametrize("burst_window", [0, 64])
+def test_a_file_fetched_ahead_counts_its_first_open_as_its_first_use(burst_window: int) -> None:
+    """Directory readahead inserts before the reader opens: that open is the
+    file's first use, so a scan read once stays in small and goes first."""
+    tracker = S3FifoTracker(capacity=40, burst_window=burst_window)
+    tracker.on_insert(1, 10)  # a reader fetched it (its open was before: untracked)
+    tracker.on_insert(2, 10, used=False)  # fetched ahead of its open
+    tracker.on_insert(3, 10, used=False)
+    tracker.on_insert(4, 10)
+    for ino in (1, 2, 3):
+        for _ in range(128 if burst_window else 0):  # a later burst
+            tracker.on_insert(10_000, 0)
+            tracker.on_remove(10_000)
+        assert tracker.on_access(ino)
+    # 1 was used twice, 2 and 3 once each, 4 once: only 1 moves to main.
+    assert list(tracker.victims(30)) == [2, 3, 4]
+    assert tracker.queue_of(1) == "main"
+
+
+def test_an_unused_file_read_twice_is_re_accessed() -> None:
+    tracker = S3FifoTracker(capacity=20, burst_window=0)
+    tracker.on_insert(1, 10, used=False)
+    tracker.on_insert(2, 10, used=False)
+    tracker.on_access(1)
+    tracker.on_access(1)
+    assert list(tracker.victims(10)) == [2]
+    assert tracker.queue_of(1) == "main"
+
+
+def test_a_planner_eviction_from_main_leaves_no_ghost() -> None:
+    """As ``victims``: only files leaving the small queue are remembered."""
+    tracker = S3FifoTracker(capacity=100, burst_window=0)
+    tracker.on_insert(7, 10)
+    tracker.on_evict(7)  # from small: a ghost
+    tracker.on_insert(7, 10)  # back: to main
+    assert tracker.queue_of(7) == "main"
+    tracker.on_evict(7)  # from main: none
+    assert not tracker.in_ghost(7)
+    tracker.on_insert(7, 10)
+    assert tracker.queue_of(7) == "small"
+
+
+def test_settle_moves_re_accessed_files_to_main_and_gives_nothing_up() -> None:
+    tracker = S3FifoTracker(capacity=100, burst_window=0)
+    for ino in range(1, 11):
+        tracker.on_insert(ino, 10)  # full: small holds everything
+    tracker.on_access(1)
+    tracker.on_access(2)
+    before = tracker.ranking()
+    tracker.settle(30)
+    assert tracker.queue_of(1) == tracker.queue_of(2) == "main"
+    assert [tracker.queue_of(ino) for ino in (3, 4, 5, 6)] == ["first"] * 3 + ["small"]
+    assert len(tracker) == 10 and tracker.tracked_bytes == 100
+    assert tracker.ranking() == before == [3, 4, 5, 6, 7, 8, 9, 10, 1, 2]
+    # The files it would give up are still the first to go, in order.
+    assert list(tracker.victims(30)) == [3, 4, 5]
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "insert_unused", "access", "remove", "evict", "first", "size"]),
+        st.integers(0, 40),
+        st.integers(0, 30),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops, st.integers(0, 400), st.sampled_from([0, 8]))
+def test_ranking_is_the_order_victims_gives_everything_up_in(
+    ops: list[tuple[str, int, int]], settle_bytes: int, burst_window: int
+) -> None:
+    """Whatever happened before: ``ranking`` changes nothing, a ``settle``
+    does not change it, and ``victims`` gives files up in exactly that order."""
+    tracker = S3FifoTracker(capacity=200, burst_window=burst_window)
+    for op, ino, nbytes in ops:
+        if op == "insert":
+            tracker.on_insert(ino, nbytes)
+        elif op == "insert_unused":
+            tracker.on_insert(ino, nbytes, used=False)
+        elif op == "access":
+            tracker.on_access(ino)
+        elif op == "remove":
+            tracker.on_remove(ino)
+        elif op == "evict":
+            tracker.on_evict(ino)
+        elif op == "first":
+            tracker.demote_first(ino)
+        else:
+            tracker.set_size(ino, nbytes)
+    queues = {ino: tracker.queue_of(ino) for ino in tracker.inodes()}
+    ranking = tracker.ranking()
+    assert sorted(ranking) == sorted(queues)
+    assert {ino: tracker.queue_of(ino) for ino in tracker.inodes()} == queues
+    tracker.settle(settle_bytes)
+    assert tracker.ranking() == ranking
+    total = tracker.tracked_bytes
+    given_up = list(tracker.victims(total + 1))
+    assert given_up == ranking[: len(given_up)]
+    assert sorted(given_up + tracker.inodes()) == sorted(ranking)

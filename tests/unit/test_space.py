@@ -114,3 +114,21 @@ def test_demote_first_makes_a_read_file_the_first_victim(
     # A file not on the first tier is ignored (no entry is created).
     space.demote_first(99)
     assert 99 not in first
+
+
+def test_a_block_added_ahead_of_its_open_makes_the_open_its_first_use(
+    parts: tuple[MetaDB, list[Tier], SpaceManager],
+) -> None:
+    """``block_added(used=False)`` (a fetch nobody asked for yet): the next
+    open is the file's first use; ``used=True`` (the file is open): the next
+    open is its second, and it is worth keeping."""
+    _meta, _tiers, space = parts
+    first = space.trackers[0]
+    space.block_added(21, 0, MiB, used=False)
+    space.block_added(22, 0, MiB, used=True)
+    space.block_added(23, 0, MiB, used=False)
+    for ino in (21, 22, 23):
+        space.opened(ino)
+    space.settle([2 * MiB, 0])  # what giving up 2 MiB would do: 21 and 23 go
+    assert [first.queue_of(ino) for ino in (21, 22, 23)] == ["first", "main", "first"]
+    assert space.ranking() == [21, 23, 22]

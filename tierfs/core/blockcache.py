@@ -300,6 +300,10 @@ class CachedFile:
     #: relocate is copying the file to, or the one whose old copy it is
     #: deleting (see ``tierfs.core.movement``).
     fenced_tier: int | None = None
+    #: A handle opened the file while this CachedFile lived: blocks stored
+    #: now are that open's use, not a fetch nobody asked for yet
+    #: (``SpaceManager.block_added(used=...)``).
+    opened: bool = False
 
     @property
     def ino(self) -> int:
@@ -1122,7 +1126,9 @@ class BlockCache:
         cf.blocks[blockno] = rec
         self._verified.add((cf.ino, blockno))
         # The file's only block (a small file): its bytes on the tier are known.
-        self.space.block_added(cf.ino, tier, nbytes if len(cf.blocks) == 1 else None)
+        self.space.block_added(
+            cf.ino, tier, nbytes if len(cf.blocks) == 1 else None, used=cf.opened
+        )
 
     def _get_and_store(
         self,

@@ -105,6 +105,7 @@ class Handles:
         keep_cache = keep_cache and ino not in self.stale_page_cache
         self.stale_page_cache.discard(ino)
         cached = self.blocks.acquire(inode, blocks)
+        cached.opened = True
         writable = self.writable_flags(flags)
         if writable:
             self.writers[ino] = self.writers.get(ino, 0) + 1

@@ -21,8 +21,11 @@ What it holds
   later included.  A rule with ``pin = true`` protects what it matches the
   same way, on the first tier (or the rule's ``place``).
 * The ranking of files by value is ``SpaceManager``'s (one S3-FIFO tracker
-  per tier, see ``core.space``); planning reads it with ``ranking()``,
+  per tier, see ``core.space``); planning reads it with ``ranking_later()``,
   which changes nothing, and brings it in line with the residency first.
+  The mover's passes first ``settle`` it (the S3-FIFO queue moves for what
+  each tier must free); ``tierfs policy plan`` does not, and gets the same
+  order.
 * The mover's state and counters (``MoverStatus``), which ``status`` shows.
 
 Placement (``placement``): the rule's ``place`` tier, else the first tier.
@@ -380,16 +383,24 @@ class Lifecycle:
             )
         return out
 
-    async def plan(self) -> list[Move]:
-        """The moves to make now.  The planner (pure, O(n log n)) runs in a
-        thread with its own copy of the rules, so that a plan over many
-        files never holds up FUSE requests."""
+    async def plan(self, *, settle: bool = False) -> list[Move]:
+        """The moves to make now.  The planner (pure, O(n log n)) and the
+        eviction ranking (``SpaceManager.ranking_later``, from copies of the
+        trackers) run in a thread with their own copy of the rules, so that
+        a plan over many files never holds up FUSE requests.
+
+        ``settle`` (the mover's passes, not ``tierfs policy plan``): first
+        make the trackers' S3-FIFO queue moves for what each tier must free
+        (``SpaceManager.settle``); the order is the same either way."""
         tiers = self.tier_usage()
+        if settle:
+            self.space.settle([t.to_free for t in tiers])
         facts = await self.facts()
         rules = RuleSet(self._rule_configs, default_write=self.config.write.mode)
-        order = self.space.ranking()
+        ranking = self.space.ranking_later()
+        now = self.clock.now()
         return await trio.to_thread.run_sync(
-            plan_moves, tiers, facts, rules, order, self.clock.now()
+            lambda: plan_moves(tiers, facts, rules, ranking(), now)
         )
 
     async def plan_report(self) -> dict[str, Any]:

@@ -627,7 +627,7 @@ class DataMovement:
         self.blocks.forget_verified(cf.ino, [b for b, _r in new])
         # The eviction bookkeeping follows the bytes (``SpaceManager``).
         src = moved[0][1].tier
-        self.space.block_added(cf.ino, dst)
+        self.space.block_added(cf.ino, dst, used=cf.opened)
         if not any(rec.tier == src for rec in cf.blocks.values()):
             self.space.left(cf.ino, src)
         if any(rec.dirty for _b, rec in new):

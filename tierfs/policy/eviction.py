@@ -28,8 +28,9 @@ Why S3-FIFO and not 2Q or ARC:
 Bookkeeping unit: a file (inode) with its size in bytes on this tier (the
 tiers hold one cache file per inode).  The core calls:
 
-* ``on_insert(ino, nbytes)`` when a file gets data on the tier (a ghost hit
-  goes to main, anything else to small);
+* ``on_insert(ino, nbytes, used=True)`` when a file gets data on the tier
+  (a ghost hit goes to main, anything else to small); ``used=False`` for a
+  fetch no reader asked for (see "Not yet used" below);
 * ``on_access(ino)`` on a read hit: ``freq = min(freq + 1, 3)``, counted once
   per burst.  The tracker has a clock that ticks on every insert and every
   counted access; its epoch is ``tick // burst_window`` (64).  Each entry
@@ -42,29 +43,65 @@ tiers hold one cache file per inode).  The core calls:
   and harmlessly.)  ``burst_window=0`` counts every access;
 * ``set_size(ino, nbytes)`` when its resident bytes change;
 * ``on_remove(ino)`` when it leaves the tier for another reason (unlink,
-  ``tierfs evict``, a demotion the planner chose): forgotten, no ghost;
+  ``tierfs evict``): forgotten, no ghost;
+* ``on_evict(ino)`` when the planner demoted or dropped it: forgotten as
+  ``victims`` forgets, with a ghost if it left from the small queue;
 * ``demote_first(ino)``: a hint that the file should be the first to go
   (already read in this epoch, an older checkpoint under ``keep_newest``):
   it moves to a "first" queue that ``victims`` drains before anything else;
 * ``victims(bytes_to_free, skip)``: yields inodes, least valuable first,
-  until the yielded sizes add up to ``bytes_to_free``.
+  until the yielded sizes add up to ``bytes_to_free`` (the emergency path);
+* ``ranking()`` / ``ranking_later()``: every inode in the order ``victims``
+  would give them all up, changing nothing (the planner's order);
+* ``settle(bytes_to_free)``: the queue moves of ``victims(bytes_to_free)``
+  without giving anything up (before the mover plans).
+
+One walk for all three
+----------------------
+``victims``, ``settle`` and ``ranking`` are the same S3-FIFO walk
+(``_evict``).  ``ranking`` runs it on a private ``copy`` of the queues, to
+the end, so the mover's plan and ``tierfs policy plan`` give files up in
+exactly the order the emergency path would.  A plan only reads, so the
+walk's transitions (a re-accessed small file moved to main, a main file's
+second chance spent) would be lost and found again at every pass, with the
+counts of small files never decaying; ``settle`` makes them for real, for
+the bytes the pass must free, and parks the files it would give up at the
+head of the "first" queue, in order, for the plan's moves to take
+(``on_evict``).  The order of a ``ranking`` after a ``settle`` is the order
+before it (the parked files first, then small and main as the walk left
+them).  A parked file read again before its move still goes: it was given up
+when the pass planned, as S3-FIFO gives a file up when it needs the room; a
+parked file whose move was skipped (busy) goes first at the next pass.
 
 ``victims`` state transitions, per popped entry:
 
 * from the "first" queue: yielded;
 * from small (popped when small holds >= its share of the bytes, or main is
-  empty): ``freq > 0`` -> appended to main with ``freq = 0``; else yielded
-  and its inode recorded in the ghost;
+  empty; "holds" as the walk sees it: what it gave up or moved has left):
+  ``freq > 0`` -> appended to main with ``freq = 0``; else yielded and its
+  inode recorded in the ghost;
 * from main: ``freq > 0`` -> appended to main again with ``freq - 1``; else
   yielded;
 * ``skip(ino)`` true (busy, pinned, dirty...): set aside, and put back at
   the head of its queue, in order, when the call ends (also when the caller
   stops iterating early: the generator's ``finally``).
 
-A yielded inode is no longer tracked: the caller drops or demotes it, or
-calls ``on_insert`` again if it keeps it after all.  Each call pops at most
+A yielded inode is no longer tracked (``settle`` parks it instead):
+the caller drops or demotes it, or calls ``on_insert`` again if it keeps it
+after all.  Each call pops at most
 about five times the number of tracked entries, so it ends even when every
 entry is skipped; it never scans the residency on an access.
+
+Not yet used
+------------
+A file's count must be its uses.  A fetch nobody asked for yet (directory
+readahead, preload, prefetch, pin fills, a relocate) inserts it with
+``used=False``: the state byte carries ``_UNUSED``, and its first access
+clears the flag and counts nothing, so that its first open is its first use,
+as for a file a reader fetched (inserted after the open that counted
+nothing, since it was not tracked yet).  Without it, every file of a scan
+that directory readahead fetched ahead of its open looked read twice and
+reached main, and the scan flushed the hot set (issue 29).
 
 Implementation and memory: pages indexed by inode number
 ---------------------------------------------------------
@@ -73,8 +110,8 @@ of 2**20 after a crash), so the per-inode state lives in pages of 4096
 consecutive inode numbers rather than in a dict keyed by inode:
 
 * ``_states[ino >> 12]`` is a ``bytearray``: the state byte of inode ``ino``
-  is at ``ino & 4095`` (``_TRACKED | queue << 2 | freq``; 0 when the inode
-  is not tracked).  With a burst window, each state byte is followed by its
+  is at ``ino & 4095`` (``_TRACKED | _UNUSED? | queue << 2 | freq``; 0 when
+  the inode is not tracked).  With a burst window, each state byte is followed by its
   epoch byte (page of 8192 bytes, slot ``i`` at ``2 * i``), so that a hit
   reads and writes one cache line.
 * ``_sizes[ino >> 12]`` is an ``array("q")`` of the sizes, same numbering:
@@ -122,29 +159,21 @@ outgrows the table, a table twice as large starts empty.  Measured per
 entry in the unit tests and ``tests/bench/bench_eviction.py``.
 
 ``LruTracker`` is plain LRU (``OrderedDict``, move to end on every hit) with
-the same interface, kept for comparison in the benchmark and tests.
-``select_lru_victims`` / ``Candidate`` / ``bytes_to_reach`` are the issue-2
-API that ``core/space.py`` still uses.
+the same interface, kept for comparison in the benchmark and tests
+(``used`` and ``settle`` mean nothing to it).
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from tierfs.policy.watermarks import bytes_to_reach
-
 __all__ = [
-    "Candidate",
     "EvictionTracker",
     "LruTracker",
     "S3FifoTracker",
-    "bytes_to_reach",
-    "select_lru_victims",
 ]
 
 _SMALL, _MAIN, _FIRST = 0, 1, 2
@@ -154,6 +183,9 @@ _QUEUE_NAMES = ("small", "main", "first")
 _FREQ_MASK = 3
 _QUEUE_SHIFT = 2
 _TRACKED = 0x10
+# Inserted by a fetch no reader asked for (``on_insert(used=False)``): the
+# first access clears it and counts nothing (see "Not yet used").
+_UNUSED = 0x20
 _MAX_FREQ = 3
 # Pages: one per 4096 consecutive inode numbers.
 _PAGE_BITS = 12
@@ -215,6 +247,25 @@ class _Ghost:
         return len(self._stamps) * 5
 
 
+class _NoGhost(_Ghost):
+    """The ghost of a ``copy``: it remembers nothing."""
+
+    def __init__(self) -> None:
+        pass
+
+    def add(self, ino: int, limit: int) -> None:
+        pass
+
+    def contains(self, ino: int, limit: int) -> bool:
+        return False
+
+    def discard(self, ino: int) -> None:
+        pass
+
+
+_NO_GHOST = _NoGhost()
+
+
 def _never(_ino: int) -> bool:
     return False
 
@@ -222,7 +273,7 @@ def _never(_ino: int) -> bool:
 class EvictionTracker(Protocol):
     """What the core calls; see the module docstring."""
 
-    def on_insert(self, ino: int, nbytes: int) -> None: ...
+    def on_insert(self, ino: int, nbytes: int, *, used: bool = True) -> None: ...
     def on_access(self, ino: int, nbytes: int = 0) -> bool: ...
     def on_remove(self, ino: int) -> None: ...
     def on_evict(self, ino: int) -> None: ...
@@ -232,6 +283,8 @@ class EvictionTracker(Protocol):
         self, bytes_to_free: int, skip: Callable[[int], bool] = _never
     ) -> Iterator[int]: ...
     def ranking(self) -> list[int]: ...
+    def ranking_later(self) -> Callable[[], list[int]]: ...
+    def settle(self, bytes_to_free: int) -> None: ...
     def inodes(self) -> list[int]: ...
     def set_capacity(self, capacity: int) -> None: ...
     def __contains__(self, ino: object) -> bool: ...
@@ -311,6 +364,11 @@ class S3FifoTracker:
     def _ghost_limit(self) -> int:
         return max(self._count, 1)
 
+    def freq_of(self, ino: int) -> int | None:
+        """Its count of accesses after the first (0 to 3), or None: for tests."""
+        state = self._state(ino)
+        return state & _FREQ_MASK if state else None
+
     def queue_of(self, ino: int) -> str | None:
         """ "small", "main", "first" or None: for tests and ``status``."""
         state = self._state(ino)
@@ -318,7 +376,10 @@ class S3FifoTracker:
 
     # --- events ----------------------------------------------------------------------
 
-    def on_insert(self, ino: int, nbytes: int) -> None:
+    def on_insert(self, ino: int, nbytes: int, *, used: bool = True) -> None:
+        """``ino`` got data on the tier.  ``used``: a reader has it open, so
+        this insert is its first use; False: a fetch nobody asked for yet
+        (readahead, preload, a move), whose first access is its first use."""
         page_no = ino >> _PAGE_BITS
         slot = ino & _SLOT_MASK
         index = slot * self._stride
@@ -336,7 +397,7 @@ class S3FifoTracker:
             self._sizes[page_no] = array("q", _EMPTY_SIZES)
             self._live_in_page[page_no] = 0
         self._tick()  # first: the reads of this burst must see the epoch stored here
-        page[index] = _TRACKED | queue << _QUEUE_SHIFT
+        page[index] = _TRACKED | queue << _QUEUE_SHIFT | (0 if used else _UNUSED)
         if self._burst_window:
             page[index + 1] = self._epoch
         self._sizes[page_no][slot] = nbytes
@@ -369,6 +430,10 @@ class S3FifoTracker:
             return False
         if state & _FREQ_MASK == _MAX_FREQ:
             return True  # saturated: nothing to count, nothing to store
+        if state & _UNUSED:  # its first use: counts nothing, starts its burst
+            page[index] = state ^ _UNUSED
+            page[index + 1] = self._epoch
+            return True
         if page[index + 1] == self._epoch:
             return True  # the same burst: counted already
         ticks_left = self._ticks_left - 1  # self._tick(), inlined
@@ -389,7 +454,9 @@ class S3FifoTracker:
         state = page[slot]
         if not state:
             return False
-        if state & _FREQ_MASK != _MAX_FREQ:
+        if state & _UNUSED:
+            page[slot] = state ^ _UNUSED
+        elif state & _FREQ_MASK != _MAX_FREQ:
             page[slot] = state + 1
         return True
 
@@ -429,13 +496,15 @@ class S3FifoTracker:
         self._ghost.discard(ino)
 
     def on_evict(self, ino: int) -> None:
-        """``ino`` left the tier because the planner demoted or dropped it:
-        forgotten like ``on_remove``, but remembered in the ghost, so that
-        if it comes back soon (a promotion, a fetch) it goes straight to
-        main, as a file that ``victims`` gave up would."""
-        if self._state(ino):
+        """``ino`` left the tier because the planner demoted or dropped it,
+        as ``victims`` gives files up: forgotten, and, if it left from the
+        small queue, remembered in the ghost, so that if it comes back soon
+        (a promotion, a fetch) it goes straight to main."""
+        state = self._state(ino)
+        if state:
             self._forget(ino)
-            self._ghost.add(ino, self._ghost_limit())
+            if state >> _QUEUE_SHIFT & 3 == _SMALL:
+                self._ghost.add(ino, self._ghost_limit())
 
     def demote_first(self, ino: int) -> None:
         page_no = ino >> _PAGE_BITS
@@ -467,49 +536,81 @@ class S3FifoTracker:
                 slot = tracked.find(1, slot + 1)
         return out
 
-    def _live(self, queue_id: int) -> list[tuple[int, int]]:
-        """(ino, freq) of the live slots of one queue, head first, each inode once."""
-        states = self._states
-        stride = self._stride
-        seen: set[int] = set()
-        out: list[tuple[int, int]] = []
-        for ino in self._queues[queue_id]:
-            page = states.get(ino >> _PAGE_BITS)
-            state = 0 if page is None else page[(ino & _SLOT_MASK) * stride]
-            if not state or state >> _QUEUE_SHIFT & 3 != queue_id or ino in seen:
-                continue
-            seen.add(ino)
-            out.append((ino, state & _FREQ_MASK))
-        return out
-
     def ranking(self) -> list[int]:
         """Every tracked inode, least valuable first, changing nothing.
 
-        The order ``victims`` would give up files in, as far as it can be
-        told without running it: the "first" queue; files read once in the
-        small queue (FIFO order); main's files with no second chance left;
-        files read again while in small (``victims`` moves them to main);
-        then main's others by their remaining chances, fewest first.  For the
-        planner (``tierfs policy plan`` and the mover), which must not change
-        the tracker while it only looks.  O(n log n) in the tracked files.
+        Exactly the order in which ``victims`` would give them all up (no
+        skip): ``victims`` runs on a private copy of the queues (``copy``),
+        with the same transitions (re-accessed small files move to main,
+        main's files spend their second chances).  For the planner (``tierfs
+        policy plan`` and the mover).  O(n) in the tracked files, about five
+        pops each at most; the copy can run in another thread.
         """
-        small = self._live(_SMALL)
-        main = self._live(_MAIN)
-        order = [ino for ino, _ in self._live(_FIRST)]
-        order += [ino for ino, freq in small if freq == 0]
-        order += [ino for ino, freq in main if freq == 0]
-        order += [ino for ino, freq in small if freq > 0]
-        order += [ino for ino, _ in sorted((e for e in main if e[1] > 0), key=lambda e: e[1])]
+        return self.copy().drain()
+
+    def ranking_later(self) -> Callable[[], list[int]]:
+        """``ranking`` as of now, worked out when called, in any thread: the
+        copy is made now (about 14 ms at 1M entries), the walk later (about
+        1.2 s at 1M entries: not on the event loop)."""
+        return self.copy().drain
+
+    def copy(self) -> S3FifoTracker:
+        """A private copy of the queues and states (no ghost: it never
+        inserts), for ``drain`` off the event loop.  O(n) memory copies."""
+        twin = S3FifoTracker.__new__(S3FifoTracker)
+        twin.__dict__.update(self.__dict__)
+        twin._states = {page_no: bytearray(page) for page_no, page in self._states.items()}
+        twin._sizes = {page_no: array("q", sizes) for page_no, sizes in self._sizes.items()}
+        twin._live_in_page = dict(self._live_in_page)
+        twin._queues = (deque(self._queues[0]), deque(self._queues[1]), deque(self._queues[2]))
+        twin._bytes = list(self._bytes)
+        twin._ghost = _NO_GHOST
+        if not self._burst_window:  # ``on_access`` is bound per instance
+            twin.on_access = twin._on_access_every_time  # type: ignore[method-assign]
+        return twin
+
+    def drain(self) -> list[int]:
+        """Give up every entry (``victims`` with no limit): the order.  Run
+        it on a ``copy``; it leaves the tracker empty."""
+        order = list(self.victims(self.tracked_bytes + 1))
+        if self._count:  # entries of 0 bytes are not needed to reach the limit
+            order += self.inodes()
         return order
+
+    def settle(self, bytes_to_free: int) -> None:
+        """Make the queue moves that giving up ``bytes_to_free`` would make,
+        without giving anything up: re-accessed files of the small queue go
+        to main, main's files spend second chances, and the files
+        ``victims`` would yield are parked at the head of the "first" queue,
+        in that order, to be taken by the plan's moves (``on_evict``).  The
+        mover calls it for what a pass must free, so that its plan's S3-FIFO
+        transitions persist as the emergency path's do.  ``ranking`` after
+        it is ``ranking`` before it."""
+        for _ in self._evict(bytes_to_free, _never, keep=True):
+            pass
 
     def victims(self, bytes_to_free: int, skip: Callable[[int], bool] = _never) -> Iterator[int]:
         """Inodes to give up, least valuable first, until ``bytes_to_free`` are yielded."""
+        return self._evict(bytes_to_free, skip, keep=False)
+
+    def _evict(self, bytes_to_free: int, skip: Callable[[int], bool], keep: bool) -> Iterator[int]:
+        """The S3-FIFO eviction walk (``victims``, ``settle``, ``drain``).
+
+        ``keep`` (``settle``): a file to give up is not forgotten but parked
+        in the "first" queue (its state says so at once, so later slots of
+        it are stale), and the parked files go to that queue's head, in the
+        order given up, when the walk ends.  A later walk therefore gives
+        them up first, in that order, and then finds small and main as this
+        walk left them.  The choice between small and main uses the bytes
+        left in small as the walk sees them."""
         freed = 0
         states = self._states
         stride = self._stride
         queues = self._queues
         small, main, first = queues
-        skipped: tuple[list[int], list[int], list[int]] = ([], [], [])
+        small_bytes = self._bytes[_SMALL]
+        aside: tuple[list[int], list[int], list[int]] = ([], [], [])
+        parked: list[int] = []  # with ``keep``: given up, in order
         # Each live entry is popped at most ~5 times (small -> main, 3 second
         # chances, then out or skipped): this bounds the call even when
         # every entry is skipped.
@@ -518,7 +619,7 @@ class S3FifoTracker:
             while freed < bytes_to_free and budget > 0:
                 if first:
                     queue_id, queue = _FIRST, first
-                elif main and (not small or self._bytes[_SMALL] < self._small_target):
+                elif main and (not small or small_bytes < self._small_target):
                     queue_id, queue = _MAIN, main
                 elif small:
                     queue_id, queue = _SMALL, small
@@ -535,30 +636,43 @@ class S3FifoTracker:
                     continue  # a stale slot
                 budget -= 1
                 if skip(ino):
-                    skipped[queue_id].append(ino)
+                    aside[queue_id].append(ino)
                     continue
                 freq = state & _FREQ_MASK
+                nbytes = self._sizes[ino >> _PAGE_BITS][slot]
                 if queue_id == _SMALL and freq > 0:
-                    nbytes = self._sizes[ino >> _PAGE_BITS][slot]
                     page[index] = _TRACKED | _MAIN << _QUEUE_SHIFT  # freq 0
                     if self._burst_window:
                         page[index + 1] = 0
                     self._bytes[_SMALL] -= nbytes
                     self._bytes[_MAIN] += nbytes
+                    small_bytes -= nbytes
                     main.append(ino)
                     continue
                 if queue_id == _MAIN and freq > 0:
                     page[index] = state - 1
                     main.append(ino)
                     continue
-                freed += self._forget(ino)
                 if queue_id == _SMALL:
-                    self._ghost.add(ino, self._ghost_limit())
+                    small_bytes -= nbytes
+                freed += nbytes
                 budget += 1  # a yield is progress, not a wasted pop
+                if keep:
+                    page[index] = _TRACKED | _FIRST << _QUEUE_SHIFT  # freq 0
+                    if self._burst_window:
+                        page[index + 1] = 0
+                    self._bytes[queue_id] -= nbytes
+                    self._bytes[_FIRST] += nbytes
+                    parked.append(ino)
+                else:
+                    self._forget(ino)
+                    if queue_id == _SMALL:
+                        self._ghost.add(ino, self._ghost_limit())
                 yield ino
         finally:
-            for queue, aside in zip(queues, skipped, strict=True):
-                queue.extendleft(reversed(aside))
+            for queue, set_aside in zip(queues, aside, strict=True):
+                queue.extendleft(reversed(set_aside))
+            first.extendleft(reversed(parked))
 
 
 class LruTracker:
@@ -585,7 +699,14 @@ class LruTracker:
         """Least recently used first."""
         return list(self._lru)
 
-    def on_insert(self, ino: int, nbytes: int) -> None:
+    def ranking_later(self) -> Callable[[], list[int]]:
+        order = list(self._lru)
+        return lambda: order
+
+    def settle(self, bytes_to_free: int) -> None:
+        """LRU has no queue moves to make."""
+
+    def on_insert(self, ino: int, nbytes: int, *, used: bool = True) -> None:
         self.tracked_bytes += nbytes - self._lru.get(ino, 0)
         self._lru[ino] = nbytes
         self._lru.move_to_end(ino)
@@ -628,32 +749,3 @@ class LruTracker:
             for ino, nbytes in reversed(skipped):  # back at the old end, in order
                 self._lru[ino] = nbytes
                 self._lru.move_to_end(ino, last=False)
-
-
-# --- the issue-2 API (core/space.py) ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    ino: int
-    atime: float
-    nbytes: int
-
-
-def select_lru_victims(candidates: Iterable[Candidate], bytes_to_free: int) -> list[Candidate]:
-    """The least-recently-used candidates whose sizes add up to ``bytes_to_free``.
-
-    Returns fewer (possibly none) if all candidates together are not enough.
-    Ties in atime break on inode number so that the choice is deterministic.
-    """
-    if bytes_to_free <= 0:
-        return []
-    heap = [(c.atime, c.ino, c) for c in candidates if c.nbytes > 0]
-    heapq.heapify(heap)
-    chosen: list[Candidate] = []
-    freed = 0
-    while heap and freed < bytes_to_free:
-        _, _, cand = heapq.heappop(heap)
-        chosen.append(cand)
-        freed += cand.nbytes
-    return chosen

@@ -84,8 +84,9 @@ def replay(
 
     By default each miss that overfills the cache gives up ``victims`` until
     it fits.  With ``batch_to`` (a fraction, like a low watermark) the cache
-    works as the mover does: when full, the head of ``ranking()`` goes, in
-    one batch, until the tracked bytes are at ``batch_to * capacity``.
+    works as the mover does: when full, it ``settle``s the bytes to free,
+    then the head of ``ranking()`` goes (``on_evict``), in one batch, until
+    the tracked bytes are at ``batch_to * capacity``.
     """
     stats = ReplayStats()
     for read in reads:
@@ -97,10 +98,12 @@ def replay(
                 for _ in tracker.victims(excess):
                     pass
             elif excess > 0:
+                target = int(batch_to * capacity)
+                tracker.settle(tracker.tracked_bytes - target)
                 for ino in tracker.ranking():
-                    if tracker.tracked_bytes <= batch_to * capacity:
+                    if tracker.tracked_bytes <= target:
                         break
-                    tracker.on_remove(ino)
+                    tracker.on_evict(ino)
         if read.phase != phase or not read.counted:
             continue
         if read.hot:

@@ -138,7 +138,7 @@ class Mover:
         if not self.lifecycle.needs_pass():
             return
         self.status.state = "planning"
-        moves = await self.lifecycle.plan()
+        moves = await self.lifecycle.plan(settle=True)
         self.status.passes += 1
         self.status.last_pass = time.time()
         if not moves:
