@@ -589,8 +589,16 @@ class TierFS:
             # mismatch the block cache revalidates and fetches the new
             # content).  So a cold small file is one GET, never a HEAD and
             # a GET.  A writer's open still HEADs (its read-modify-write
-            # must start from the current object).
-            if self.handles.writable_flags(flags) or self.meta.residency(ino):
+            # must start from the current object), and so does an open of
+            # a file whose size comes from an expired listing (another
+            # writer may have replaced it with a larger object since: the
+            # kernel would clip the reads at the old size, and the read
+            # fails with ESTALE; a deleted object answers ENOENT at open).
+            if (
+                self.handles.writable_flags(flags)
+                or self.meta.residency(ino)
+                or self.namespace.expired(inode.parent)
+            ):
                 inode, changed = await self.namespace.revalidate(inode)
                 blocks = None  # read again, after the await (they may have been dropped)
             else:  # pages the kernel may hold from before its blocks left go

@@ -30,8 +30,9 @@ A directory that was listed once is never held hostage by the bucket
   at once and no re-listing is tried;
 - otherwise the re-listing runs as a background task (``spawn``, passed by
   TierFS; inline when there is none) and the caller is served the listing
-  it has.  Lookups, ``opendir`` and ``readdir`` never wait for a
-  re-listing, and neither do namespace changes (``stale_wait=0``).  Only
+  it has.  Lookups of names it holds, ``opendir`` and ``readdir`` never
+  wait for a re-listing, and neither do namespace changes
+  (``stale_wait=0``); a lookup of a name it lacks does (below).  Only
   callers that need every key of a subtree (a directory rename, a walk)
   wait for it, at most ``STALE_LISTING_WAIT`` seconds from its start, and
   not at all while the last request to the endpoint got no answer or such
@@ -57,21 +58,23 @@ A directory that was listed once is never held hostage by the bucket
   re-listed by an access after ``list_ttl`` (``_relist_failed``).  A first
   listing that fails leaves the directory never listed, and its caller
   gets the error.
-- A lookup of a name that the expired listing does not hold answers ENOENT
-  at once and costs no request of its own (no LIST, no HEAD): the name
-  shows once the re-listing it started (or one already queued) is done.  A
-  HEAD of the key was tried here and dropped: a name found so must get the
-  attributes a LIST would give it (its shadow, else ``file_mode``), which
-  only a listing of the shadow can tell (the object's ``x-amz-meta-*`` may
-  be wider than its shadow); left provisional (owner-only), an open or a
-  write made those attributes permanent, and the next upload put them in
-  the bucket as a shadow that nobody asked for.  And negative lookups in an
-  expired directory (module imports, ``$PATH`` searches) would each have
-  cost a HEAD.
+- A lookup of a name that the expired listing does not hold waits for the
+  re-listing of its directory (the one it starts, or one already queued
+  or running), at most ``MISSING_NAME_WAIT`` seconds from that re-listing's
+  start and not at all while the endpoint is suspect, then answers what the
+  bucket holds, with settled attributes (``lookup_entry``): another node's
+  ``checkpoints/step-200/`` is found by the first lookup after ``list_ttl``.
+  It costs no request of its own (no HEAD): only that re-listing, which
+  the lookup would have started anyway.  A HEAD of the key was tried here
+  once and dropped: a name found so must get the attributes a LIST would
+  give it (its shadow, else ``file_mode``), which only a listing of the
+  shadow can tell (the object's ``x-amz-meta-*`` may be wider than its
+  shadow).  A wait that runs out answers ENOENT and holds off the next
+  waits for ``SLOW_HOLDOFF`` seconds.
 - A name that a running re-listing added is provisional until that
   re-listing settles its attributes (see below): a lookup of such a name
   waits for that re-listing, at most ``STALE_LISTING_WAIT`` seconds from
-  its start and not while the endpoint is suspect (``_wait_settled``),
+  its start and not while the endpoint is suspect (``_wait_listing``),
   then is served what there is (owner-only at worst, never wider).  A
   revalidation HEAD on open leaves a provisional inode provisional.
   Provisional attributes never leave the node and never outlive a change:
@@ -83,26 +86,39 @@ A directory that was listed once is never held hostage by the bucket
   other, and a chmod or chown of a provisional name fails with the
   store's errno (EIO) rather than be undone by the next listing.
 
-Consistency a reader gets (what issue 15 builds on):
+Consistency a reader gets (issue 29; the README says the same):
 
-- Names and attributes of a directory come from its last completed
-  listing, plus what a running re-listing merged so far (each page as it
-  arrives: new names, changed sizes; names gone from the bucket only when
-  it completes), plus this node's own changes, which are visible at once.
-  The kernel keeps an entry for ``list_ttl``, except one served from an
-  expired listing, which it must ask for again (timeout 0,
-  ``TierFS.lookup`` and ``TierFS.readdir_handle``).  It keeps "no such
-  name" (a negative entry) for what is left of the directory's ``list_ttl``,
-  and not at all from an expired listing (``TierFS.negative_timeout``);
-  names made through the mount replace a negative entry at once.
-- A change in the bucket by another writer (new, changed or deleted object)
-  shows within ``list_ttl`` plus one re-listing (its queueing and its LISTs)
-  of the directory after the first access past expiry (a lookup, a
-  readdir, an ``opendir`` or a stat through the kernel, whose entries from
-  an expired listing time out at once).  While re-listings are backlogged
-  (``RELIST_BACKLOG``) or the endpoint is out, a listing may be older.
+- Names of a directory come from its last completed listing, plus what a
+  running re-listing merged so far (each page as it arrives: new names,
+  changed sizes; names gone from the bucket only when it completes), plus
+  this node's own changes, which are visible at once.
+- Within ``list_ttl`` of that listing: what it holds, as it held it.  The
+  kernel keeps entries and attributes that long, and "no such name" (a
+  negative entry) for what is left of the directory's ``list_ttl``, never
+  longer (``TierFS.negative_timeout``); names made through the mount
+  replace a negative entry at once.
+- After ``list_ttl``, for the first access by name:
+  * a name the old listing holds is answered at once from it (size,
+    attributes, existence as that listing had them), with timeout 0, while
+    the directory is re-listed in the background: ``stat`` and ``ls`` of an
+    object another writer replaced or deleted show the old state until that
+    re-listing is done (a LIST and a shadow LIST later), then the bucket's.
+    An ``open`` of such a file asks the bucket (``TierFS.open``: one HEAD,
+    bounded by ``REVALIDATE_WAIT``): it reads the new bytes, or gets ENOENT;
+  * a name the old listing lacks waits for that re-listing (bounded, see
+    above) and then answers what the bucket holds: a new file or directory
+    is found, with its settled attributes (never wider than stored).
+- ``readdir`` of an expired listing is served at once from it (a new name
+  shows in it once the re-listing is done); ``opendir`` of a directory
+  never listed waits for its first listing.
+- While the endpoint is suspect or down, every answer comes at once from
+  what is cached (stale-if-error), missing names included.
+- While re-listings are backlogged (``RELIST_BACKLOG``), a directory may be
+  served older than one re-listing.
 - A file's content is revalidated on open after ``revalidate_ttl`` (one
-  HEAD); a changed ETag drops the cached blocks.  Never while the journal
+  HEAD; for a file with nothing cached, only when its directory's listing
+  expired, else its first GET checks the ETag); a changed ETag drops the
+  cached blocks.  Never while the journal
   still owes its object at its key (``protects``: a rename's copy is
   pending): the key is then ahead of the bucket, which holds nothing
   there, or the object of the file that the rename replaced.  Taking that
@@ -124,8 +140,9 @@ the hidden object is reported once.
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
-A read-only open of a file with nothing cached sends no HEAD (``TierFS.open``):
-its first GET carries the ETag (If-Match), and a mismatch revalidates then.
+A read-only open of a file with nothing cached sends no HEAD (``TierFS.open``)
+while its directory's listing is fresh: its first GET carries the ETag
+(If-Match), and a mismatch revalidates then.
 
 Attributes of listed names (mode, uid, gid)
 -------------------------------------------
@@ -156,7 +173,7 @@ kernel before its attributes are settled.  A re-listing of a directory
 listed before is not waited for (see above); a name it adds meanwhile may
 be shown provisional by ``readdir`` (owner-only, never wider, and with
 timeout 0), while a lookup of it waits for the settling (bounded, see
-``_wait_settled``).  If the shadow listing fails, the new names stay
+``_wait_listing``).  If the shadow listing fails, the new names stay
 provisional (restrictive) and the error is that of the listing.
 Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
 tools, and tierfs objects with the canonical 0644/0755 root:root); a known
@@ -236,6 +253,11 @@ NAME_MAX = 255
 #: Seconds a lookup or readdir waits for the re-listing of a directory it
 #: already has a listing of, before it is served that listing.
 STALE_LISTING_WAIT = 1.0
+#: Seconds a lookup of a name missing from an expired listing waits for the
+#: re-listing of its directory (from that re-listing's start) before it
+#: answers ENOENT: the foreground budget of a request to the bucket
+#: (``FOREGROUND_BUDGET`` of ``tierfs.store.s3``).
+MISSING_NAME_WAIT = 5.0
 #: Seconds an open waits for the revalidation HEAD of a cached clean file.
 REVALIDATE_WAIT = 1.0
 #: After one of those waits ran out, optional waits are skipped this long.
@@ -473,10 +495,17 @@ class Namespace:
         if not fresh:
             await self.ensure_listed(dir_inode, stale_wait=0.0)
         child, provisional = self._entry_inode(self.meta.lookup(parent, name))
+        if child is None and not fresh and dir_inode.listed_at > 0:
+            # Missing from an expired listing: another writer may have made
+            # it since.  The re-listing just started (or already running)
+            # tells; its settled answer is the bucket's.
+            await self._wait_listing(parent, MISSING_NAME_WAIT)
+            fresh = False  # the loop ran meanwhile: ask the directory again
+            child, provisional = self._entry_inode(self.meta.lookup(parent, name))
         if provisional:
             # Added by the re-listing running now (the listing served lacked
             # it): its attributes come with that re-listing's shadow listing.
-            await self._wait_settled(parent)
+            await self._wait_listing(parent, STALE_LISTING_WAIT)
             fresh = False  # the loop ran meanwhile: ask the directory again
             child, _provisional = self._entry_inode(self.meta.lookup(parent, name))
         if child is None:
@@ -500,16 +529,18 @@ class Namespace:
         inode = self.meta.get_inode(ino)
         return inode is not None and inode.validated_at == PROVISIONAL
 
-    async def _wait_settled(self, dir_ino: int) -> None:
+    async def _wait_listing(self, dir_ino: int, bound: float) -> None:
         """Wait for the listing of ``dir_ino`` that runs (or is queued), at
-        most ``STALE_LISTING_WAIT`` seconds from its start, not at all while
-        the endpoint is suspect.  Only lookups of names a re-listing added
-        wait so: a name of the listing served never does."""
+        most ``bound`` seconds from its start, not at all while the endpoint
+        is suspect.  Only lookups of names the listing served lacks wait so
+        (``MISSING_NAME_WAIT``), or of names a re-listing added and has not
+        settled yet (``STALE_LISTING_WAIT``): a name of the listing served
+        never does."""
         running = self._listing.get(dir_ino)
         if running is None or self.endpoint_suspect():
             return
         done, started = running
-        with trio.move_on_at(started + STALE_LISTING_WAIT) as waited:
+        with trio.move_on_at(started + bound) as waited:
             await done.wait()
         if waited.cancelled_caught:
             self._waited_in_vain()
@@ -938,7 +969,7 @@ class Namespace:
         leaves the node (``SyncOps``: upload, copy, metadata, marker) and
         before a chmod or chown of it (``WriteOps.setattr``): provisional,
         owner-only attributes must never become a shadow object or object
-        metadata (a write after a lookup whose ``_wait_settled`` ran out
+        metadata (a write after a lookup whose ``_wait_listing`` ran out
         once uploaded a 0600 shadow nobody asked for).  Raises the store's
         error; the inode then stays provisional.
         """
