@@ -39,7 +39,15 @@ Invariants:
 * At most one upload entry per inode (``upload_seq``): writing a dirty file
   again does not add entries.
 * Ordering: two entries that touch the same key run in sequence order; an
-  entry never overtakes an earlier one on a shared key (``runnable``).  A
+  entry never overtakes an earlier one on a shared key (``runnable``).  An
+  entry never overtakes an earlier *delete* of a related name either: the
+  same name as object or marker (``n0`` and ``n0/``), a name above it or a
+  name under it (``DeletedNames``).  So the bucket's changes for one name
+  apply in the order the mount made them: ``rm n0; mkdir n0`` deletes the
+  object ``n0`` before it puts the marker ``n0/`` (a store with real
+  directories cannot hold both; on S3 both existed for a while, and a
+  listing then showed the directory and reported the file), and
+  ``rmdir d; touch d`` deletes ``d/`` before it puts ``d``.  A
   rename moves the file's upload entry behind the rename's copy/delete.
   An upload's key is the file's *current* key, so a rename changes the
   keys of its upload entry: the entry must then sit behind every entry the
@@ -113,6 +121,46 @@ HURRY_FAILED_RETRY = 2.0
 def child_key(parent_key: str, name: bytes) -> str:
     """The key of ``name`` in the directory whose key is ``parent_key`` ("": the root)."""
     return (parent_key + "/" if parent_key else "") + name.decode()
+
+
+class DeletedNames:
+    """The names of the pending deletes seen so far by one ``runnable`` scan.
+
+    A key is normalised to its name (``a/b/`` and ``a/b`` are ``a/b``); a
+    later entry is related to an earlier delete when one of its names is
+    that name, lies under it, or lies above it.  O(depth) per key."""
+
+    __slots__ = ("_above", "_names")
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+        self._above: set[str] = set()  # proper ancestors of the names
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def add(self, keys: list[str]) -> None:
+        for key in keys:
+            name = key.rstrip("/")
+            self._names.add(name)
+            cut = name.rfind("/")
+            while cut > 0:
+                name = name[:cut]
+                self._above.add(name)
+                cut = name.rfind("/")
+
+    def related(self, keys: list[str]) -> bool:
+        for key in keys:
+            name = key.rstrip("/")
+            if name in self._names or name in self._above:
+                return True
+            cut = name.rfind("/")
+            while cut > 0:
+                name = name[:cut]
+                if name in self._names:
+                    return True
+                cut = name.rfind("/")
+        return False
 
 
 @dataclass(slots=True)
@@ -492,13 +540,15 @@ class Journal:
 
         ``keys_of(seq, entry)`` returns the keys an entry touches (None: the
         entry is obsolete and may run at once, to be dropped).  An entry runs
-        only if no earlier pending or running entry shares a key with it.
+        only if no earlier pending or running entry shares a key with it,
+        and no earlier delete touches a related name (``DeletedNames``).
         The scan stops at ``limit`` ready entries: the caller is woken when
         one of them ends, and looks again.
         """
         now = trio.current_time()
         # A superseded attempt is older than every entry: its PUT blocks its key.
         blocked = {e["running_key"] for e in self.superseded.values() if "running_key" in e}
+        deleted = DeletedNames()
         ready: list[int] = []
         next_due = math.inf
         for i, (seq, entry) in enumerate(self.entries.items()):
@@ -512,6 +562,8 @@ class Journal:
                 self._keys[seq] = (self.namespace_gen, keys)
             if seq in self.running:
                 blocked.update(keys or ())
+                if keys and entry["op"] == "delete":
+                    deleted.add(keys)
                 continue
             if keys is None:
                 ready.append(seq)
@@ -519,11 +571,14 @@ class Journal:
                 due = self.not_before.get(seq, 0.0)
                 if self._waits_for_close(entry):
                     due = math.inf
-                if blocked.isdisjoint(keys) and due <= now:
+                free = blocked.isdisjoint(keys) and not (deleted and deleted.related(keys))
+                if free and due <= now:
                     ready.append(seq)
                 elif due > now:
                     next_due = min(next_due, due)
                 blocked.update(keys)
+                if entry["op"] == "delete":
+                    deleted.add(keys)
             if len(ready) >= limit:
                 return ready, math.inf
         return ready, next_due
