@@ -12,6 +12,7 @@ operation and the S3 error code, nothing more.
 from __future__ import annotations
 
 import errno as _errno
+import os
 
 
 class TierfsError(Exception):
@@ -27,6 +28,16 @@ class TierfsError(Exception):
     @property
     def message(self) -> str:
         return str(self)
+
+
+def describe(exc: TierfsError) -> str:
+    """What a user is told about ``exc`` beside the path it concerns: the
+    errno's text first, unless the message has it ("No such file or
+    directory: c.bin"), so that no message is a bare name (the namespace
+    raises ``NotFound(name)``)."""
+    text = str(exc) or type(exc).__name__
+    meaning = os.strerror(exc.errno)
+    return text if meaning in text else f"{meaning}: {text}"
 
 
 # --- namespace / POSIX -------------------------------------------------------

@@ -30,7 +30,7 @@ import trio
 
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
-from tierfs.errors import InvalidArgument, TierfsError
+from tierfs.errors import InvalidArgument, TierfsError, describe
 from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import (
     BAD_LINES_NAMED,
@@ -207,7 +207,9 @@ class ControlServer:
                     result = await handler(args)
                 reply: dict[str, Any] = {"ok": True, "result": result}
             except TierfsError as exc:
-                reply = {"ok": False, "error": str(exc), "errno": exc.errno}
+                # A missing path is named by its errno's text, never as a bare name.
+                text = describe(exc) if exc.errno in (errno.ENOENT, errno.ENOTDIR) else str(exc)
+                reply = {"ok": False, "error": text, "errno": exc.errno}
             except (ValueError, UnicodeDecodeError) as exc:
                 reply = {
                     "ok": False,
@@ -408,7 +410,7 @@ class ControlServer:
             try:
                 results.append(await fn(path))
             except TierfsError as exc:
-                results.append({"path": path, "error": str(exc), "errno": exc.errno})
+                results.append({"path": path, "error": describe(exc), "errno": exc.errno})
         return results
 
     async def _evict(self, args: dict[str, Any]) -> Any:

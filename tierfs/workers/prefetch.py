@@ -98,10 +98,10 @@ import trio
 from tierfs.core import TierFS
 from tierfs.core.blockcache import CachedFile
 from tierfs.core.fetch_slots import FetchPriority
-from tierfs.errors import IsADirectory, TierfsError
+from tierfs.errors import IsADirectory, TierfsError, describe
 from tierfs.meta import Inode
 
-from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, _reason
+from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ class Prefetcher:
                 except TierfsError as exc:
                     nmissing += 1
                     if len(missing) < BAD_LINES_NAMED:
-                        missing.append(f"{relpath or '/'}: {_reason(exc)}")
+                        missing.append(f"{relpath or '/'}: {describe(exc)}")
                     continue
                 order.append(inode.ino, inode.size)
         finally:
@@ -486,7 +486,7 @@ class Prefetcher:
         except TierfsError as exc:
             state = _FAILED
             self.failed_files += order is self._order
-            log.info("prefetch of inode %d failed: %s", order.inos[position], _reason(exc))
+            log.info("prefetch of inode %d failed: %s", order.inos[position], describe(exc))
         except Exception:
             # A bug must not take the worker (and the order) down.
             state = _FAILED

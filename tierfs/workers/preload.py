@@ -182,7 +182,7 @@ from typing import IO, Any
 import trio
 
 from tierfs.core import TierFS
-from tierfs.errors import InvalidArgument, TierfsError
+from tierfs.errors import InvalidArgument, TierfsError, describe
 
 from .throttle import Throttle
 
@@ -539,7 +539,7 @@ class Preloader:
                     if files.count % SPOOL_BATCH == 0:
                         self._warn_if_too_big(job, room)
             except TierfsError as exc:
-                job.fail(relpath or "/", _reason(exc))
+                job.fail(relpath or "/", describe(exc))
 
     def _room(self, job: PreloadJob) -> int | None:
         """Free bytes of the job's tier as the job starts (None: no tier named)."""
@@ -637,7 +637,7 @@ class Preloader:
         try:
             residency = self.movement.check(ino)
         except TierfsError as exc:
-            job.fail(path, _reason(exc))
+            job.fail(path, describe(exc))
             return []
         nblocks = residency.origin_blocks
         present = {place.blockno for place in residency.blocks}
@@ -675,7 +675,7 @@ class Preloader:
                         )
                     except TierfsError as exc:
                         progress.failed = True
-                        job.fail(work.path, _reason(exc))
+                        job.fail(work.path, describe(exc))
                     else:
                         job.bytes_fetched += outcome.nbytes
                         progress.incomplete |= not outcome.complete
@@ -711,16 +711,9 @@ class Preloader:
         try:
             residency = self.movement.check(work.ino)
         except TierfsError as exc:
-            return _reason(exc)
+            return describe(exc)
         present = {place.blockno for place in residency.blocks}
         if any(b not in present for b in range(residency.origin_blocks)):
             kept = sum(residency.bytes_per_tier.values())
             return f"only {kept} of {residency.size} bytes could be kept: the tiers are full"
         return None
-
-
-def _reason(exc: TierfsError) -> str:
-    text = str(exc) or type(exc).__name__
-    if exc.errno is not None:
-        return f"{os.strerror(exc.errno)}: {text}" if os.strerror(exc.errno) not in text else text
-    return text
