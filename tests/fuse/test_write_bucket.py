@@ -3,7 +3,7 @@
 The bucket is read back with a plain boto3 client (``s3_client``, standing
 in for any other tool) after ``tierfs flush``.  ``upload_delay`` is long
 unless a test says otherwise, so that nothing goes up by itself and
-"before the flush" is well defined.  Contract: DESIGN.md "S3 layout",
+"before the flush" is well defined.  Contract: the bucket layout and
 README "Writes and durability".
 """
 

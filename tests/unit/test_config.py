@@ -173,7 +173,7 @@ def only_problem(path: Path, **kwargs: bool) -> tuple[str, int, str]:
     return problems[0]
 
 
-# --- the DESIGN.md example ------------------------------------------------------------------
+# --- the example of the config contract ------------------------------------------------------
 
 
 def test_design_example_loads(write: Write, tier_dirs: dict[str, Path]) -> None:

@@ -1,4 +1,4 @@
-"""Enforce the layer and import rules of DESIGN.md ("Layers and import rules").
+"""Enforce the layer and import rules (README, "Development": layers).
 
 Every ``.py`` file under ``tierfs/`` and ``daemon/tierfsd/`` is parsed with
 ``ast`` (nothing is imported, so a broken module cannot hide a violation).

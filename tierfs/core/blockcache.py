@@ -188,7 +188,7 @@ log = logging.getLogger(__name__)
 
 
 #: Sequential fetches are grouped into ranged GETs of up to this many bytes
-#: (DESIGN.md: 8-16 MiB), whatever the block size.
+#: (8-16 MiB, as Mountpoint's parts), whatever the block size.
 FETCH_RUN_BYTES = 16 * 1024 * 1024
 
 #: BACKGROUND fetches (preload, pins, promotion) are ranged GETs of up to

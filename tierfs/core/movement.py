@@ -77,7 +77,8 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    busy when small files moved.  Step 6 never runs before that commit.
    Otherwise the relocate fails with ``Busy``,
    the copy on ``dst`` is discarded, nothing changes.  Moved blocks are
-   verified again on their first read from ``dst`` (DESIGN.md, read path 5).
+   verified again on their first read from ``dst`` (as every block is after a
+   move between tiers: ``blockcache``, "first read").
 6. DELETE the old copy: if no block of the file is left on ``src`` and
    nothing else uses the file, its ``src`` cache file is deleted, in a
    thread and in the background (one task started by ``start``, which
