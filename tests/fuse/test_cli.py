@@ -106,6 +106,25 @@ def test_where_outside_a_mount_fails_clearly(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_missing_path_is_named_as_missing_by_every_path_command(mount: MountFactory) -> None:
+    """Issue 29: never the bare name (``tierfs: PATH: c.bin``)."""
+    m = mount({"here.bin": b"x"})
+    for missing in ("c.bin", "nodir/c.bin"):
+        target = str(m.path / missing)
+        for args in (
+            ["where", target],
+            ["flush", target],
+            ["evict", target],
+            ["pin", target],
+            ["unpin", target],
+            ["preload", target],
+        ):
+            done = run_tierfs(*args)
+            assert done.returncode != 0, (args, done.stdout)
+            assert "No such file or directory" in done.stderr, (args, done.stderr)
+            assert "Traceback" not in done.stderr
+
+
 def test_mount_foreground_stays_until_umount(mount: MountFactory, tmp_path: Path) -> None:
     m = mount({"fg.txt": b"foreground"}, do_mount=False)
     log_path = tmp_path / "foreground.log"
