@@ -128,6 +128,15 @@ CASES: dict[str, dict[str, Check]] = {
         ),
         "ls": _ls_shows(len(NEW)),
     },
+    # t is the trial's new.bin, looked up (ENOENT) by node A before it was put:
+    # the kernel's negative entry lives no longer than list_ttl
+    "new_file_seen_missing": {
+        "stat": _stat_size(len(NEW)),
+        "open": lambda t: (
+            None if t.read_bytes() == NEW else pytest.fail(f"{t}: {t.read_bytes()!r}")
+        ),
+        "ls": _ls_shows(len(NEW)),
+    },
     # t is the trial's new directory (holding f.bin)
     "new_dir": {
         "stat": lambda t: None if stat.S_ISDIR(os.stat(t).st_mode) else pytest.fail(str(t)),
@@ -156,7 +165,7 @@ def _seeds(count: int) -> dict[str, bytes]:
 
 def _change(writer: BotoWriter | MountWriter, case: str, base: str) -> str:
     """Make the case's change under ``base``; the path node A then accesses."""
-    if case == "new_file":
+    if case in ("new_file", "new_file_seen_missing"):
         writer.put(f"{base}/new.bin", NEW)
         return f"{base}/new.bin"
     if case == "new_dir":
@@ -216,7 +225,10 @@ def test_a_name_missing_from_an_expired_listing_is_found_at_the_first_access(
     reader, writer, count = scenario
     cases = [(case, op, i) for case, ops in CASES.items() for op in ops for i in range(count)]
     for case, op, i in cases:  # node A lists every trial directory once
-        assert "keep.bin" in os.listdir(reader.path / f"vis/{case}-{op}/t{i:02d}")
+        trial = reader.path / f"vis/{case}-{op}/t{i:02d}"
+        assert "keep.bin" in os.listdir(trial)
+        if case == "new_file_seen_missing":
+            _enoent(os.stat)(trial / "new.bin")
     targets = {
         (case, op, i): _change(writer, case, f"vis/{case}-{op}/t{i:02d}") for case, op, i in cases
     }
@@ -225,7 +237,7 @@ def test_a_name_missing_from_an_expired_listing_is_found_at_the_first_access(
     _run({key: (CASES[key[0]][key[1]], reader.path / target) for key, target in targets.items()})
     # Found with the attributes of a listed name, not provisional owner-only ones.
     for (case, _op, _i), target in targets.items():
-        if case == "new_file":
+        if case in ("new_file", "new_file_seen_missing"):
             assert stat.S_IMODE(os.stat(reader.path / target).st_mode) == 0o644
 
 
