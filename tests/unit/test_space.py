@@ -131,4 +131,4 @@ def test_a_block_added_ahead_of_its_open_makes_the_open_its_first_use(
         space.opened(ino)
     space.settle([2 * MiB, 0])  # what giving up 2 MiB would do: 21 and 23 go
     assert [first.queue_of(ino) for ino in (21, 22, 23)] == ["first", "main", "first"]
-    assert space.ranking() == [21, 23, 22]
+    assert space.ranking_later()() == [21, 23, 22]
