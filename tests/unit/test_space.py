@@ -132,3 +132,20 @@ def test_a_block_added_ahead_of_its_open_makes_the_open_its_first_use(
     space.settle([2 * MiB, 0])  # what giving up 2 MiB would do: 21 and 23 go
     assert [first.queue_of(ino) for ino in (21, 22, 23)] == ["first", "main", "first"]
     assert space.ranking_later()() == [21, 23, 22]
+
+
+def test_files_resident_at_mount_count_their_first_open_as_their_first_use(
+    parts: tuple[MetaDB, list[Tier], SpaceManager],
+) -> None:
+    """A remount rebuilds the trackers from the residency: a pass over files
+    that were resident before is one use each, not a re-access."""
+    meta, tiers, _space = parts
+    for ino in (31, 32):
+        meta.add_block(ino, 0, BlockRecord(tier=0, digest=ino, nbytes=MiB))
+    meta.commit()
+    space = SpaceManager(tiers, meta, is_busy=lambda ino: False)
+    first = space.trackers[0]
+    space.opened(31)
+    space.opened(32)
+    space.opened(32)
+    assert (first.freq_of(31), first.freq_of(32)) == (0, 1)

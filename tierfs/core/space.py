@@ -239,12 +239,15 @@ class SpaceManager:
     # --- eviction bookkeeping ------------------------------------------------------------
 
     def _rebuild_trackers(self) -> None:
-        """At mount: every resident file, least recently accessed first."""
+        """At mount: every resident file, least recently accessed first, as
+        not yet used (an insert at mount is no open: a file's first open
+        after a remount is its first use of this mount, so a pass over a
+        dataset that was resident before does not look like reuse)."""
         atimes = self.atimes
         rows = sorted(self.meta.iter_residency(), key=lambda r: (atimes.get(r[0], 0.0), r[0]))
         for ino, tier, nbytes in rows:
             if tier < len(self.trackers):
-                self.trackers[tier].on_insert(ino, nbytes)
+                self.trackers[tier].on_insert(ino, nbytes, used=False)
 
     def block_added(
         self, ino: int, tier: int, file_bytes: int | None = None, *, used: bool = True
