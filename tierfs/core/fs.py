@@ -286,10 +286,9 @@ class TierFS:
         return time.time() - inode.validated_at >= self.config.namespace.revalidate_ttl
 
     def _not_evictable(self, ino: int) -> bool:
-        if self.blocks.is_busy(ino) or self.journal.pending_upload(ino):
-            return True
-        inode = self.meta.get_inode(ino)
-        return inode is not None and inode.state != SyncState.CLEAN
+        """The emergency eviction's skip: the data-movement API's check (built
+        after ``space``, so asked at call time)."""
+        return self.movement.busy_reason(ino) is not None
 
     async def _space_pressure(self) -> None:
         self.journal.hurry()
