@@ -1,4 +1,28 @@
-"""TierFS: POSIX semantics over tiers and a bucket, with no pyfuse3."""
+"""TierFS: POSIX semantics over tiers and a bucket, with no pyfuse3.
+
+How the files of this package relate, by job (``fs.TierFS`` builds the parts
+and wires them; the FUSE layer and the control server call ``TierFS``):
+
+* The namespace: ``namespace`` (directories listed lazily from the bucket
+  into LMDB, re-listing, what a reader sees of other writers), ``shadow``
+  (non-default attributes in the bucket), ``attrcache`` and ``dirhandles``
+  (readdir), ``posix_attrs`` (permission and attribute rules).
+* The read side: ``handles`` (open files), ``blockcache`` (cached blocks,
+  the fetch from the bucket, single-flight, verification, readahead), with
+  ``fetch_slots`` (which GET may start), ``thread_hop`` (the GET threads),
+  ``buffers`` (block buffers), ``readahead`` (the window of one handle) and
+  ``digests`` (block checksums).
+* The write side: ``writes`` (create, write, truncate, unlink, rename),
+  ``journal`` (the bucket's changes still owed, durable), ``sync`` (carrying
+  them out), ``upload_source`` (reading a file's bytes for an upload),
+  ``damage`` (a dirty block that failed its checksum).
+* Tiers and lifecycle: ``space`` (placement, the S3-FIFO trackers, the
+  emergency eviction), ``movement`` (fill, relocate, evict, check: the one
+  API that moves data on purpose), ``lifecycle`` (rules, pins, the plan of
+  moves), ``clock`` (the lifecycle's clock).
+* Plumbing: ``results`` (plain results), ``store_threads`` (background store
+  calls) and ``supervisor`` (workers that restart on failure).
+"""
 
 from tierfs.core.fs import Attributes, DirEntry, FsStats, OpenResult, TierFS
 
