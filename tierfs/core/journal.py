@@ -143,24 +143,25 @@ class DeletedNames:
         for key in keys:
             name = key.rstrip("/")
             self._names.add(name)
-            cut = name.rfind("/")
-            while cut > 0:
-                name = name[:cut]
-                self._above.add(name)
-                cut = name.rfind("/")
+            self._above.update(_ancestors(name))
 
     def related(self, keys: list[str]) -> bool:
         for key in keys:
             name = key.rstrip("/")
             if name in self._names or name in self._above:
                 return True
-            cut = name.rfind("/")
-            while cut > 0:
-                name = name[:cut]
-                if name in self._names:
-                    return True
-                cut = name.rfind("/")
+            if any(above in self._names for above in _ancestors(name)):
+                return True
         return False
+
+
+def _ancestors(name: str) -> Iterator[str]:
+    """``a/b/c`` -> ``a/b``, ``a``."""
+    cut = name.rfind("/")
+    while cut > 0:
+        name = name[:cut]
+        yield name
+        cut = name.rfind("/")
 
 
 @dataclass(slots=True)

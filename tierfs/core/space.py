@@ -21,7 +21,8 @@ Rules:
   so that the open that follows is its first use, not a second one; an
   insert while it is open is that open's use.  The trackers
   are rebuilt at mount from the residency, least recently accessed first
-  (not yet used: an insert at mount is no open), and ``reconcile`` (the mover's planning pass, in the background) brings
+  (not yet used: an insert at mount is no open), and ``reconcile`` (the
+  mover's planning pass, in the background) brings
   them in line with the residency.
 * The mover plans with ``ranking_later`` (the order in which the trackers'
   ``victims`` would give every file up, worked out from copies in the

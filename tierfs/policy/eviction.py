@@ -514,13 +514,18 @@ class S3FifoTracker:
         state = 0 if page is None else page[index]
         if page is None or not state or state >> _QUEUE_SHIFT & 3 == _FIRST:
             return
-        nbytes = self._sizes[page_no][slot]
-        self._bytes[state >> _QUEUE_SHIFT & 3] -= nbytes
-        self._bytes[_FIRST] += nbytes
-        page[index] = _TRACKED | _FIRST << _QUEUE_SHIFT  # freq 0
+        self._requeue(page, index, state, _FIRST, self._sizes[page_no][slot])
+        self._queues[_FIRST].append(ino)
+
+    def _requeue(self, page: bytearray, index: int, state: int, queue: int, nbytes: int) -> None:
+        """The entry at ``page[index]`` (``state``, ``nbytes``) now belongs to
+        ``queue``, with freq 0 (and epoch 0), its bytes counted there.  The
+        caller puts it in that queue's deque."""
+        page[index] = _TRACKED | queue << _QUEUE_SHIFT
         if self._burst_window:
             page[index + 1] = 0
-        self._queues[_FIRST].append(ino)
+        self._bytes[state >> _QUEUE_SHIFT & 3] -= nbytes
+        self._bytes[queue] += nbytes
 
     # --- eviction --------------------------------------------------------------------
 
@@ -639,18 +644,14 @@ class S3FifoTracker:
                     aside[queue_id].append(ino)
                     continue
                 freq = state & _FREQ_MASK
-                nbytes = self._sizes[ino >> _PAGE_BITS][slot]
-                if queue_id == _SMALL and freq > 0:
-                    page[index] = _TRACKED | _MAIN << _QUEUE_SHIFT  # freq 0
-                    if self._burst_window:
-                        page[index + 1] = 0
-                    self._bytes[_SMALL] -= nbytes
-                    self._bytes[_MAIN] += nbytes
-                    small_bytes -= nbytes
-                    main.append(ino)
-                    continue
                 if queue_id == _MAIN and freq > 0:
                     page[index] = state - 1
+                    main.append(ino)
+                    continue
+                nbytes = self._sizes[ino >> _PAGE_BITS][slot]
+                if queue_id == _SMALL and freq > 0:
+                    self._requeue(page, index, state, _MAIN, nbytes)
+                    small_bytes -= nbytes
                     main.append(ino)
                     continue
                 if queue_id == _SMALL:
@@ -658,11 +659,7 @@ class S3FifoTracker:
                 freed += nbytes
                 budget += 1  # a yield is progress, not a wasted pop
                 if keep:
-                    page[index] = _TRACKED | _FIRST << _QUEUE_SHIFT  # freq 0
-                    if self._burst_window:
-                        page[index + 1] = 0
-                    self._bytes[queue_id] -= nbytes
-                    self._bytes[_FIRST] += nbytes
+                    self._requeue(page, index, state, _FIRST, nbytes)
                     parked.append(ino)
                 else:
                     self._forget(ino)
