@@ -34,7 +34,7 @@ other work, so CPU per item rather than rates):
   samples; pyfuse3's receive/dispatch/reply and trio's scheduling are the
   rest, as for the passthrough), an open is: the inode's decode
   (``MetaDB.get_inode``, ~5 us) and the block map with a new
-  ``CachedFile`` of ten containers (``BlockCache.acquire``, ~6 us), the
+  ``CachedFile`` of ten containers (``OpenFiles.acquire``, ~6 us), the
   directory readahead (~2-4 us), the eviction trackers' access
   (``SpaceManager.opened``); a release closes the ``CachedFile``.  What is
   left to reach 0.9x lies there: a ``CachedFile`` (and its block map) that

@@ -40,7 +40,7 @@ def s3_store(bucket: tuple[str, str], fault_proxy: FaultProxy) -> Iterator[Any]:
 
 
 def pooled_without_views(mount: Any) -> None:
-    pool = mount.fs.blocks.buffers
+    pool = mount.fs.fetcher.buffers
     assert not any(has_live_view(buf) for buf in pool._free), "a pooled buffer has a live view"
 
 
@@ -68,7 +68,7 @@ async def test_failed_fetches_never_pool_a_buffer_with_a_live_view(
         pooled_without_views(mount)
     assert fault_proxy.faults_injected >= 6
     assert kept_errors, "no fetch failed: the test did not exercise the failure path"
-    pool = mount.fs.blocks.buffers
+    pool = mount.fs.fetcher.buffers
     # The reported crash: trim() of a pool holding a buffer with a view raised
     # BufferError in the housekeeping task.  It must unmap or skip, never raise.
     pool.trim(pool._last_take + IDLE_TRIM_SECONDS + 1)

@@ -1,4 +1,4 @@
-"""Dirty blocks carry an xxh3 digest from their commit on (BlockCache
+"""Dirty blocks carry an xxh3 digest from their commit on (BlockWrites
 "Dirty-block digests"): it is recorded without extra I/O for sequential
 writes, by one read-back otherwise, verified before a read serves the block
 and while an upload reads it; damage gives EIO, a ``failed`` file and no
@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import tierfs.core.blockcache as blockcache
+import tierfs.core.blockwrites as blockwrites
 import tierfs.core.digests as digests
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import WriteConfig
@@ -53,6 +54,7 @@ def count_readbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(fd, offset, nbytes)
 
     monkeypatch.setattr(blockcache, "read_and_hash", counting)
+    monkeypatch.setattr(blockwrites, "read_and_hash", counting)
     return calls
 
 
@@ -198,7 +200,7 @@ async def test_overlapping_writes_of_a_block_are_sealed_from_what_landed(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(mount.fs.write, opened.fh, 0, first)
         nursery.start_soon(mount.fs.write, opened.fh, 0, second)
-    cf = mount.fs.blocks.files[ino]
+    cf = mount.fs.open_files.files[ino]
     if cf.direct_fds.get(0) is None:
         pytest.skip("the tier has no O_DIRECT: writes run inline and never overlap")
     assert not cf.writing and not cf.contended and 0 not in cf.hashers

@@ -62,7 +62,7 @@ async def watched(make_fs: Any, **overrides: Any) -> tuple[CoreMount, Metrics]:
 async def settle(mount: CoreMount) -> None:
     """Wait until no fetch (readahead included) is in flight."""
     with trio.fail_after(10):
-        while any(cf.flights for cf in mount.fs.blocks.files.values()):
+        while any(cf.flights for cf in mount.fs.open_files.files.values()):
             await trio.sleep(0.01)
 
 

@@ -129,7 +129,7 @@ async def test_relocate_moves_every_block_and_reads_back_equal(make_fs: Any, s3_
     # The old copy is deleted in the background, soon after the switch.
     # The unlink task holds a reference to the file until it is done.
     with trio.fail_after(5):
-        while cache_file(mount, NVME, ino).exists() or ino in mount.fs.blocks.files:
+        while cache_file(mount, NVME, ino).exists() or ino in mount.fs.open_files.files:
             await trio.sleep(0.01)
     gets = len(mount.store.gets)
     assert await mount.read_file("m.bin") == data
@@ -156,12 +156,12 @@ async def test_relocate_right_after_a_relocate_waits_for_the_old_copy_unlink(
     movement: DataMovement = mount.fs.movement
     await movement.fill(ino, NVME)
     assert await movement.relocate(ino, NVME, HDD) == len(data)
-    cf = mount.fs.blocks.files.get(ino)
+    cf = mount.fs.open_files.files.get(ino)
     assert cf is not None and cf.fenced_tier == NVME  # the old copy's unlink is pending
     assert await movement.relocate(ino, HDD, NVME) == len(data)
     assert one_record_per_block(mount, ino, 3) == dict.fromkeys(range(3), NVME)
     with trio.fail_after(5):
-        while cache_file(mount, HDD, ino).exists() or ino in mount.fs.blocks.files:
+        while cache_file(mount, HDD, ino).exists() or ino in mount.fs.open_files.files:
             await trio.sleep(0.01)
     assert usage(mount) == [(len(data), 1), (0, 0)]
     gets = len(mount.store.gets)
@@ -309,7 +309,7 @@ async def copy_without_switch(mount: CoreMount, ino: int, src: int, dst: int) ->
     movement: DataMovement = mount.fs.movement
     inode = mount.fs.meta.get_inode(ino)
     assert inode is not None
-    cf = mount.fs.blocks.acquire(inode)
+    cf = mount.fs.open_files.acquire(inode)
     try:
         plan = sorted((b, rec) for b, rec in cf.blocks.items() if rec.tier == src)
         tiers = mount.fs.tiers
@@ -324,7 +324,7 @@ async def copy_without_switch(mount: CoreMount, ino: int, src: int, dst: int) ->
         assert len(moved) == len(plan)
         mount._moved = moved  # type: ignore[attr-defined]
     finally:
-        mount.fs.blocks.release(cf)
+        mount.fs.open_files.release(cf)
 
 
 async def test_crash_between_copy_and_switch(make_fs: Any, s3_store: Any) -> None:
@@ -380,11 +380,11 @@ async def test_crash_between_switch_and_delete(make_fs: Any, s3_store: Any) -> N
     await copy_without_switch(mount, ino, NVME, HDD)
     inode = mount.fs.meta.get_inode(ino)
     assert inode is not None
-    cf = mount.fs.blocks.acquire(inode)
+    cf = mount.fs.open_files.acquire(inode)
     try:
         mount.fs.movement._switch(cf, mount._moved, HDD)  # type: ignore[attr-defined]
     finally:
-        mount.fs.blocks.release(cf)
+        mount.fs.open_files.release(cf)
     old_copy = cache_file(mount, NVME, ino)
     assert old_copy.exists()
     mount.close()

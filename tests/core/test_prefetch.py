@@ -137,7 +137,7 @@ async def test_a_reader_that_jumps_moves_the_window_and_it_stays_bounded(
     assert prefetcher.status()["slowest"] == 30
     # Only the new window's files are held for the reader; 1-3 were let go.
     assert sorted(prefetcher._held) == prefetcher.window() == [31, 32, 33]
-    assert sorted(mount.fs.blocks.files) == sorted(_ino(mount, paths[p]) for p in (31, 32, 33))
+    assert sorted(mount.fs.open_files.files) == sorted(_ino(mount, paths[p]) for p in (31, 32, 33))
     # And back: files behind the new position are prefetched, none past the window.
     await open_file(mount, paths[15])
     await settled(prefetcher)
@@ -214,7 +214,7 @@ async def test_a_prefetched_file_is_held_so_its_open_is_cheap(
     assert prefetcher.status()["hits"] == 3
     # Opened and closed: not held any more; the next window is.
     assert sorted(prefetcher._held) == [3, 4, 5]
-    assert sorted(mount.fs.blocks.files) == sorted(_ino(mount, paths[p]) for p in (3, 4, 5))
+    assert sorted(mount.fs.open_files.files) == sorted(_ino(mount, paths[p]) for p in (3, 4, 5))
     # The HEAD a hold saved: a resident file nobody holds is revalidated.
     await open_file(mount, paths[0])
     assert mount.store.heads == heads + 1
@@ -223,7 +223,7 @@ async def test_a_prefetched_file_is_held_so_its_open_is_cheap(
     with trio.fail_after(5):
         while prefetcher._held:
             await trio.sleep(0.05)
-    assert not mount.fs.blocks.files
+    assert not mount.fs.open_files.files
     await open_file(mount, paths[3])
     assert mount.store.heads == heads + 2
 
@@ -297,7 +297,7 @@ async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
     fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4)
     mount = await make_fs(fetch=fetch)
     assert Prefetcher(mount.fs).tasks == 4  # the default: every slot
-    assert mount.fs.blocks.slots.background_max == 2  # preload's share
+    assert mount.fs.fetcher.slots.background_max == 2  # preload's share
     gets = GetsOneByOne(mount)
     try:
         prefetcher = await start_prefetcher(nursery, mount, paths, window_files=6, tasks=6)
@@ -316,7 +316,7 @@ async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
 
         nursery.start_soon(read_other)
         with trio.fail_after(10):
-            while mount.fs.blocks.slots.demand_waiting != 1:
+            while mount.fs.fetcher.slots.demand_waiting != 1:
                 await trio.sleep(0.01)
         # One slot frees: it goes to the demand read, not to the two
         # prefetch fills that were waiting before it.

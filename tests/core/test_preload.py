@@ -15,7 +15,7 @@ import trio
 
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import FetchConfig
-from tierfs.core.blockcache import BACKGROUND_TRICKLE_BYTES
+from tierfs.core.fetcher import BACKGROUND_TRICKLE_BYTES
 from tierfs.core.namespace import LIST_AHEAD, WALK_PAGE
 from tierfs.errors import InvalidArgument, StoreAccessDenied
 from tierfs.workers.preload import Preloader, PreloadJob, normalize_path
@@ -431,7 +431,7 @@ async def test_demand_reads_go_before_queued_preload(
         read_d.set()
 
     nursery.start_soon(read_file_d)
-    await wait_for(lambda: mount.fs.blocks.demand_waiting == 1)
+    await wait_for(lambda: mount.fs.fetcher.demand_waiting == 1)
     gets.gate.set()
     with trio.fail_after(20):
         await filled.wait()
@@ -463,7 +463,7 @@ async def test_demand_read_promotes_a_queued_preload_fetch(
 
     nursery.start_soon(read_c)
     # The promoted fetch waits for the slot as demand does.
-    await wait_for(lambda: mount.fs.blocks.demand_waiting == 1)
+    await wait_for(lambda: mount.fs.fetcher.demand_waiting == 1)
     gets.gate.set()
     with trio.fail_after(20):
         await done.wait()
@@ -601,7 +601,7 @@ async def test_background_get_gives_way_to_demand_between_blocks(
     nursery.start_soon(preload)
     await wait_for(probe.first_block_in.is_set)
     nursery.start_soon(mount.read_file, "small.bin")  # its GET is held: demand runs
-    await wait_for(mount.fs.blocks.slots.demand_present)
+    await wait_for(mount.fs.fetcher.slots.demand_present)
     probe.demand_started.set()
     await wait_for(lambda: any(g[0] == "big.bin" for g in probe.gets))
     assert probe.gets[0] == ("big.bin", 0, 8 * MiB, MiB)  # one block, not the 8 asked for
@@ -633,7 +633,7 @@ async def test_background_get_started_under_demand_is_a_short_trickle(
     probe.demand_started.set()  # no pause in the GET that may give way
     big = await mount.fs.namespace.resolve("big.bin")
     nursery.start_soon(mount.read_file, "small.bin")  # held: demand stays active
-    await wait_for(mount.fs.blocks.slots.demand_present)
+    await wait_for(mount.fs.fetcher.slots.demand_present)
     filled = trio.Event()
 
     async def preload() -> None:

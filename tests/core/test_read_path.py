@@ -47,7 +47,7 @@ async def test_readahead_fetches_ahead_of_a_sequential_reader(make_fs: Any, s3_s
     for offset in range(0, 2 * MiB, 128 * 1024):
         await mount.fs.read(opened.fh, offset, 128 * 1024)
     with trio.fail_after(10):
-        while mount.fs.blocks.files[inode.ino].flights:
+        while mount.fs.open_files.files[inode.ino].flights:
             await trio.sleep(0.01)
     await mount.fs.release(opened.fh)
     fetched = {start // MiB for _, start, _ in mount.store.gets}
@@ -223,6 +223,6 @@ async def test_long_sequential_read_reuses_fetch_buffers(make_fs: Any, s3_store:
         await mount.fs.release(opened.fh)
     assert out == data
     window = mount.config.fetch.readahead_max // MiB
-    assert mount.fs.blocks.buffers.created <= 2 * window + 4, (
-        f"{mount.fs.blocks.buffers.created} buffers mapped for 41 blocks: not reused"
+    assert mount.fs.fetcher.buffers.created <= 2 * window + 4, (
+        f"{mount.fs.fetcher.buffers.created} buffers mapped for 41 blocks: not reused"
     )

@@ -101,11 +101,11 @@ async def test_concurrent_fetches_of_one_file_keep_one_cache_file_and_leak_no_fd
             nursery.start_soon(read_at, 2 * MiB + 10)
         assert got[0] == data[:1000]
         assert got[2 * MiB + 10] == data[2 * MiB + 10 : 2 * MiB + 1010]
-        cached = mount.fs.blocks.files[inode.ino]
+        cached = mount.fs.open_files.files[inode.ino]
         assert set(cached.fds) == {0}, "one buffered fd on the first tier"
         await mount.fs.release(opened.fh)
         assert open_fds() == baseline, "every fd the fetch threads opened was closed"
-        assert mount.fs.blocks.is_busy(inode.ino) is False
+        assert mount.fs.open_files.is_busy(inode.ino) is False
         where = await mount.fs.where("two.bin")
         assert where["blocks_cached"] >= 2  # (and readahead's block 1, if it started)
         mount.fs.movement.evict(inode.ino)  # cold again for the next round

@@ -82,7 +82,7 @@ async def test_warm_open_flush_release_do_no_avoidable_work(
         await mount.read_file(path)
     inos = [(await mount.fs.namespace.resolve(path)).ino for path in paths]
     with trio.fail_after(20):  # what the warm-up's opens fetched ahead has landed
-        while not readahead.idle() or mount.fs.blocks.files:
+        while not readahead.idle() or mount.fs.open_files.files:
             await trio.sleep(0.02)
     ops = TierfsOperations(mount.fs)
     store_calls = (len(mount.store.gets), mount.store.heads, len(mount.store.lists))

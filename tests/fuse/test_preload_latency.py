@@ -15,7 +15,7 @@ another prefix takes ``DELAY``.  The daemon runs with ``[fetch] concurrency
 = 2``.  It fails if preload fetches competed with demand reads for the
 fetch slots: the preload's fetch tasks would then hold both slots and queue
 for them ahead of the read, which would wait at least one ``PACE`` tick
-(checked: it fails when ``BlockCache.fill`` starts its fetches as demand).
+(checked: it fails when ``Fetcher.fill`` starts its fetches as demand).
 
 ``test_demand_reads_during_an_unpaced_preload_stay_within_twice_idle``: the
 real case of the benchmark (tests/bench/bench_preload.py, latency): moto

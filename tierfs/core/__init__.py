@@ -7,12 +7,17 @@ and wires them; the FUSE layer and the control server call ``TierFS``):
   into LMDB, re-listing, what a reader sees of other writers), ``shadow``
   (non-default attributes in the bucket), ``attrcache`` and ``dirhandles``
   (readdir), ``posix_attrs`` (permission and attribute rules).
-* The read side: ``handles`` (open files), ``blockcache`` (cached blocks,
-  the fetch from the bucket, single-flight, verification, readahead), with
-  ``fetch_slots`` (which GET may start), ``thread_hop`` (the GET threads),
-  ``buffers`` (block buffers), ``readahead`` (the window of one handle) and
-  ``digests`` (block checksums).
+* The read side: ``handles`` (open handles), ``openfiles`` (the files in
+  use: ``CachedFile``, their fds, which blocks were checked),
+  ``blockcache`` (serving reads from the tiers, first-read checks,
+  readahead), ``fetcher`` (filling absent blocks from where they come
+  from: single-flight, priorities, the GET threads; ``Origin`` is the
+  seam), with ``fetch_slots`` (which GET may start), ``thread_hop`` (the
+  GET threads), ``buffers`` (block buffers and the recent blocks),
+  ``readahead`` (the window of one handle) and ``digests`` (block
+  checksums).
 * The write side: ``writes`` (create, write, truncate, unlink, rename),
+  ``blockwrites`` (the blocks of a write: write, truncate, seal, commit),
   ``journal`` (the bucket's changes still owed, durable), ``sync`` (carrying
   them out), ``upload_source`` (reading a file's bytes for an upload),
   ``damage`` (a dirty block that failed its checksum).

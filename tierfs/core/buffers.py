@@ -7,7 +7,7 @@ of it again.  New memory costs a page fault and a cleared page per 4 KiB
 pages and the copies at about a fifth of the daemon's CPU on a cold read.
 With this pool the socket is read straight into a buffer that is already
 mapped (``ObjectStore.get_range_into``), the O_DIRECT write goes out of the
-same buffer, and the block stays there, in ``BlockCache``'s recent blocks,
+same buffer, and the block stays there, in the recent blocks (``RecentBlocks``),
 to answer the reads that follow without another copy.
 
 Invariants:
@@ -30,7 +30,7 @@ Invariants:
   the pool forgets it and the mmap is unmapped when its last view dies.
   ``take`` checks again, so a view made after a ``give`` (a bug) cannot
   let a buffer out twice.  The owner should release its own views before
-  ``give`` (``BlockCache`` does), so that only views it cannot reach (in a
+  ``give`` (``Fetcher`` does), so that only views it cannot reach (in a
   traceback) cost a buffer.  ``dropped_in_use`` counts the buffers dropped
   that way.
 * A reply built from a recent buffer (a ``memoryview``) is a loan: it is
@@ -55,9 +55,11 @@ again, or unmapped by ``trim``.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import threading
 import time
+from collections.abc import Iterable
 
 #: Free buffers are unmapped after this long without a ``take``.
 IDLE_TRIM_SECONDS = 10.0
@@ -141,3 +143,51 @@ class BlockBuffers:
     @property
     def free(self) -> int:
         return len(self._free)
+
+
+class RecentBlocks:
+    """Blocks just fetched, kept in their pooled buffers for the reads that
+    follow (a read of one is answered with a view of its buffer, no copy);
+    at most ``max_bytes`` of them, oldest given back first.
+
+    On the loop only.  A buffer here is owned by this table until it is
+    evicted or forgotten, which gives it back to ``pool``."""
+
+    def __init__(self, pool: BlockBuffers, max_bytes: int) -> None:
+        self.pool = pool
+        self.max_bytes = max_bytes
+        #: (ino, blockno) -> (pooled buffer, valid bytes).
+        self._blocks: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, int]] = (
+            collections.OrderedDict()
+        )
+
+    @classmethod
+    def sized_for(cls, block_size: int, readahead_max: int) -> RecentBlocks:
+        """Recent blocks for readers with this readahead, with their pool:
+        at least 16 blocks, and a pool that holds them plus a full readahead
+        window in flight."""
+        max_bytes = max(readahead_max, 16 * block_size)
+        return cls(BlockBuffers(block_size, keep=2 * (max_bytes // block_size)), max_bytes)
+
+    def get(self, ino: int, blockno: int) -> tuple[mmap.mmap, int] | None:
+        return self._blocks.get((ino, blockno))
+
+    def remember(self, ino: int, blockno: int, buf: mmap.mmap, nbytes: int) -> None:
+        """Keep ``buf`` (``nbytes`` valid) as block ``blockno`` of ``ino``."""
+        self.forget(ino, [blockno])
+        self._blocks[(ino, blockno)] = (buf, nbytes)
+        while len(self._blocks) * self.pool.block_size > self.max_bytes:
+            _, (evicted, _n) = self._blocks.popitem(last=False)
+            self.pool.give(evicted)
+
+    def forget(self, ino: int, blocknos: Iterable[int] | None = None) -> None:
+        """Give back the buffers of these blocks of ``ino`` (None: all of them)."""
+        keys = (
+            [k for k in self._blocks if k[0] == ino]
+            if blocknos is None
+            else [(ino, b) for b in blocknos]
+        )
+        for key in keys:
+            old = self._blocks.pop(key, None)
+            if old is not None:
+                self.pool.give(old[0])

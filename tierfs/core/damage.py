@@ -1,6 +1,6 @@
 """Damaged blocks: what TierFS does when a block fails its checksum.
 
-A dirty block that fails (BlockCache "Dirty-block digests") was the only
+A dirty block that fails (BlockWrites "Dirty-block digests") was the only
 copy of its bytes: the file becomes ``failed`` in LMDB (so it survives a
 remount; ``tierfs where`` and ``status`` show it) and the log says loudly,
 once per block per mount, what was lost and what to do.  Clean blocks that

@@ -6,7 +6,7 @@
   them would return.
 * ``BlockHasher``: a running digest of a block fed by writes in offset
   order, so that a sequential writer's blocks are sealed from the bytes
-  already held, with no read back (see ``blockcache``, "Dirty-block
+  already held, with no read back (see ``blockwrites``, "Dirty-block
   digests").  Invariant: ``result()`` is the digest of the bytes
   ``[0, length)`` of the block exactly when every byte was fed once, in
   order; the caller drops the hasher on any other pattern.

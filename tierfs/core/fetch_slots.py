@@ -1,6 +1,6 @@
 """Fetch slots and their priority rule: which GET of block data may start now.
 
-Every GET of block data (``BlockCache._fetch``) holds one fetch slot while
+Every GET of block data (``Fetcher.fetch``) holds one fetch slot while
 it runs; there are ``fetch.concurrency`` slots.  Each fetch has a
 priority (``FetchPriority``), which may rise while it waits (a demand read
 that needs a block of a waiting preload fetch promotes it) but never falls:
@@ -42,7 +42,7 @@ The rule (``FetchSlots.take``):
    when demand starts give way: the block cache ends each after the block
    it is reading (``demand_present``, asked from the fetch thread) and
    fetches the rest later (see "Priority" in
-   :mod:`tierfs.core.blockcache`).  AHEAD fetches are
+   :mod:`tierfs.core.fetcher`).  AHEAD fetches are
    not held back by demand: they run exactly while a reader reads, for it.
    Once demand has been quiet for ``DEMAND_QUIET``, BACKGROUND work widens
    again to ``background_max``: a preload alone keeps its full throughput.
@@ -154,7 +154,7 @@ and by the clock: ``run`` (a task) calls it when rule 4 would let a
 BACKGROUND fetch start by time alone (``_rule4_ends``).  That timer is
 armed whenever a BACKGROUND fetch parks, too: one that parks just after
 the last slot was given back (the rest of a BACKGROUND run whose GET
-ended early, see blockcache) would otherwise wait for an event that never
+ended early, see ``fetcher``) would otherwise wait for an event that never
 comes.  A woken fetch
 looks again when it runs; if it still may not start it parks again at the
 head of its queue, and whatever took its room wakes the next one when it

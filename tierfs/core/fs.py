@@ -21,8 +21,11 @@ before it, and calls back up only through the callbacks it was given):
 
     journal    the durable queue of bucket mutations (``journal``)
     damage     what a block that fails its checksum does (``damage``)
-    space      placement of blocks on tiers, LRU eviction (``space``)
-    blocks     cached blocks: fetch, single-flight, reads, writes (``blockcache``)
+    space      placement of blocks on tiers, emergency eviction (``space``)
+    open_files the files in use, their fds, checked blocks (``openfiles``)
+    fetcher    filling absent blocks from the bucket (``fetcher``)
+    blocks     serving reads from the tiers, checks, readahead (``blockcache``)
+    block_writes  the blocks of writes: write, truncate, seal (``blockwrites``)
     namespace  names, listings, revalidation (``namespace``)
     handles    open file handles and writers (``handles``)
     sync       local commits, journal execution, flush, upload (``sync``)
@@ -64,14 +67,18 @@ from tierfs.tiers.tier import Tier
 
 from .attrcache import AttributeCache
 from .blockcache import BlockCache
+from .blockwrites import BlockWrites
+from .buffers import RecentBlocks
 from .clock import Clock
 from .damage import DamageLog
 from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
+from .fetcher import Fetcher, Origin
 from .handles import Handles
 from .journal import Entry, Journal
 from .lifecycle import Lifecycle
 from .movement import DataMovement
 from .namespace import Identity, Namespace
+from .openfiles import OpenFiles
 from .posix_attrs import AccessTimes, Caller, UnlinkedInodes
 from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
 from .space import SpaceManager
@@ -157,21 +164,40 @@ class TierFS:
             placement=self._placement,
             on_tier_full=self._tier_full,
         )
-        self.blocks = BlockCache(
+        self.open_files = OpenFiles(
             meta,
-            store,
+            tiers,
+            RecentBlocks.sized_for(config.fetch.block_size, config.fetch.readahead_max),
+            on_idle=self._file_idle,
+        )
+        self.fetcher = Fetcher(
+            meta,
+            Origin(store, self.journal.read_origin),
             tiers,
             self.space,
+            self.open_files,
+            block_size=config.fetch.block_size,
+            fetch_concurrency=config.fetch.concurrency,
+            revalidate_origin=self._revalidate_origin,
+        )
+        self.blocks = BlockCache(
+            meta,
+            tiers,
+            self.open_files,
+            self.fetcher,
             block_size=config.fetch.block_size,
             readahead_max=config.fetch.readahead_max,
-            fetch_concurrency=config.fetch.concurrency,
-            write_space_timeout=config.write.space_wait,
-            read_origin=self._read_origin,
-            on_space_pressure=self._space_pressure,
-            on_idle=self._file_idle,
             on_damage=self.damage.block_damaged,
             on_slow_tier_read=self._slow_tier_read,
-            revalidate_origin=self._revalidate_origin,
+        )
+        self.block_writes = BlockWrites(
+            tiers,
+            self.space,
+            self.open_files,
+            self.blocks,
+            block_size=config.fetch.block_size,
+            write_space_timeout=config.write.space_wait,
+            on_space_pressure=self._space_pressure,
         )
         self.namespace = Namespace(
             meta,
@@ -180,7 +206,7 @@ class TierFS:
             self.identity,
             self.store_limiter,
             on_drop=self._blocks_dropped,
-            live_inode=self.blocks.live_inode,
+            live_inode=self.open_files.live_inode,
             being_deleted=self.journal.being_deleted,
             watch_deletes=self.journal.watch_deletes,
             protects=self.journal.protects,
@@ -188,7 +214,7 @@ class TierFS:
             shape_generation=lambda: self.journal.namespace_gen,
             spawn=self._spawn,
         )
-        self.handles = Handles(self.blocks, self.space, self.journal)
+        self.handles = Handles(self.open_files, self.blocks, self.space, self.journal)
         #: POSIX atime, relatime, batched (see ``posix_attrs``).
         self.access_times = AccessTimes(meta)
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
@@ -205,7 +231,8 @@ class TierFS:
             tiers,
             self.journal,
             self.namespace,
-            self.blocks,
+            self.open_files,
+            self.block_writes,
             self.damage,
             self.store_threads,
             store_limiter=self.store_limiter,
@@ -218,7 +245,8 @@ class TierFS:
             tiers,
             self.journal,
             self.namespace,
-            self.blocks,
+            self.open_files,
+            self.block_writes,
             self.space,
             self.handles,
             self.sync,
@@ -230,10 +258,12 @@ class TierFS:
         self.movement = DataMovement(
             meta,
             tiers,
-            self.blocks,
+            self.open_files,
+            self.fetcher,
             self.space,
             self.journal,
             open_for_writing=self.handles.open_for_writing,
+            on_damage=self.damage.block_damaged,
         )
         self.lifecycle = Lifecycle(
             config,
@@ -263,15 +293,9 @@ class TierFS:
     def _write_through(self, ino: int) -> bool:
         return self.lifecycle.write_through(ino)
 
-    def _read_origin(self, inode: Inode) -> tuple[str, str]:
-        moving_from = self.journal.read_origin(inode.ino)
-        if moving_from is not None:
-            return moving_from, ""  # the ETag may change with a multipart copy
-        return inode.origin_key, inode.etag
-
     async def _revalidate_origin(self, ino: int) -> Inode | None:
         """A GET's If-Match failed: HEAD the object now, whatever its
-        ``validated_at`` (BlockCache ``revalidate_origin``)."""
+        ``validated_at`` (``Fetcher`` ``revalidate_origin``)."""
         inode = self.meta.get_inode(ino)
         if inode is None or inode.state != SyncState.CLEAN:
             return None
@@ -303,6 +327,7 @@ class TierFS:
         self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.fetcher.start(nursery)
             self.blocks.start(nursery)
             self.movement.start(nursery)
             self.supervisor.start_soon(nursery, "housekeeping", self._housekeep_periodically)
@@ -388,7 +413,7 @@ class TierFS:
             await trio.sleep(_ATIME_FLUSH_SECONDS)
             self.space.flush_atimes()
             self.access_times.flush()
-            self.blocks.buffers.trim()
+            self.fetcher.buffers.trim()
 
     async def _remove_orphan_cache_files(self) -> None:
         """Delete cache files that no block record refers to.
@@ -403,7 +428,7 @@ class TierFS:
         for tier in self.tiers:
             inos = await trio.to_thread.run_sync(tier.iter_cached_inodes)
             for ino in inos:
-                if tier.index not in self.meta.residency(ino) and not self.blocks.is_busy(ino):
+                if tier.index not in self.meta.residency(ino) and not self.open_files.is_busy(ino):
                     tier.remove_file(ino)
                     removed += 1
         if removed:
@@ -429,7 +454,7 @@ class TierFS:
     async def getattr(self, ino: int) -> Attributes:
         gone = self.unlinked.get(ino)
         if gone is not None:  # removed, still held by the kernel: nlink 0
-            return self.attributes(self.blocks.live_inode(ino) or gone)
+            return self.attributes(self.open_files.live_inode(ino) or gone)
         return self.attributes(self.namespace.get(ino))
 
     def forget(self, inos: list[int]) -> None:
@@ -568,7 +593,7 @@ class TierFS:
         setgid as the kernel's rules say (``posix_attrs``)."""
         # A file not in use: its inode and block map in one read transaction.
         blocks: dict[int, BlockRecord] | None = None
-        live = self.blocks.live_inode(ino)
+        live = self.open_files.live_inode(ino)
         if live is not None:
             inode = live
         else:
@@ -581,7 +606,7 @@ class TierFS:
         if not inode.is_file:
             raise InvalidArgument(f"inode {ino} is not a regular file")
         changed = cold = False
-        if not self.blocks.is_busy(ino) and self._revalidation_expired(inode):
+        if not self.open_files.is_busy(ino) and self._revalidation_expired(inode):
             # A reader's open HEADs only a file with blocks on a tier: a
             # file with nothing cached has nothing to go stale, and its
             # first GET checks the ETag it was listed with (If-Match; on a
@@ -636,12 +661,12 @@ class TierFS:
                 if self.handles.writer_closed(ino):
                     self.journal.schedule(ino, self.config.write.upload_delay)
         finally:
-            self.blocks.release(cf)
+            self.open_files.release(cf)
 
     def _file_idle(self, ino: int) -> None:
         """Nothing uses the file any more: an unlinked one goes away now.
 
-        Called by BlockCache whenever the last user of a CachedFile lets go, be
+        Called by OpenFiles whenever the last user of a CachedFile lets go, be
         it a handle's release, an upload or a fetch still in flight.
         """
         if ino not in self._orphans:
@@ -673,7 +698,7 @@ class TierFS:
             self.handles.stale_page_cache.add(ino)
         else:
             self.space.forget(ino)
-        self.blocks.content_changed(ino, tiers, inode)
+        self.open_files.content_changed(ino, tiers, inode)
         if still_exists and self._nursery is not None:
             self.supervisor.start_soon(
                 self._nursery,
@@ -727,7 +752,7 @@ class TierFS:
             return await self._where_tree(inode, relpath)
         residency = self.meta.residency(inode.ino)
         pin = self.lifecycle.pinned_tier(inode.ino)
-        open_file = self.blocks.files.get(inode.ino)
+        open_file = self.open_files.files.get(inode.ino)
         damaged = self.meta.failed_blocks(inode.ino)
         refused = self.sync.refusal_of(inode.ino)
         if damaged or refused:
@@ -823,10 +848,10 @@ class TierFS:
                     "used_ratio": usage.bytes / cap if cap else 0.0,
                     "high_watermark": tier.high_watermark,
                     "low_watermark": tier.low_watermark,
-                    "hit_blocks": self.blocks.stats.tier_hit_blocks[tier.index],
+                    "hit_blocks": self.open_files.stats.tier_hit_blocks[tier.index],
                 }
             )
-        stats = self.blocks.stats
+        stats = self.open_files.stats
         lookups = stats.hit_blocks + stats.miss_blocks
         return {
             "backing": self.store.url,
@@ -843,7 +868,7 @@ class TierFS:
             "workers": self.supervisor.status(),
             "mover": self.lifecycle.status.as_dict(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
-            "open_files": len(self.blocks.files),
+            "open_files": len(self.open_files.files),
             "queues": self._queue_depths(),
             "counters": {
                 "read_requests": stats.read_requests,
@@ -854,8 +879,8 @@ class TierFS:
                 "gets": stats.gets,
                 "verify_failures": stats.verify_failures,
                 "uncached_blocks": stats.uncached_blocks,
-                "fetch_buffers_mapped": self.blocks.buffers.created,
-                "fetch_buffers_dropped_in_use": self.blocks.buffers.dropped_in_use,
+                "fetch_buffers_mapped": self.fetcher.buffers.created,
+                "fetch_buffers_dropped_in_use": self.fetcher.buffers.dropped_in_use,
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
                 "listings": self.namespace.listings_done,
@@ -879,7 +904,7 @@ class TierFS:
             "journal_entries": len(self.journal),
             "uploads_running": len(self.journal.running),
             "promotions_queued": self.lifecycle.promotion_send.statistics().current_buffer_used,
-            "fetches_in_flight": sum(len(cf.flights) for cf in self.blocks.files.values()),
+            "fetches_in_flight": sum(len(cf.flights) for cf in self.open_files.files.values()),
         }
 
     # --- mutations (``writes``) ------------------------------------------------------------

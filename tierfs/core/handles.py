@@ -8,7 +8,7 @@ kernel releases it.  Per inode, the count of handles open for writing
 
 Invariants: ``writers[ino]`` is the number of writable handles of ``ino``
 in ``handles`` and is absent when that number is 0; every Handle holds one
-reference to its CachedFile (``BlockCache.acquire``), given back by the
+reference to its CachedFile (``OpenFiles.acquire``), given back by the
 caller of ``pop`` (``TierFS.release``).  Methods are synchronous.
 
 O_DIRECT writers beside buffered readers of one file.  Before a direct
@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from tierfs.errors import InvalidArgument
 from tierfs.meta import BlockRecord, Inode
 
-from .blockcache import BlockCache, CachedFile, ReadState
+from .blockcache import BlockCache, ReadState
 from .journal import Journal
+from .openfiles import CachedFile, OpenFiles
 from .posix_attrs import Caller
 from .results import OpenResult
 from .space import SpaceManager
@@ -68,7 +69,10 @@ class Handle:
 
 
 class Handles:
-    def __init__(self, blocks: BlockCache, space: SpaceManager, journal: Journal) -> None:
+    def __init__(
+        self, open_files: OpenFiles, blocks: BlockCache, space: SpaceManager, journal: Journal
+    ) -> None:
+        self.open_files = open_files
         self.blocks = blocks
         self.space = space
         self.journal = journal
@@ -100,11 +104,11 @@ class Handles:
         caller: Caller | None = None,
         blocks: dict[int, BlockRecord] | None = None,
     ) -> OpenResult:
-        """``blocks``: the block map read with ``inode`` (``BlockCache.acquire``)."""
+        """``blocks``: the block map read with ``inode`` (``OpenFiles.acquire``)."""
         ino = inode.ino
         keep_cache = keep_cache and ino not in self.stale_page_cache
         self.stale_page_cache.discard(ino)
-        cached = self.blocks.acquire(inode, blocks)
+        cached = self.open_files.acquire(inode, blocks)
         cached.opened = True
         writable = self.writable_flags(flags)
         if writable:

@@ -5,10 +5,12 @@ prefetch, promotion, the ``evict`` and ``pin`` commands) calls this module;
 none of them touches block maps or tier files.  Four operations, after
 JuiceFS's Check/Fill/EvictCache and mountpoint-s3's multilevel cache:
 
-* ``check(ino)``: where each block of the file is (``FileResidency``).
+* ``check(ino)``: where each block of the file is (``FileResidency``);
+  ``residency(ino)``: its bytes per tier, from memory; ``inode(ino)``: the
+  file as it is now (the open one's in-memory inode, else LMDB's).
 * ``fill(ino, tier)``: fetch absent blocks of the file into a tier (or the
   normal placement).  It shares in-flight fetches with demand reads (one
-  ``_Flight`` per block, see ``blockcache``): a reader waiting for a block
+  ``Flight`` per block, see ``fetcher``): a reader waiting for a block
   that a fill is fetching waits for that fetch, and the other way round.
   ``fill_range`` does the same and also says whether the range is all
   resident afterwards, from the block map in memory (preload needs no
@@ -17,8 +19,8 @@ JuiceFS's Check/Fill/EvictCache and mountpoint-s3's multilevel cache:
   ``src`` to ``dst``.
 * ``evict(ino, tier)``: drop clean local copies.  It raises ``Busy`` for a
   file it must not touch (see below) and never returns 0 for that reason:
-  a caller can name what it skipped.  The LRU eviction of ``SpaceManager``
-  drops blocks through the same function (``SpaceManager.drop_clean``), so
+  a caller can name what it skipped.  The emergency eviction of
+  ``SpaceManager`` drops blocks through the same function (``SpaceManager.drop_clean``), so
   there is one place that drops blocks.
 
 Relocate, step by step (``src``/``dst`` are tier indexes):
@@ -78,7 +80,7 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    Otherwise the relocate fails with ``Busy``,
    the copy on ``dst`` is discarded, nothing changes.  Moved blocks are
    verified again on their first read from ``dst`` (as every block is after a
-   move between tiers: ``blockcache``, "first read").
+   move between tiers: ``blockcache``: a block is checked on its first read in a mount).
 6. DELETE the old copy: if no block of the file is left on ``src`` and
    nothing else uses the file, its ``src`` cache file is deleted, in a
    thread and in the background (one task started by ``start``, which
@@ -148,10 +150,11 @@ from tierfs.errors import (
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.tiers.tier import Tier, pwrite_all
 
-from .blockcache import BlockCache, CachedFile
 from .digests import BlockHasher, block_digest
 from .fetch_slots import FetchPriority
+from .fetcher import Fetcher
 from .journal import Journal
+from .openfiles import CachedFile, OpenFiles
 from .space import SpaceManager
 
 log = logging.getLogger(__name__)
@@ -315,20 +318,24 @@ class DataMovement:
         self,
         meta: MetaDB,
         tiers: list[Tier],
-        blocks: BlockCache,
+        open_files: OpenFiles,
+        fetcher: Fetcher,
         space: SpaceManager,
         journal: Journal,
         *,
         open_for_writing: Callable[[int], bool],
+        on_damage: Callable[[int, int, int, str], None],
         copy_chunk: int = COPY_CHUNK,
     ) -> None:
         self.meta = meta
         self.tiers = tiers
-        self.blocks = blocks
+        self.open_files = open_files
+        self.fetcher = fetcher
+        self.on_damage = on_damage
         self.space = space
         self.journal = journal
         self._open_for_writing = open_for_writing
-        self.block_size = blocks.block_size
+        self.block_size = fetcher.block_size
         self.copy_chunk = max(copy_chunk, self.block_size)
         #: Threads of copies, syncs and deletes (several relocates may run at once).
         self.io_limiter = trio.CapacityLimiter(COPY_THREADS)
@@ -344,10 +351,32 @@ class DataMovement:
         self._deleting_in_background = True
         nursery.start_soon(self._delete_old_copies)
 
+    def inode(self, ino: int) -> Inode | None:
+        """The file as it is now: the in-memory inode of a file in use, else
+        LMDB's (None: no such inode)."""
+        return self.open_files.live_inode(ino) or self.meta.get_inode(ino)
+
+    def residency(self, ino: int) -> dict[int, int]:
+        """The file's bytes on each tier (tier -> bytes), from memory."""
+        return self.meta.residency(ino)
+
+    def hold(self, ino: int) -> CachedFile | None:
+        """Keep the file's open state (its block map and cache-file fds)
+        alive until ``let_go``, so that an open soon after finds it ready
+        (None: not a regular file any more)."""
+        inode = self.inode(ino)
+        if inode is None or not inode.is_file:
+            return None
+        return self.open_files.acquire(inode)
+
+    def let_go(self, cf: CachedFile) -> None:
+        """The end of a ``hold``."""
+        self.open_files.release(cf)
+
     # --- helpers -----------------------------------------------------------------------
 
     def _file(self, ino: int) -> Inode:
-        inode = self.blocks.live_inode(ino) or self.meta.get_inode(ino)
+        inode = self.inode(ino)
         if inode is None:
             raise NotFound(f"inode {ino}")
         if inode.is_dir:
@@ -362,7 +391,7 @@ class DataMovement:
 
     def _block_map(self, ino: int) -> dict[int, BlockRecord]:
         """The file's block map: the open CachedFile's, or LMDB's."""
-        cf = self.blocks.files.get(ino)
+        cf = self.open_files.files.get(ino)
         return dict(cf.blocks) if cf is not None else self.meta.get_blocks(ino)
 
     def _nblocks(self, size: int) -> int:
@@ -410,7 +439,7 @@ class DataMovement:
         Returns the bytes that became resident (fetched by this fill, or by
         a demand read it shared a fetch with).  Of a file with changes not
         uploaded yet, fetched blocks are recorded with the file's next
-        commit, as for a demand read (see ``BlockCache._store_fetched``)."""
+        commit, as for a demand read (see ``Fetcher._store_fetched``)."""
         return (await self.fill_range(ino, tier, blocks=blocks, priority=priority)).nbytes
 
     async def fill_range(
@@ -427,7 +456,7 @@ class DataMovement:
         inode = self._file(ino)
         if tier is not None:
             self._check_tier(tier)
-        cf = self.blocks.acquire(inode)
+        cf = self.open_files.acquire(inode)
         try:
             nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
             candidates = blocks if blocks is not None else range(nblocks)
@@ -436,7 +465,7 @@ class DataMovement:
                 cf.blocks[b].nbytes for b in candidates if 0 <= b < nblocks and b in cf.blocks
             )
             for start in range(0, len(wanted), FILL_BATCH):
-                await self.blocks.fill(cf, wanted[start : start + FILL_BATCH], tier, priority)
+                await self.fetcher.fill(cf, wanted[start : start + FILL_BATCH], tier, priority)
             nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
             return FillOutcome(
                 nbytes=sum(cf.blocks[b].nbytes for b in wanted if b in cf.blocks),
@@ -444,13 +473,13 @@ class DataMovement:
                 present=present,
             )
         finally:
-            self.blocks.release(cf)
+            self.open_files.release(cf)
 
     # --- evict ---------------------------------------------------------------------------
 
     def busy_reason(self, ino: int) -> str | None:
         """Why the file's local copies must not be dropped now, or None."""
-        if self.blocks.is_busy(ino):
+        if self.open_files.is_busy(ino):
             return "it is open or has a fetch or an upload in flight"
         if self.journal.pending_upload(ino):
             return "it has changes not uploaded yet"
@@ -496,11 +525,11 @@ class DataMovement:
         if src == dst:
             raise InvalidArgument("relocate: source and destination are the same tier")
         inode = self._file(ino)
-        cf = self.blocks.acquire(inode)
+        cf = self.open_files.acquire(inode)
         try:
             return await self._relocate(cf, src, dst, throttle)
         finally:
-            self.blocks.release(cf)
+            self.open_files.release(cf)
 
     async def _relocate(self, cf: CachedFile, src: int, dst: int, throttle: Throttle | None) -> int:
         await self._wait_unfenced(cf)
@@ -595,7 +624,7 @@ class DataMovement:
         return moved
 
     def _block_failed(self, cf: CachedFile, blockno: int, rec: BlockRecord, src_tier: int) -> None:
-        self.blocks.stats.verify_failures += 1
+        self.open_files.stats.verify_failures += 1
         if not rec.dirty:
             log.error(
                 "checksum mismatch in cached block %d of inode %d on tier %s while moving it: "
@@ -604,9 +633,9 @@ class DataMovement:
                 cf.ino,
                 self.tiers[src_tier].name,
             )
-            self.blocks.drop_damaged_clean(cf, blockno)
+            self.open_files.drop_damaged_clean(cf, blockno)
             return
-        self.blocks.on_damage(cf.ino, blockno, src_tier, "a move between tiers")
+        self.on_damage(cf.ino, blockno, src_tier, "a move between tiers")
         raise BlockDamaged(
             f"inode {cf.ino}: block {blockno} (written here, not uploaded yet) failed its "
             "checksum on the tier; the file is not moved",
@@ -625,7 +654,7 @@ class DataMovement:
                 tx.add_block(cf.ino, blockno, rec)
         for blockno, rec in new:
             cf.blocks[blockno] = rec
-        self.blocks.forget_verified(cf.ino, [b for b, _r in new])
+        self.open_files.forget_verified(cf.ino, [b for b, _r in new])
         # The eviction bookkeeping follows the bytes (``SpaceManager``).
         src = moved[0][1].tier
         self.space.block_added(cf.ino, dst, used=cf.opened)
@@ -654,7 +683,7 @@ class DataMovement:
         finally:
             for old in batch:
                 old.cf.fenced_tier = None
-                self.blocks.release(old.cf)
+                self.open_files.release(old.cf)
 
     async def _delete_old_copies(self) -> None:
         """Background (``start``): unlink the queued old copies, all that
@@ -673,7 +702,7 @@ class DataMovement:
             self._deleting_in_background = False
             for old in self._old_copies:
                 old.cf.fenced_tier = None
-                self.blocks.release(old.cf)
+                self.open_files.release(old.cf)
             self._old_copies = []
 
     async def _delete_old_copy(
@@ -684,9 +713,9 @@ class DataMovement:
         if not left_on_src and cf.refs == 1 and not cf.flights and cf.fenced_tier is None:
             # Nobody else has it open.  Fenced, so that nothing places a
             # block in the file while the thread unlinks it.
-            self.blocks.close_cache_fds(cf, src)
+            self.open_files.close_cache_fds(cf, src)
             cf.fenced_tier = src
-            self.blocks.acquire(cf.inode)  # the unlink's own reference
+            self.open_files.acquire(cf.inode)  # the unlink's own reference
             old = _OldCopy(cf, src, switched_before)
             if self._deleting_in_background:
                 self._old_copies.append(old)

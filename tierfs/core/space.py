@@ -239,6 +239,10 @@ class SpaceManager:
 
     # --- eviction bookkeeping ------------------------------------------------------------
 
+    def tracks(self, ino: int) -> bool:
+        """Has ``ino`` bytes on some tier (the trackers, in memory)?"""
+        return any(ino in tracker for tracker in self.trackers)
+
     def _rebuild_trackers(self) -> None:
         """At mount: every resident file, least recently accessed first, as
         not yet used (an insert at mount is no open: a file's first open

@@ -87,7 +87,7 @@ with every rename or removal), a flush of the whole mount works out no keys, and
 flush's wait is narrowed by the journal as entries end
 (``Journal.wait_done``).  Measured after: marking clean 17% (LMDB write
 11.5%), the thread hop 17%, the file's inode record 9%, the uploader's loop
-7%, ``entry_keys`` 6%, the shadow ledger 5.5%, ``BlockCache.acquire`` 4%;
+7%, ``entry_keys`` 6%, the shadow ledger 5.5%, ``OpenFiles.acquire`` 4%;
 the flush of the 2,000 files then ran at about the rate of ``s5cmd cp``
 of the same files (6.5 s against 6.3 s).  Since then the shadow ledger is
 read inside the batch's transaction (``_mark_clean``), not in a read
@@ -132,10 +132,11 @@ from tierfs.store import ObjectStore, abort_stale_uploads
 from tierfs.store.breaker import CircuitBreaker
 from tierfs.tiers.tier import Tier
 
-from .blockcache import BlockCache, CachedFile
+from .blockwrites import BlockWrites
 from .damage import DamageLog
 from .journal import Entry, Journal
 from .namespace import Namespace
+from .openfiles import CachedFile, OpenFiles
 from .shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
 from .store_threads import StoreThreads
 
@@ -249,7 +250,8 @@ class Sync:
         tiers: list[Tier],
         journal: Journal,
         namespace: Namespace,
-        blocks: BlockCache,
+        open_files: OpenFiles,
+        block_writes: BlockWrites,
         damage: DamageLog,
         store_threads: StoreThreads,
         *,
@@ -263,7 +265,8 @@ class Sync:
         self.tiers = tiers
         self.journal = journal
         self.namespace = namespace
-        self.blocks = blocks
+        self.open_files = open_files
+        self.block_writes = block_writes
         self.damage = damage
         self.store_threads = store_threads
         self.store_limiter = store_limiter
@@ -293,20 +296,20 @@ class Sync:
 
     async def commit(self, cf: CachedFile, *, sync: bool) -> None:
         """Make the file's writes durable on the local tier (``sync``: also
-        fdatasync), with the digests of its dirty blocks (``BlockCache.seal``),
+        fdatasync), with the digests of its dirty blocks (``BlockWrites.seal``),
         and its upload owed in the journal.  ``sync`` commits the whole
         metadata group, so every namespace change made before it (the
         file's create, a parent directory made just before) is durable too."""
         if sync:
-            await self.blocks.sync_data(cf)
-        await self.blocks.seal(cf)  # digests of the dirty blocks, committed with them
+            await self.block_writes.sync_data(cf)
+        await self.block_writes.seal(cf)  # digests of the dirty blocks, committed with them
         if cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None:
             with self.journal.write() as w:
-                self.blocks.commit_records(cf, w.tx)
+                self.block_writes.commit_records(cf, w.tx)
                 w.tx.put_inode(cf.inode)
                 if cf.inode.state != SyncState.CLEAN:
                     w.ensure_upload(cf.ino)
-            self.blocks.committed(cf)
+            self.block_writes.committed(cf)
         if sync:
             self.meta.sync()  # also what earlier closes left in the group
 
@@ -506,7 +509,7 @@ class Sync:
         # Keys change only with a rename or a removal, which bump this.
         namespace_gen = self.journal.namespace_gen
         entry["running_key"] = key
-        cf = self.blocks.acquire(inode)
+        cf = self.open_files.acquire(inode)
         try:
             # Provisional attributes never go up (``Namespace.settle_provisional``).
             await self.namespace.settle_provisional(cf.inode, self.journal.read_origin(ino))
@@ -521,11 +524,11 @@ class Sync:
                 digests: dict[int, int] = {}
                 size = len(cf.inode.symlink_target)
             else:
-                await self.blocks.make_local(cf)
+                await self.block_writes.make_local(cf)
                 if version != cf.version:
                     self._retry_changed(seq)
                     return
-                source = self.blocks.upload_source(cf, self.upload_part_concurrency)
+                source = self.block_writes.upload_source(cf, self.upload_part_concurrency)
                 size = source.size
                 part_size = self._part_size(size)
                 one_put = size <= part_size
@@ -573,7 +576,7 @@ class Sync:
                     self._retry_changed(seq)
                 return
         finally:
-            self.blocks.release(cf)
+            self.open_files.release(cf)
 
     def _retry_changed(self, seq: int) -> None:
         """The file changed under its upload: go again after ``upload_delay``,
@@ -605,7 +608,7 @@ class Sync:
                 cf.ino,
                 self.tiers[rec.tier].name,
             )
-            self.blocks.drop_damaged_clean(cf, exc.blockno)
+            self.open_files.drop_damaged_clean(cf, exc.blockno)
             self.journal.retry_later(seq, RETRY_BASE)
             return
         self.damage.block_damaged(cf.ino, exc.blockno, rec.tier, "its upload")
@@ -720,7 +723,7 @@ class Sync:
                         )
                         cf.blocks[blockno] = clean
                         w.tx.add_block(inode.ino, blockno, clean)
-                        self.blocks.mark_verified(inode.ino, blockno)
+                        self.open_files.mark_verified(inode.ino, blockno)
                 if cf.truncated_from is not None:
                     w.tx.drop_blocks_from(inode.ino, cf.truncated_from)
                 inode.state = SyncState.CLEAN
@@ -735,7 +738,7 @@ class Sync:
                 marked.append(done)
         for done in marked:
             done.marked = True
-            self.blocks.committed(done.cf)
+            self.block_writes.committed(done.cf)
 
     # --- other entries ----------------------------------------------------------------------------
 
@@ -935,7 +938,7 @@ class Sync:
         returns the number of journal entries waited for."""
         inode = await self.namespace.resolve(relpath)
         prefix = self.namespace.key_of(inode) if inode.ino != 1 else ""
-        for cf in list(self.blocks.files.values()):
+        for cf in list(self.open_files.files.values()):
             if cf.inode.state != SyncState.CLEAN:
                 await self.commit(cf, sync=False)
         if not prefix:  # the whole mount: every entry, no keys to work out

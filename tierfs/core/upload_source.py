@@ -2,7 +2,7 @@
 for the uploader.
 
 Invariants: it reads only through the fds it was given (snapshotted on the
-loop by ``BlockCache.upload_source``; the caller keeps them open by holding
+loop by ``BlockWrites.upload_source``; the caller keeps them open by holding
 the CachedFile), touches no other shared state, and never returns the bytes
 of a whole block whose record carries a digest unless they match it (a
 mismatch raises ``BlockDamaged`` and the upload is aborted before the object

@@ -115,10 +115,11 @@ from tierfs.errors import (
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.tiers.tier import Tier
 
-from .blockcache import BlockCache, CachedFile
+from .blockwrites import BlockWrites
 from .handles import Handle, Handles
 from .journal import Journal, JournalWriter, child_key
 from .namespace import NAME_MAX, Namespace
+from .openfiles import CachedFile, OpenFiles
 from .posix_attrs import (
     AccessTimes,
     Caller,
@@ -162,7 +163,8 @@ class FileWrites:
         tiers: list[Tier],
         journal: Journal,
         namespace: Namespace,
-        blocks: BlockCache,
+        open_files: OpenFiles,
+        block_writes: BlockWrites,
         space: SpaceManager,
         handles: Handles,
         sync: Sync,
@@ -182,7 +184,8 @@ class FileWrites:
         self.tiers = tiers
         self.journal = journal
         self.namespace = namespace
-        self.blocks = blocks
+        self.open_files = open_files
+        self.block_writes = block_writes
         self.space = space
         self.handles = handles
         self.sync = sync
@@ -369,7 +372,7 @@ class FileWrites:
         if inode.is_dir:
             raise IsADirectory(name.decode(errors="replace"))
         key = child_key(self.namespace.key_of(dir_inode), name)
-        busy = self.blocks.is_busy(inode.ino)
+        busy = self.open_files.is_busy(inode.ino)
         tiers: list[int] = []
         with self.journal.reshaping() as w:
             parent_inode = w.tx.get_inode(parent)
@@ -466,7 +469,7 @@ class FileWrites:
             inode = self.namespace.get(inode.ino)  # the listing updated its record
         old_key = child_key(self.namespace.key_of(src_dir), old_name)
         target_tiers: list[int] = []
-        target_busy = target is not None and self.blocks.is_busy(target.ino)
+        target_busy = target is not None and self.open_files.is_busy(target.ino)
         with self.journal.reshaping() as w:
             if target is not None:
                 w.tx.unlink(new_parent, new_name)
@@ -557,7 +560,7 @@ class FileWrites:
             for name, child in w.tx.children(inode.ino):
                 # Inside the write transaction: a separate read would not see
                 # what this transaction already changed.
-                child_inode = self.blocks.live_inode(child) or w.tx.get_inode(child)
+                child_inode = self.open_files.live_inode(child) or w.tx.get_inode(child)
                 assert child_inode is not None
                 old_child, new_child = child_key(old, name), child_key(new, name)
                 if child_inode.is_dir:
@@ -569,7 +572,7 @@ class FileWrites:
         """Are all bytes the origin still provides present locally?"""
         bs = self.config.fetch.block_size
         needed = (min(inode.origin_size, inode.size) + bs - 1) // bs
-        cf = self.blocks.files.get(inode.ino)
+        cf = self.open_files.files.get(inode.ino)
         blocks = cf.blocks if cf is not None else self.meta.get_blocks(inode.ino)
         return all(b in blocks for b in range(needed))
 
@@ -592,7 +595,7 @@ class FileWrites:
             raise PermissionDenied("file handle is not open for writing")
         cf = handle.cached
         await self._make_dirty(cf)
-        written = await self.blocks.write(cf, offset, data)
+        written = await self.block_writes.write(cf, offset, data)
         self.sync.content_changed_locally(cf.ino)
         cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
         self.drop_privileges(handle)
@@ -616,17 +619,17 @@ class FileWrites:
             raise IsADirectory(f"inode {inode.ino} is a directory")
         if not inode.is_file:
             raise InvalidArgument(f"inode {inode.ino} is not a regular file")
-        cf = self.blocks.acquire(inode)
+        cf = self.open_files.acquire(inode)
         try:
             await self._make_dirty(cf)
             self.sync.content_changed_locally(cf.ino)
-            await self.blocks.truncate(cf, size)
+            await self.block_writes.truncate(cf, size)
             cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
             await self.sync.commit(cf, sync=False)
             if not self.handles.writers.get(cf.ino):
                 self.journal.schedule(cf.ino, self.config.write.upload_delay)
         finally:
-            self.blocks.release(cf)
+            self.open_files.release(cf)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self.handles.get(fh)

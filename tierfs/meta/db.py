@@ -44,7 +44,7 @@ ONE write transaction, so they hold after every commit and after a crash):
   directory pins its subtree, which the lifecycle code resolves).  It goes
   with the inode, so a pin survives remounts and renames but not a delete.
 * ``failed[ino]`` exists only while ``ino`` exists: a file whose dirty block
-  failed its checksum (see ``core.blockcache``).  It goes when the inode is
+  failed its checksum (see ``core.blockcache``, damage).  It goes when the inode is
   deleted or when the file is uploaded again from bytes that all verify.
 * A block record exists only after its bytes were written to the cache file
   (the caller's duty: write, then ``add_block``).  The reverse is allowed: a

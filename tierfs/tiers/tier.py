@@ -74,6 +74,10 @@ class _StatfsAnswer:
     used: int
 
 
+#: O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
+DIRECT_ALIGN = 4096
+
+
 def pread_padded(fd: int, nbytes: int, offset: int) -> bytes:
     """``nbytes`` of a cache file at ``offset``; bytes past the file's end
     (never written) read as zeros."""

@@ -210,7 +210,7 @@ class DirectoryReadahead:
         if ino in self._filled:
             del self._filled[ino]
             self.hits += 1
-        inode = self.fs.blocks.live_inode(ino)
+        inode = self.fs.movement.inode(ino)
         if inode is None or not inode.is_file:
             return
         dir_ino = inode.parent
@@ -302,7 +302,7 @@ class DirectoryReadahead:
         For a file of one block that is the whole file; a bigger one with
         some other block resident is not fetched ahead either (its
         handle's readahead fetches what is missing once it is opened)."""
-        return any(ino in tracker for tracker in self.fs.space.trackers)
+        return self.fs.space.tracks(ino)
 
     def _start(self, dir_ino: int, cookie: int) -> None:
         """A stream of ``dir_ino`` starts at ``cookie`` (a wrong guess
@@ -335,7 +335,7 @@ class DirectoryReadahead:
             stream = self._streams.get(dir_ino)
             if stream is None or stream.generation != generation:
                 continue
-            inode = self.fs.blocks.live_inode(ino) or self.meta.get_inode(ino)
+            inode = self.fs.movement.inode(ino)
             if inode is None or not inode.is_file or not inode.origin_key:
                 continue
             # Remembered from the start of the fill: an open while it runs

@@ -208,7 +208,7 @@ class Mover:
             return False
         tier = self.fs.tiers[src]
         leaving = sum(
-            self.fs.meta.residency(ino).get(src, 0)
+            self.movement.residency(ino).get(src, 0)
             for ino, running in self._running.items()
             if running.move.src_tier == src
         )
@@ -283,7 +283,7 @@ class Mover:
     async def _promote(self, promotion: Promotion) -> None:
         space = self.fs.space
         tier = self.fs.tiers[promotion.dst]
-        nbytes = self.fs.meta.residency(promotion.ino).get(promotion.src, 0)
+        nbytes = self.movement.residency(promotion.ino).get(promotion.src, 0)
         if not nbytes:
             return
         if space.used(tier.index) + nbytes > mark(tier.capacity, tier.high_watermark):

@@ -7,7 +7,7 @@ position from their opens and keeps a bounded *window* of the next files
 resident ahead of them, through ``DataMovement.fill(..., priority=FetchPriority.AHEAD)``:
 demand reads go first and share in-flight fetches, but unlike preload the
 fills are not held to the background half of the fetch slots (see
-"Priority" in ``tierfs.core.blockcache``).  Why: the readers of an epoch
+"Priority" in ``tierfs.core.fetcher``).  Why: the readers of an epoch
 keep one GET each in flight (8 DataLoader workers, 8 GETs); the window is
 worth something only if it keeps more in flight than they do, so it runs
 up to ``tasks`` fills at once: all of ``fetch.concurrency`` (32 by
@@ -96,8 +96,8 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.blockcache import CachedFile
 from tierfs.core.fetch_slots import FetchPriority
+from tierfs.core.openfiles import CachedFile
 from tierfs.errors import IsADirectory, TierfsError, describe
 from tierfs.meta import Inode
 
@@ -384,21 +384,13 @@ class Prefetcher:
         self._demote_passed(order)
         self._changed.set()
 
-    def _hold(self, ino: int) -> CachedFile | None:
-        """A reference to the file's CachedFile (None: not a file any more)."""
-        blocks = self.fs.blocks
-        inode = blocks.live_inode(ino) or self.fs.meta.get_inode(ino)
-        if inode is None or not inode.is_file:
-            return None
-        return blocks.acquire(inode)
-
     def _let_go(self, positions: list[int]) -> None:
         for position in positions:
             cf, _filled_at = self._held.pop(position)
-            self.fs.blocks.release(cf)
+            self.movement.let_go(cf)
 
     def _resident(self, ino: int, size: int) -> bool:
-        return sum(self.fs.meta.residency(ino).values()) >= size
+        return sum(self.movement.residency(ino).values()) >= size
 
     def _demote_passed(self, order: _Order) -> None:
         """Files opened behind the slowest recent reader: first to go."""
@@ -475,7 +467,7 @@ class Prefetcher:
         held: CachedFile | None = None
         try:
             with scope:
-                held = self._hold(order.inos[position])
+                held = self.movement.hold(order.inos[position])
                 nbytes = await self.movement.fill(
                     order.inos[position], priority=FetchPriority.AHEAD
                 )
@@ -502,7 +494,7 @@ class Prefetcher:
                     held = None
                 self._changed.set()
             if held is not None:
-                self.fs.blocks.release(held)
+                self.movement.let_go(held)
 
     # --- status --------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ all busy samples):
 1. LMDB reads per file: ``MetaDB.get_inode`` alone 14% of the loop (its
    ``txn.get`` releases the GIL and waits to get it back from 32 fetch
    threads), plus the block map read twice (``movement.check`` here, then
-   ``BlockCache.acquire``): 3 inode/block-map reads per file, 2 of them
+   ``OpenFiles.acquire``): 3 inode/block-map reads per file, 2 of them
    redundant;
 2. ``SpaceManager.reserve``: 10%, half of it ``MetaDB.tier_usage`` (one
    LMDB read per block);
@@ -98,7 +98,7 @@ table in memory (see "Tier usage in memory" there): the usage is still
 written in the same LMDB transaction as the block records, so a kill -9
 mid-batch loses the uncommitted group's records and usage together and
 nothing else (``tests/unit/test_meta.py``).  Then 5.0-6.2 ms after (3): the
-GET hop no longer renames the thread (``blockcache._run_unnamed_in_thread``).
+GET hop no longer renames the thread (``thread_hop``).
 Per-file bookkeeping was already batched: block records join the metadata
 group and reach the disk with its commit (``MetaDB`` "Group commit"), one
 fdatasync for all the files of 0.2 s, and the cache file is created in the
