@@ -40,12 +40,12 @@ async def test_placement_follows_a_rename(make_fs: Any) -> None:
         await fs.mkdir(ROOT_INO, name, 0o755, 0, 0)
     ino = await mount.write_file("scratch/a.bin", data(2 * MiB, 3))
     assert fs.meta.residency(ino) == {HDD: 2 * MiB}
-    assert fs.lifecycle.rule_of(ino) is not None
+    assert fs.policies.rule_of(ino) is not None
 
     scratch = await fs.namespace.resolve("scratch")
     other = await fs.namespace.resolve("other")
     await fs.rename(scratch.ino, b"a.bin", other.ino, b"a.bin", 0)
-    assert fs.lifecycle.rule_of(ino) is None  # the cached answer went with the rename
+    assert fs.policies.rule_of(ino) is None  # the cached answer went with the rename
     await mount.write_file("other/a.bin", data(2 * MiB, 5))
     assert fs.meta.residency(ino) == {NVME: 2 * MiB}
     assert await mount.read_file("other/a.bin") == data(2 * MiB, 5)
@@ -66,12 +66,12 @@ async def test_a_pinned_directory_pins_what_is_created_in_it_later(
         "fetched_bytes": 3 * MiB,
     }
     x = await fs.namespace.resolve("ds/x.bin")
-    assert fs.lifecycle.pinned_tier(x.ino) == NVME
+    assert fs.policies.pinned_tier(x.ino) == NVME
     assert fs.meta.residency(x.ino) == {NVME: 3 * MiB}
     new = await mount.write_file("ds/new.bin", b"later")
-    assert fs.lifecycle.pinned_tier(new) == NVME
+    assert fs.policies.pinned_tier(new) == NVME
     assert (await fs.lifecycle.unpin_path("ds"))["was_pinned"] is True
-    assert fs.lifecycle.pinned_tier(new) is None and fs.lifecycle.pinned_tier(x.ino) is None
+    assert fs.policies.pinned_tier(new) is None and fs.policies.pinned_tier(x.ino) is None
 
 
 async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(

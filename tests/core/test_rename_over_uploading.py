@@ -191,7 +191,7 @@ async def test_a_crash_while_the_replaced_file_uploads_keeps_the_renamed_one(
     await fs.rename(ROOT_INO, b"a", ROOT_INO, b"dd", 0)
     assert fs.meta.get_inode(dd_ino) is not None and dd_ino in fs.journal.upload_seq
     fs.meta.sync()
-    fs.open_files.on_idle = lambda ino: None  # the crash: the replaced inode is never removed
+    fs.open_files.idle_listeners.clear()  # the crash: the replaced inode is never removed
     gated.put_gate.set()  # (the held PUT may land or not: the stop waits for its thread)
     await mount.aclose()
 

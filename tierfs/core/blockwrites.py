@@ -17,7 +17,7 @@ A write to an absent block that holds origin bytes it does not fully cover
 fetches the block first (read-modify-write, ``BlockCache.ensure``).
 Nothing is written if space cannot be found (NoSpace), so a failed write
 never leaves a torn block.  Dirty blocks are never evicted: when every
-tier is full of them the writer waits for uploads (``on_space_pressure``)
+tier is full of them the writer waits for uploads (``on_space_pressure``: ``Journal.hurry``)
 up to ``write.space_wait``, then gets ENOSPC.
 
 Dirty-block digests.  A dirty block's digest is recorded when its bytes are
@@ -59,7 +59,7 @@ import dataclasses
 import mmap
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -79,10 +79,6 @@ from .upload_source import UploadSource
 DIRECT_WRITE_MIN = 256 * 1024
 
 
-async def _nothing() -> None:
-    return None
-
-
 class BlockWrites:
     """The write path of blocks (see the module docstring)."""
 
@@ -95,7 +91,7 @@ class BlockWrites:
         *,
         block_size: int,
         write_space_timeout: float = 60.0,
-        on_space_pressure: Callable[[], Awaitable[None]] = _nothing,
+        on_space_pressure: Callable[[], None] = lambda: None,
     ) -> None:
         """``reads``: for the read-modify-write of partly covered blocks;
         ``on_space_pressure``: ask the uploader to hurry (space is short)."""
@@ -307,7 +303,7 @@ class BlockWrites:
                 return tier
             if trio.current_time() >= deadline:
                 raise NoSpace("no tier has room for new data, and nothing can be freed")
-            await self.on_space_pressure()
+            self.on_space_pressure()
             await trio.sleep(0.05)
 
     def _release_reservation(self, cf: CachedFile, blockno: int) -> None:

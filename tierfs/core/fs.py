@@ -16,34 +16,34 @@ readdir hands out are kept with the inode records they were built from
 (``attrcache``): a warm listing decodes only the inodes that changed.
 
 Composition.  TierFS is built from parts, each given its collaborators at
-construction, in this order (``__init__``; a part only calls parts built
-before it, and calls back up only through the callbacks it was given):
+construction, in the order of their dependencies (``__init__``; a part only
+calls parts built before it):
 
-    journal    the durable queue of bucket mutations (``journal``)
-    damage     what a block that fails its checksum does (``damage``)
-    space      placement of blocks on tiers, emergency eviction (``space``)
-    open_files the files in use, their fds, checked blocks (``openfiles``)
-    fetcher    filling absent blocks from the bucket (``fetcher``)
-    blocks     serving reads from the tiers, checks, readahead (``blockcache``)
+    journal       the durable queue of bucket mutations (``journal``)
+    clock         the lifecycle's clock: access times and rule ages (``clock``)
+    tasks         starts the parts' background tasks (``supervisor``)
+    open_files    the files in use, their fds, checked blocks (``openfiles``)
+    namespace     names, listings, revalidation (``namespace``)
+    damage        what a block that fails its checksum does (``damage``)
+    policies      rules and pins per file: placement, promotion (``policies``)
+    space         placement of blocks on tiers, emergency eviction (``space``)
+    fetcher       filling absent blocks from the bucket (``fetcher``)
+    blocks        serving reads from the tiers, checks, readahead (``blockcache``)
     block_writes  the blocks of writes: write, truncate, seal (``blockwrites``)
-    namespace  names, listings, revalidation (``namespace``)
-    handles    open file handles and writers (``handles``)
-    sync       local commits, journal execution, flush, upload (``sync``)
-    writes     POSIX mutations (``writes``)
-    movement   fill / relocate / evict / check of a file's blocks (``movement``)
-    lifecycle  rules, pins, placement, promotion requests, the plan (``lifecycle``)
+    handles       open file handles and writers (``handles``)
+    sync          local commits, journal execution, flush, upload (``sync``)
+    writes        POSIX mutations (``writes``)
+    movement      fill / relocate / evict / check of a file's blocks (``movement``)
+    lifecycle     the plan of moves, pin / evict / reload (``lifecycle``)
 
-The lifecycle clock (``clock``) is shared by ``space`` (access times) and
-``lifecycle`` (rule ages).  ``space``, ``blocks`` and ``writes`` ask the
-lifecycle (placement, ``cache = false``, promotion on access, ``write =
-"through"``) through TierFS methods passed to their constructors, since it is
-built after them.
-
-The callbacks that reach up (``space``'s busy check, ``blocks``'s idle and
-origin callbacks, ``namespace``'s spawn and drop callbacks, ``damage``'s
-path lookup) are bound methods of TierFS passed to the constructors.  The
-public async methods the FUSE layer, the control server and the workers call
-stay on TierFS and delegate to the parts.
+No part calls back into TierFS.  Two events climb up, and TierFS wires
+them to the parts that follow them at the end of ``__init__``: a file no
+longer in use (``OpenFiles.idle_listeners``: an unlinked file is deleted,
+``FileWrites.file_idle``), and a file the bucket changed or removed
+(``Namespace.drop_listeners``: the space accounting, the open-file table
+and the kernel's pages, ``Handles.content_dropped``).  The public async
+methods the FUSE layer, the control server and the workers call stay on
+TierFS and delegate to the parts.
 """
 
 from __future__ import annotations
@@ -79,11 +79,12 @@ from .lifecycle import Lifecycle
 from .movement import DataMovement
 from .namespace import Identity, Namespace
 from .openfiles import OpenFiles
+from .policies import FilePolicies
 from .posix_attrs import AccessTimes, Caller, UnlinkedInodes
 from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
 from .space import SpaceManager
 from .store_threads import StoreThreads
-from .supervisor import FatalWorkerError, Supervisor
+from .supervisor import BackgroundTasks, FatalWorkerError, Supervisor
 from .sync import Sync
 from .writes import FileWrites
 
@@ -143,7 +144,6 @@ class TierFS:
         #: and, if the flag is true, its cached pages too.
         self.invalidate_kernel_cache = invalidate_kernel_cache
         self._trio_token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
         #: Runs every background task of the daemon (see ``supervisor``).
         self.supervisor = Supervisor()
         #: Extra sections of ``status()``: name -> a function returning plain
@@ -154,21 +154,39 @@ class TierFS:
         # The parts, in dependency order (see the module docstring).
         self.journal = Journal(meta)
         self._orphans = self.journal.orphans
-        self.damage = DamageLog(meta, tiers, config.fetch.block_size, path_of=self.path_of)
         self.clock = Clock()
-        self.space = SpaceManager(
-            tiers,
-            meta,
-            is_busy=self._not_evictable,
-            clock=self.clock,
-            placement=self._placement,
-            on_tier_full=self._tier_full,
-        )
+        self.tasks = BackgroundTasks(self.supervisor)
         self.open_files = OpenFiles(
             meta,
             tiers,
             RecentBlocks.sized_for(config.fetch.block_size, config.fetch.readahead_max),
-            on_idle=self._file_idle,
+            self.journal,
+        )
+        self.namespace = Namespace(
+            meta,
+            store,
+            ns,
+            self.identity,
+            self.store_limiter,
+            live_inode=self.open_files.live_inode,
+            being_deleted=self.journal.being_deleted,
+            watch_deletes=self.journal.watch_deletes,
+            protects=self.journal.protects,
+            attrs_owed=self.journal.attrs_owed,
+            shape_generation=lambda: self.journal.namespace_gen,
+            spawn=self.tasks.spawn,
+        )
+        self.damage = DamageLog(
+            meta, tiers, config.fetch.block_size, path_of=self.namespace.path_of
+        )
+        self.policies = FilePolicies(config, meta, tiers, self.journal, self.namespace)
+        self.space = SpaceManager(
+            tiers,
+            meta,
+            is_busy=self.open_files.not_evictable,
+            clock=self.clock,
+            placement=self.policies.store_tier,
+            on_tier_full=self.policies.wake_mover,
         )
         self.fetcher = Fetcher(
             meta,
@@ -178,7 +196,7 @@ class TierFS:
             self.open_files,
             block_size=config.fetch.block_size,
             fetch_concurrency=config.fetch.concurrency,
-            revalidate_origin=self._revalidate_origin,
+            revalidate_origin=self.namespace.revalidate_now,
         )
         self.blocks = BlockCache(
             meta,
@@ -188,7 +206,7 @@ class TierFS:
             block_size=config.fetch.block_size,
             readahead_max=config.fetch.readahead_max,
             on_damage=self.damage.block_damaged,
-            on_slow_tier_read=self._slow_tier_read,
+            on_slow_tier_read=self.policies.slow_tier_read,
         )
         self.block_writes = BlockWrites(
             tiers,
@@ -197,24 +215,16 @@ class TierFS:
             self.blocks,
             block_size=config.fetch.block_size,
             write_space_timeout=config.write.space_wait,
-            on_space_pressure=self._space_pressure,
+            on_space_pressure=self.journal.hurry,
         )
-        self.namespace = Namespace(
-            meta,
-            store,
-            ns,
-            self.identity,
-            self.store_limiter,
-            on_drop=self._blocks_dropped,
-            live_inode=self.open_files.live_inode,
-            being_deleted=self.journal.being_deleted,
-            watch_deletes=self.journal.watch_deletes,
-            protects=self.journal.protects,
-            attrs_owed=self.journal.attrs_owed,
-            shape_generation=lambda: self.journal.namespace_gen,
-            spawn=self._spawn,
+        self.handles = Handles(
+            self.open_files,
+            self.blocks,
+            self.space,
+            self.journal,
+            self.tasks,
+            invalidate_kernel_cache,
         )
-        self.handles = Handles(self.open_files, self.blocks, self.space, self.journal)
         #: POSIX atime, relatime, batched (see ``posix_attrs``).
         self.access_times = AccessTimes(meta)
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
@@ -251,7 +261,7 @@ class TierFS:
             self.handles,
             self.sync,
             control_xattr=self.control_xattr,
-            write_through=self._write_through,
+            write_through=self.policies.write_through,
             access_times=self.access_times,
             unlinked=self.unlinked,
         )
@@ -271,51 +281,28 @@ class TierFS:
             tiers,
             self.journal,
             self.namespace,
+            self.policies,
             self.space,
             self.movement,
             self.clock,
             open_for_write=self.handles.open_for_writing,
         )
+
+        # Events that climb up: each goes to the parts that follow it.
+        self.open_files.idle_listeners.append(self.writes.file_idle)
+        self.namespace.drop_listeners += [
+            self.space.content_dropped,
+            self.open_files.content_dropped,
+            self.handles.content_dropped,
+        ]
         if self.endpoint is not None:
             self.endpoint.add_listener(self._endpoint_changed)
-
-    # Lifecycle answers for parts built before it (see the module docstring).
-
-    def _placement(self, ino: int) -> int | None:
-        return self.lifecycle.store_tier(ino)
-
-    def _tier_full(self) -> None:
-        self.lifecycle.wake_mover()
-
-    def _slow_tier_read(self, ino: int, tier: int) -> None:
-        self.lifecycle.slow_tier_read(ino, tier)
-
-    def _write_through(self, ino: int) -> bool:
-        return self.lifecycle.write_through(ino)
-
-    async def _revalidate_origin(self, ino: int) -> Inode | None:
-        """A GET's If-Match failed: HEAD the object now, whatever its
-        ``validated_at`` (``Fetcher`` ``revalidate_origin``)."""
-        inode = self.meta.get_inode(ino)
-        if inode is None or inode.state != SyncState.CLEAN:
-            return None
-        inode.validated_at = 0.0  # due now
-        inode, changed = await self.namespace.revalidate(inode)
-        return inode if changed else None
 
     def _revalidation_expired(self, inode: Inode) -> bool:
         """Is a clean file's ETag older than ``revalidate_ttl``?"""
         if inode.state != SyncState.CLEAN:
             return False
         return time.time() - inode.validated_at >= self.config.namespace.revalidate_ttl
-
-    def _not_evictable(self, ino: int) -> bool:
-        """The emergency eviction's skip: the data-movement API's check (built
-        after ``space``, so asked at call time)."""
-        return self.movement.busy_reason(ino) is not None
-
-    async def _space_pressure(self) -> None:
-        self.journal.hurry()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -326,7 +313,7 @@ class TierFS:
         runs under ``self.supervisor``: a failure restarts it."""
         self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.tasks.attach(nursery)
             self.fetcher.start(nursery)
             self.blocks.start(nursery)
             self.movement.start(nursery)
@@ -351,13 +338,6 @@ class TierFS:
             self.handles.open_observers.remove(on_open)
             if self.status_sections.get(section) == status:
                 del self.status_sections[section]
-
-    def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
-        """Start ``fn(*args)`` in the workers' nursery; False when none runs."""
-        if self._nursery is None:
-            return False
-        self._nursery.start_soon(fn, *args)
-        return True
 
     def _endpoint_changed(self, reachable: bool) -> None:
         """Breaker listener (any thread): the endpoint answers again, so what
@@ -663,21 +643,6 @@ class TierFS:
         finally:
             self.open_files.release(cf)
 
-    def _file_idle(self, ino: int) -> None:
-        """Nothing uses the file any more: an unlinked one goes away now.
-
-        Called by OpenFiles whenever the last user of a CachedFile lets go, be
-        it a handle's release, an upload or a fetch still in flight.
-        """
-        if ino not in self._orphans:
-            return
-        self._orphans.discard(ino)
-        self.journal.namespace_gen += 1
-        self.journal.wake()  # its object may be deleted now
-        with self.meta.write() as tx:
-            tiers = tx.delete_inode(ino)
-        self.writes.remove_cache_files(ino, tiers)
-
     async def readlink(self, ino: int) -> bytes:
         inode = self.namespace.get(ino)
         if not stat.S_ISLNK(inode.mode):
@@ -686,28 +651,7 @@ class TierFS:
 
     def path_of(self, ino: int) -> str:
         """The file's path in the mount, for messages."""
-        try:
-            return self.namespace.key_of(self.namespace.get(ino))
-        except (NotFound, KeyError):
-            return f"<inode {ino}>"
-
-    def _blocks_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
-        """Namespace callback: the bucket changed a file, or it vanished."""
-        inode = self.meta.get_inode(ino) if still_exists else None
-        if still_exists:
-            self.handles.stale_page_cache.add(ino)
-        else:
-            self.space.forget(ino)
-        self.open_files.content_changed(ino, tiers, inode)
-        if still_exists and self._nursery is not None:
-            self.supervisor.start_soon(
-                self._nursery,
-                "kernel_invalidation",
-                self.invalidate_kernel_cache,
-                ino,
-                True,
-                restart=False,
-            )
+        return self.namespace.path_of(ino)
 
     # --- extended attributes ---------------------------------------------------------------
 
@@ -751,7 +695,7 @@ class TierFS:
         if inode.is_dir:
             return await self._where_tree(inode, relpath)
         residency = self.meta.residency(inode.ino)
-        pin = self.lifecycle.pinned_tier(inode.ino)
+        pin = self.policies.pinned_tier(inode.ino)
         open_file = self.open_files.files.get(inode.ino)
         damaged = self.meta.failed_blocks(inode.ino)
         refused = self.sync.refusal_of(inode.ino)
@@ -794,7 +738,7 @@ class TierFS:
             if inode.state != SyncState.CLEAN or self.journal.pending_upload(inode.ino):
                 dirty_files += 1
                 dirty += inode.size
-            if self.lifecycle.pinned_tier(inode.ino) is not None:
+            if self.policies.pinned_tier(inode.ino) is not None:
                 pinned += 1
             if self.meta.failed_blocks(inode.ino) or self.sync.refusal_of(inode.ino):
                 failed += 1
@@ -903,7 +847,7 @@ class TierFS:
         return {
             "journal_entries": len(self.journal),
             "uploads_running": len(self.journal.running),
-            "promotions_queued": self.lifecycle.promotion_send.statistics().current_buffer_used,
+            "promotions_queued": self.policies.promotion_send.statistics().current_buffer_used,
             "fetches_in_flight": sum(len(cf.flights) for cf in self.open_files.files.values()),
         }
 

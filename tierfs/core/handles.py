@@ -37,7 +37,7 @@ return old or new bytes, or a mix of pages.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tierfs.errors import InvalidArgument
@@ -49,6 +49,7 @@ from .openfiles import CachedFile, OpenFiles
 from .posix_attrs import Caller
 from .results import OpenResult
 from .space import SpaceManager
+from .supervisor import BackgroundTasks
 
 
 @dataclass(slots=True)
@@ -68,11 +69,26 @@ class Handle:
     reads_through_cache: bool = False
 
 
+async def _no_kernel(ino: int, data: bool) -> None:
+    return None
+
+
 class Handles:
     def __init__(
-        self, open_files: OpenFiles, blocks: BlockCache, space: SpaceManager, journal: Journal
+        self,
+        open_files: OpenFiles,
+        blocks: BlockCache,
+        space: SpaceManager,
+        journal: Journal,
+        tasks: BackgroundTasks | None = None,
+        invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
     ) -> None:
+        """``invalidate_kernel_cache(ino, data)``: from the daemon, drop the
+        kernel's cached attributes of an inode and, if ``data``, its pages
+        (started as a task of ``tasks`` when the bucket changed a file)."""
         self.open_files = open_files
+        self.tasks = tasks
+        self.invalidate_kernel_cache = invalidate_kernel_cache
         self.blocks = blocks
         self.space = space
         self.journal = journal
@@ -94,6 +110,16 @@ class Handles:
 
     def open_for_writing(self, ino: int) -> bool:
         return ino in self.writers
+
+    def content_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
+        """Namespace event: the bucket changed the file (or it vanished).
+        The kernel's pages of a changed file are stale: dropped now, in the
+        background, and not kept at its next open."""
+        if not still_exists:
+            return
+        self.stale_page_cache.add(ino)
+        if self.tasks is not None:
+            self.tasks.spawn_once("kernel_invalidation", self.invalidate_kernel_cache, ino, True)
 
     def open(
         self,

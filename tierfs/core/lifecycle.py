@@ -1,21 +1,19 @@
-"""The lifecycle: the rules in force, pins, placement, and the plan of moves.
+"""The lifecycle: the plan of moves, and the commands that move data.
 
 This part decides; ``workers.mover`` carries the decisions out through the
 data-movement API (``core.movement``), and so do the ``evict`` and ``pin``
 commands here.  Nothing in this module touches block maps or tier files.
+What the rules and pins say of each file (placement, ``cache = false``,
+write-through, pins, promotion requests) is ``core.policies``, built
+before the data path so that it can ask it directly; this part changes
+them (``pin_path``, ``unpin_path``, ``reload``) and plans with them.
 
 What it holds
 -------------
-* ``rules``: the compiled ``[[rules]]`` (``policy.rules.RuleSet``).
-  ``reload()`` rereads the config file and its policy files; a file with any
+* ``reload()`` rereads the config file and its policy files; a file with any
   problem is rejected as a whole (``ConfigError``, every problem at its
   file:line) and the rules in force stay.  Only the rules are reread: other
   changes of the config need a remount, and a reload says so in the log.
-* Per-inode answers (``rule_of``, ``pinned_tier``): computed once per inode
-  and cached; the cache is dropped whole when the namespace changes shape
-  (``Journal.namespace_gen``: rename, unlink, rmdir), on a reload and on a
-  pin or unpin.  A read never globs: after the first access of a file its
-  rule costs one dict lookup.
 * Pins (``tierfs pin``): in LMDB (``MetaDB.pins``), so they survive
   remounts; a pinned directory pins everything below it, files created
   later included.  A rule with ``pin = true`` protects what it matches the
@@ -28,7 +26,7 @@ What it holds
   order.
 * The mover's state and counters (``MoverStatus``), which ``status`` shows.
 
-Placement (``placement``): the rule's ``place`` tier, else the first tier.
+Placement (``FilePolicies.placement``): the rule's ``place`` tier, else the first tier.
 New data (fetches and writes) goes to the first tier with room at or after
 it.  ``cache = false``: fetched blocks are served from memory and never
 stored (writes still land locally: the planner drops the copies once they
@@ -60,10 +58,10 @@ from typing import Any
 import trio
 
 from tierfs.config import Config, load_config
-from tierfs.errors import Busy, InvalidArgument, NoSpace, NotFound
-from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.errors import Busy, NoSpace, NotFound
+from tierfs.meta import ROOT_INO, MetaDB, SyncState
 from tierfs.policy.planner import FileFacts, Move, plan_moves, summarize
-from tierfs.policy.rules import RuleMatch, RuleSet, shadowed_rules
+from tierfs.policy.rules import RuleSet, shadowed_rules
 from tierfs.policy.watermarks import TierUsage
 from tierfs.tiers.tier import Tier
 
@@ -71,13 +69,10 @@ from .clock import Clock
 from .journal import Journal
 from .movement import DataMovement
 from .namespace import Namespace
+from .policies import FilePolicies
 from .space import SpaceManager
 
 log = logging.getLogger(__name__)
-
-#: Files waiting for promotion at most; more requests are dropped (the next
-#: read of the file asks again).
-PROMOTION_QUEUE = 256
 
 
 @dataclass(slots=True)
@@ -150,26 +145,6 @@ class MoverStatus:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class InodePolicy:
-    """What the rules and pins say about one inode (cached per inode)."""
-
-    match: RuleMatch | None
-    place: int  # the tier new data goes to first
-    pinned: int | None  # the tier it must stay on (an explicit pin or a pin rule)
-    explicit_pin: int | None  # the ``tierfs pin`` of it or an ancestor: this one fills
-
-
-_NO_POLICY = InodePolicy(None, 0, None, None)
-
-
-@dataclass(frozen=True, slots=True)
-class Promotion:
-    ino: int
-    src: int
-    dst: int
-
-
 class Lifecycle:
     def __init__(
         self,
@@ -178,6 +153,7 @@ class Lifecycle:
         tiers: list[Tier],
         journal: Journal,
         namespace: Namespace,
+        policies: FilePolicies,
         space: SpaceManager,
         movement: DataMovement,
         clock: Clock,
@@ -189,121 +165,14 @@ class Lifecycle:
         self.tiers = tiers
         self.journal = journal
         self.namespace = namespace
+        self.policies = policies
         self.space = space
         self.movement = movement
         self.clock = clock
         self._open_for_write = open_for_write
-        self._rule_configs = config.rules
-        self.rules = RuleSet(config.rules, default_write=config.write.mode)
-        self._tier_index = {t.name: t.index for t in tiers}
-        self._pins: dict[int, int] = meta.pins()
         # Tiers seen above high and not yet seen at or below low (``tier_usage``).
         self._draining: set[int] = set()
-        # Per-inode cache: ino -> (rule match, placement tier, pinned tier).
-        self._per_inode: dict[int, InodePolicy] = {}
-        self._cache_gen = journal.namespace_gen
         self.status = MoverStatus(bandwidth=config.mover.bandwidth, interval=config.mover.interval)
-        self._wake = trio.Event()
-        self.promotion_send, self.promotion_receive = trio.open_memory_channel[Promotion](
-            PROMOTION_QUEUE
-        )
-        self._promoting: set[int] = set()
-
-    # --- per-inode answers --------------------------------------------------------------
-
-    def _relpath(self, inode: Inode) -> str:
-        return self.namespace.key_of(inode)
-
-    def _cached(self, ino: int) -> InodePolicy:
-        if self._cache_gen != self.journal.namespace_gen:
-            self._per_inode.clear()
-            self._cache_gen = self.journal.namespace_gen
-        found = self._per_inode.get(ino)
-        if found is not None:
-            return found
-        try:
-            inode = self.namespace.get(ino)
-            match = self.rules.match_path(self._relpath(inode)) if self.rules.rules else None
-            explicit = self._explicit_pin(inode)
-        except (NotFound, KeyError):
-            return _NO_POLICY
-        rule = match.rule if match is not None else None
-        place = self._tier_index.get(rule.place, 0) if rule and rule.place else 0
-        pinned = explicit if explicit is not None else (place if rule and rule.pin else None)
-        found = InodePolicy(match, place, pinned, explicit)
-        self._per_inode[ino] = found
-        return found
-
-    def _explicit_pin(self, inode: Inode) -> int | None:
-        """The pin of the inode or of its nearest pinned ancestor."""
-        if not self._pins:
-            return None
-        while True:
-            tier = self._pins.get(inode.ino)
-            if tier is not None:
-                return tier
-            if inode.ino == ROOT_INO:
-                return None
-            inode = self.namespace.get(inode.parent)
-
-    def rule_of(self, ino: int) -> RuleMatch | None:
-        return self._cached(ino).match
-
-    def placement(self, ino: int) -> int:
-        """The tier new data of ``ino`` goes to first."""
-        return self._cached(ino).place
-
-    def store_tier(self, ino: int) -> int | None:
-        """Where new blocks of ``ino`` go first; None: fetched blocks are
-        not kept (``cache = false``)."""
-        policy = self._cached(ino)
-        if policy.match is not None and not policy.match.rule.cache:
-            return None
-        return policy.place
-
-    def write_through(self, ino: int) -> bool:
-        match = self._cached(ino).match
-        if match is None:
-            return self.config.write.mode == "through"
-        return match.rule.write == "through"
-
-    def pinned_tier(self, ino: int) -> int | None:
-        """The tier the file must stay on (``tierfs pin`` or a ``pin`` rule)."""
-        return self._cached(ino).pinned
-
-    def _invalidate(self) -> None:
-        self._per_inode.clear()
-        self.rules.clear_cache()
-
-    # --- events from the data path ------------------------------------------------------
-
-    def slow_tier_read(self, ino: int, tier: int) -> None:
-        """A read of ``ino`` was served from ``tier`` (not the first): O(1).
-        If that is below the file's placement tier and its rule promotes on
-        access, queue the file for promotion (``workers.mover``)."""
-        if ino in self._promoting:
-            return
-        policy = self._cached(ino)
-        if tier <= policy.place or policy.pinned is not None:
-            return
-        if policy.match is not None and policy.match.rule.promote == "never":
-            return
-        try:
-            self.promotion_send.send_nowait(Promotion(ino, tier, policy.place))
-        except trio.WouldBlock:
-            return
-        self._promoting.add(ino)
-
-    def promotion_done(self, ino: int) -> None:
-        self._promoting.discard(ino)
-
-    def wake_mover(self) -> None:
-        self._wake.set()
-
-    async def wait_for_work(self, timeout: float) -> None:
-        with trio.move_on_after(timeout):
-            await self._wake.wait()
-        self._wake = trio.Event()
 
     # --- planning -------------------------------------------------------------------------
 
@@ -336,11 +205,11 @@ class Lifecycle:
         an explicit pin, or a rule that moves data by itself (ages, place,
         ``cache = false``).  Without any, the mover skips the pass: planning
         reads the whole residency."""
-        if any(t.must_drain for t in self.tier_usage()) or self._pins:
+        if any(t.must_drain for t in self.tier_usage()) or self.policies.has_pins:
             return True
         return any(
             r.demote_after is not None or r.evict_after is not None or r.place or not r.cache
-            for r in self.rules.rules
+            for r in self.policies.rules.rules
         )
 
     async def facts(self) -> list[FileFacts]:
@@ -359,7 +228,7 @@ class Lifecycle:
                 await trio.sleep(0)
             try:
                 inode = self.namespace.get(ino)
-                relpath = self._relpath(inode)
+                relpath = self.namespace.key_of(inode)
             except (NotFound, KeyError):
                 continue  # unlinked while open: it goes when closed
             dirty = [0] * count
@@ -378,7 +247,7 @@ class Lifecycle:
                     atime=atimes.get(ino, 0.0),
                     open_for_write=self._open_for_write(ino),
                     # A pin rule only protects; an explicit pin also fills.
-                    pinned_tier=self._cached(ino).explicit_pin,
+                    pinned_tier=self.policies.policy_of(ino).explicit_pin,
                 )
             )
         return out
@@ -396,7 +265,7 @@ class Lifecycle:
         if settle:
             self.space.settle([t.to_free for t in tiers])
         facts = await self.facts()
-        rules = RuleSet(self._rule_configs, default_write=self.config.write.mode)
+        rules = RuleSet(self.policies.rule_configs, default_write=self.config.write.mode)
         ranking = self.space.ranking_later()
         now = self.clock.now()
         return await trio.to_thread.run_sync(
@@ -446,17 +315,8 @@ class Lifecycle:
 
     # --- commands (control socket) --------------------------------------------------------------
 
-    def tier_named(self, name: str | None) -> int | None:
-        if name is None:
-            return None
-        index = self._tier_index.get(name)
-        if index is None:
-            known = ", ".join(t.name for t in self.tiers)
-            raise InvalidArgument(f"no tier named {name!r}; the tiers are {known}")
-        return index
-
     async def evict_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
-        tier = self.tier_named(tier_name)
+        tier = self.policies.tier_named(tier_name)
         top = await self.namespace.resolve(relpath)
         evicted = files = 0
         skipped: list[dict[str, str]] = []
@@ -464,7 +324,7 @@ class Lifecycle:
             residency = self.meta.residency(inode.ino)
             if not residency or (tier is not None and tier not in residency):
                 continue
-            if self.pinned_tier(inode.ino) is not None:
+            if self.policies.pinned_tier(inode.ino) is not None:
                 skipped.append({"path": path, "reason": "pinned (`tierfs unpin` it first)"})
                 continue
             if inode.state != SyncState.CLEAN or self.journal.pending_upload(inode.ino):
@@ -481,7 +341,7 @@ class Lifecycle:
         return {"path": relpath, "evicted_bytes": evicted, "files": files, "skipped": skipped}
 
     async def pin_path(self, relpath: str, tier_name: str | None) -> dict[str, Any]:
-        tier = self.tier_named(tier_name)
+        tier = self.policies.tier_named(tier_name)
         tier = 0 if tier is None else tier
         top = await self.namespace.resolve(relpath)
         inos: list[int] = []
@@ -495,13 +355,11 @@ class Lifecycle:
                 f"{relpath or '/'}: {total} bytes do not fit on tier {self.tiers[tier].name} "
                 f"({capacity} bytes); nothing was pinned"
             )
-        self.meta.set_pin(top.ino, tier)
-        self._pins[top.ino] = tier
-        self._invalidate()
+        self.policies.pin(top.ino, tier)
         fetched = 0
         for ino in inos:
             fetched += await self._bring_to(ino, tier)
-        self.wake_mover()
+        self.policies.wake_mover()
         return {
             "path": relpath,
             "tier": self.tiers[tier].name,
@@ -525,10 +383,8 @@ class Lifecycle:
 
     async def unpin_path(self, relpath: str) -> dict[str, Any]:
         top = await self.namespace.resolve(relpath)
-        was = self.meta.clear_pin(top.ino)
-        self._pins.pop(top.ino, None)
-        self._invalidate()
-        self.wake_mover()
+        was = self.policies.unpin(top.ino)
+        self.policies.wake_mover()
         return {"path": relpath, "was_pinned": was}
 
     async def show(self) -> dict[str, Any]:
@@ -536,7 +392,7 @@ class Lifecycle:
         and warnings (rules that can never match, pins larger than their
         tier)."""
         rules = []
-        for config_rule in self._rule_configs:
+        for config_rule in self.policies.rule_configs:
             settings = {
                 key: getattr(config_rule, key)
                 for key in _RULE_SETTINGS
@@ -549,7 +405,7 @@ class Lifecycle:
             "config": str(self.config.source),
             "policy_files": [str(p) for p in self.config.policy_files],
             "rules": rules,
-            "warnings": self._warnings(self._rule_configs) + await self._pin_warnings(),
+            "warnings": self._warnings(self.policies.rule_configs) + await self._pin_warnings(),
         }
 
     async def _pin_warnings(self) -> list[str]:
@@ -560,7 +416,7 @@ class Lifecycle:
         by_source: dict[str, int] = {}
         root = self.namespace.get(ROOT_INO)
         async for inode, _path in self.namespace.walk("", list_dirs=False, top=root):
-            policy = self._cached(inode.ino)
+            policy = self.policies.policy_of(inode.ino)
             tier, match = policy.pinned, policy.match
             if tier is None:
                 continue
@@ -596,14 +452,12 @@ class Lifecycle:
                 "policy reload: the [[tiers]] changed in %s; that needs a remount",
                 self.config.source,
             )
-        self._rule_configs = fresh.rules
-        self.rules = RuleSet(fresh.rules, default_write=self.config.write.mode)
-        self._invalidate()
+        self.policies.set_rules(fresh.rules)
         warnings = self._warnings(fresh.rules)
         for warning in warnings:
             log.warning("policy: %s", warning)
         log.info("policy reloaded: %d rules in force", len(fresh.rules))
-        self.wake_mover()
+        self.policies.wake_mover()
         return {"rules": len(fresh.rules), "warnings": warnings}
 
 

@@ -147,7 +147,7 @@ from tierfs.errors import (
     NoSpace,
     NotFound,
 )
-from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
+from tierfs.meta import BlockRecord, Inode, MetaDB
 from tierfs.tiers.tier import Tier, pwrite_all
 
 from .digests import BlockHasher, block_digest
@@ -479,14 +479,7 @@ class DataMovement:
 
     def busy_reason(self, ino: int) -> str | None:
         """Why the file's local copies must not be dropped now, or None."""
-        if self.open_files.is_busy(ino):
-            return "it is open or has a fetch or an upload in flight"
-        if self.journal.pending_upload(ino):
-            return "it has changes not uploaded yet"
-        inode = self.meta.get_inode(ino)
-        if inode is not None and inode.state != SyncState.CLEAN:
-            return "it has changes not uploaded yet"
-        return None
+        return self.open_files.busy_reason(ino)
 
     def evict(self, ino: int, tier: int | None = None) -> int:
         """Drop the clean local copies of the file (from ``tier``, or every

@@ -86,7 +86,7 @@ A directory that was listed once is never held hostage by the bucket
   other, and a chmod or chown of a provisional name fails with the
   store's errno (EIO) rather than be undone by the next listing.
 
-Consistency a reader gets (issue 29; the README says the same):
+Consistency a reader gets (docs/guarantees.md says the same):
 
 - Names of a directory come from its last completed listing, plus what a
   running re-listing merged so far (each page as it arrives: new names,
@@ -334,7 +334,6 @@ class Namespace:
         config: NamespaceConfig,
         identity: Identity,
         store_limiter: trio.CapacityLimiter,
-        on_drop: DropCallback,
         *,
         live_inode: Callable[[int], Inode | None] | None = None,
         being_deleted: Callable[[str], bool] | None = None,
@@ -344,8 +343,8 @@ class Namespace:
         shape_generation: Callable[[], int] | None = None,
         spawn: Spawn = _no_spawn,
     ) -> None:
-        """The callbacks come from the journal and the block cache (TierFS
-        passes them; the defaults suit a namespace on its own):
+        """The callbacks come from the journal and the open-file table
+        (the defaults suit a namespace on its own):
 
         * ``live_inode``: the in-memory inode of an open file, if any;
         * ``being_deleted``: is a delete of this key (or a key under this
@@ -368,7 +367,11 @@ class Namespace:
         self.config = config
         self.identity = identity
         self._limiter = store_limiter
-        self._on_drop = on_drop
+        #: Told (ino, tiers that held its blocks, still_exists) whenever the
+        #: blocks of a file were dropped because the bucket changed it or it
+        #: vanished: the open-file table, the space accounting and the open
+        #: handles (the kernel's pages) follow.
+        self.drop_listeners: list[DropCallback] = []
         self.live_inode: Callable[[int], Inode | None] = live_inode or (lambda ino: None)
         self.being_deleted: Callable[[str], bool] = being_deleted or (lambda key: False)
         self.watch_deletes: Callable[[], AbstractContextManager[Callable[[str], bool]]] = (
@@ -429,6 +432,13 @@ class Namespace:
         if inode is None:
             raise NotFound(f"inode {ino} does not exist")
         return inode
+
+    def path_of(self, ino: int) -> str:
+        """The file's path in the mount, for messages."""
+        try:
+            return self.key_of(self.get(ino))
+        except (NotFound, KeyError):
+            return f"<inode {ino}>"
 
     def key_of(self, inode: Inode) -> str:
         """The object key of a file or directory (relative to the store prefix).
@@ -1058,9 +1068,9 @@ class Namespace:
                 "uploaded: the local version wins and will overwrite it",
             )
         for ino, tiers in result.changed:
-            self._on_drop(ino, tiers, True)
+            self._dropped(ino, tiers, True)
         for ino, tiers in result.removed:
-            self._on_drop(ino, tiers, False)
+            self._dropped(ino, tiers, False)
 
     def _object_entry(self, prefix: str, obj: ObjectInfo) -> ListedEntry | None:
         name = obj.key[len(prefix) :]
@@ -1147,7 +1157,7 @@ class Namespace:
         changed = info.etag != inode.etag
         if changed:
             tiers = self.meta.drop_blocks(inode.ino)
-            self._on_drop(inode.ino, tiers, True)
+            self._dropped(inode.ino, tiers, True)
             log.info("object %r changed in the bucket; dropped its cached blocks", key)
             inode.etag = info.etag
             inode.origin_size = info.size
@@ -1163,6 +1173,21 @@ class Namespace:
         # then uploaded them as a shadow.
         self.meta.put_inode(inode)
         return inode, changed
+
+    async def revalidate_now(self, ino: int) -> Inode | None:
+        """A GET's If-Match failed: HEAD the clean file now, whatever its
+        ``validated_at``.  The new inode if its content changed (its cached
+        blocks are dropped already), None if not."""
+        inode = self.meta.get_inode(ino)
+        if inode is None or inode.state != SyncState.CLEAN:
+            return None
+        inode.validated_at = 0.0  # due now
+        inode, changed = await self.revalidate(inode)
+        return inode if changed else None
+
+    def _dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
+        for listener in self.drop_listeners:
+            listener(ino, tiers, still_exists)
 
     def _forget_vanished(self, inode: Inode) -> None:
         parent = self.get(inode.parent)

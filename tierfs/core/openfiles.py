@@ -12,9 +12,11 @@ Invariants:
 * One CachedFile per inode at most (``files``).  It lives while it has a
   reference (``acquire``/``release``: a handle, an upload, a data
   movement) or a flight; the last of those to end closes its fds and
-  calls ``on_idle`` (an unlinked file is deleted then).
+  calls the ``idle_listeners`` (an unlinked file is deleted then).
 * A busy CachedFile is never evicted (``is_busy``), so its fds always name
-  the live cache files.  A part that deletes or replaces a cache file
+  the live cache files.  Nor is a file with changes not uploaded yet
+  (``busy_reason``: the one check the emergency eviction and the
+  data-movement API both use).  A part that deletes or replaces a cache file
   closes the fds first (``close_cache_fds``, ``drop_cache_file``).
 * A block is served without a check only once it was verified in this
   mount (``mark_verified``; a block moved between tiers or rewritten is
@@ -41,12 +43,13 @@ from dataclasses import dataclass, field
 import trio
 
 from tierfs.errors import StoreError, TierfsError
-from tierfs.meta import BlockRecord, Inode, MetaDB
+from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.tiers.tier import Tier
 
 from .buffers import RecentBlocks
 from .digests import BlockHasher
 from .fetch_slots import FetchPriority
+from .journal import Journal
 
 
 class Flight:
@@ -120,17 +123,17 @@ class OpenFiles:
         meta: MetaDB,
         tiers: list[Tier],
         recent: RecentBlocks,
-        *,
-        on_idle: Callable[[int], None] | None = None,
+        journal: Journal,
     ) -> None:
-        """``on_idle``: called with an inode number once nothing uses its
-        CachedFile any more (no reference, no flight)."""
         self.meta = meta
         self.tiers = tiers
         self.recent = recent
+        self.journal = journal
         self.files: dict[int, CachedFile] = {}
         self.stats = ReadStats(tier_hit_blocks=[0] * len(tiers))
-        self.on_idle: Callable[[int], None] = on_idle or (lambda ino: None)
+        #: Called with an inode number once nothing uses its CachedFile any
+        #: more (no reference, no flight).
+        self.idle_listeners: list[Callable[[int], None]] = []
         self._verified: set[tuple[int, int]] = set()
 
     # --- lifetime -----------------------------------------------------------------------
@@ -172,16 +175,37 @@ class OpenFiles:
         self.recent.forget(cf.ino)
         if self.files.get(cf.ino) is cf:
             del self.files[cf.ino]
-            self.on_idle(cf.ino)
+            for listener in self.idle_listeners:
+                listener(cf.ino)
 
     def is_busy(self, ino: int) -> bool:
         return ino in self.files
+
+    def busy_reason(self, ino: int) -> str | None:
+        """Why the file's local copies must not be dropped now, or None."""
+        if self.is_busy(ino):
+            return "it is open or has a fetch or an upload in flight"
+        if self.journal.pending_upload(ino):
+            return "it has changes not uploaded yet"
+        inode = self.meta.get_inode(ino)
+        if inode is not None and inode.state != SyncState.CLEAN:
+            return "it has changes not uploaded yet"
+        return None
+
+    def not_evictable(self, ino: int) -> bool:
+        """The emergency eviction's skip (``busy_reason`` gives a reason)."""
+        return self.busy_reason(ino) is not None
 
     def live_inode(self, ino: int) -> Inode | None:
         """The in-memory inode of a file in use (open, or with a fetch or an
         upload in flight): while it exists it, not LMDB, is the truth."""
         cf = self.files.get(ino)
         return cf.inode if cf is not None else None
+
+    def content_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
+        """Namespace event: the bucket changed the file (``still_exists``) or
+        it vanished; LMDB already forgot its blocks."""
+        self.content_changed(ino, tiers, self.meta.get_inode(ino) if still_exists else None)
 
     def content_changed(self, ino: int, tiers: list[int], inode: Inode | None) -> None:
         """The bucket's object changed (or vanished): LMDB already forgot the blocks.

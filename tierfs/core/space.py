@@ -348,6 +348,12 @@ class SpaceManager:
         count is reset).  O(1); a file not on the first tier is ignored."""
         self.trackers[0].demote_first(ino)
 
+    def content_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
+        """Namespace event: a file's blocks were dropped; one that vanished
+        from the bucket is forgotten."""
+        if not still_exists:
+            self.forget(ino)
+
     def forget(self, ino: int) -> None:
         self.atimes.pop(ino, None)
         self._unflushed.pop(ino, None)

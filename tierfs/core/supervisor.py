@@ -250,3 +250,39 @@ class Supervisor:
     async def _inject_fault(name: str, delay: float) -> None:
         await trio.sleep(delay)
         raise InjectedWorkerFault(f"injected fault in worker {name}")
+
+
+class BackgroundTasks:
+    """Starts the parts' background tasks in the workers' nursery.
+
+    A part that starts tasks of its own (a background re-listing, a kernel
+    cache invalidation) is given this at construction, before the nursery
+    exists (``TierFS.run_workers`` attaches it).  Until then a start is
+    refused (False) and the part does the work another way or not at all."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self._nursery: trio.Nursery | None = None
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
+        """Start ``fn(*args)``; False when no nursery runs yet."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(fn, *args)
+        return True
+
+    def spawn_once(self, name: str, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
+        """Start ``fn(*args)`` under the supervisor as ``name``, not restarted
+        when it fails (the failure is logged and counted); False when no
+        nursery runs yet."""
+        if self._nursery is None:
+            return False
+        self.supervisor.start_soon(self._nursery, name, fn, *args, restart=False)
+        return True

@@ -61,7 +61,7 @@ does not answer.  In write-through mode, fsync and close fail at once with
 EIO while the endpoint's circuit breaker is open (the data stays durable
 locally and queued).
 
-Cost of a new small file (issue 15 §4: ``open(path, "wb")``, one write,
+Cost of a new small file (``open(path, "wb")``, one write,
 close, as ``bench_write.py``'s small-file loop does).  The kernel sends 7
 requests per file, the same 7 as to the pyfuse3 passthrough
 (``tests/bench/passthrough.py``) running that loop: LOOKUP (a miss),
@@ -402,6 +402,19 @@ class FileWrites:
             )
         if self.journal.uploading(inode.ino) and key != inode.origin_key:
             w.append({"op": "delete", "key": key, "shadow_ino": inode.ino})
+
+    def file_idle(self, ino: int) -> None:
+        """Nothing uses the file any more (``OpenFiles`` tells, whenever the
+        last user of a CachedFile lets go, be it a handle's release, an
+        upload or a fetch still in flight): an unlinked one goes away now."""
+        if ino not in self._orphans:
+            return
+        self._orphans.discard(ino)
+        self.journal.namespace_gen += 1
+        self.journal.wake()  # its object may be deleted now
+        with self.meta.write() as tx:
+            tiers = tx.delete_inode(ino)
+        self.remove_cache_files(ino, tiers)
 
     def remove_cache_files(self, ino: int, tiers: list[int]) -> None:
         for tier in tiers:

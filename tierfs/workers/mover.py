@@ -66,8 +66,9 @@ from dataclasses import dataclass, field
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.lifecycle import CurrentMove, Lifecycle, Promotion
+from tierfs.core.lifecycle import CurrentMove, Lifecycle
 from tierfs.core.movement import COPY_THREADS
+from tierfs.core.policies import Promotion
 from tierfs.errors import Busy, NoSpace, TierfsError
 from tierfs.policy.planner import Move, MoveAdmission
 from tierfs.policy.watermarks import mark
@@ -107,6 +108,7 @@ class Mover:
     def __init__(self, fs: TierFS) -> None:
         self.fs = fs
         self.lifecycle: Lifecycle = fs.lifecycle
+        self.policies = fs.policies
         self.movement = fs.movement
         self.status = self.lifecycle.status
         self.interval = fs.config.mover.interval
@@ -132,7 +134,7 @@ class Mover:
                 self.status.state = "idle"
                 gap = min(MIN_PASS_GAP, self.interval)
                 await trio.sleep(gap)
-                await self.lifecycle.wait_for_work(self.interval - gap)
+                await self.policies.wait_for_work(self.interval - gap)
 
     async def run_pass(self) -> None:
         if not self.lifecycle.needs_pass():
@@ -273,12 +275,12 @@ class Mover:
     # --- promotion --------------------------------------------------------------------------
 
     async def _promote_forever(self) -> None:
-        async for promotion in self.lifecycle.promotion_receive:
+        async for promotion in self.policies.promotion_receive:
             try:
                 with self._copying():
                     await self._promote(promotion)
             finally:
-                self.lifecycle.promotion_done(promotion.ino)
+                self.policies.promotion_done(promotion.ino)
 
     async def _promote(self, promotion: Promotion) -> None:
         space = self.fs.space

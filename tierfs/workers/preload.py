@@ -451,7 +451,7 @@ class Preloader:
             spool.close()
             raise InvalidArgument("the preload worker is not running")
         try:
-            tier = self.fs.lifecycle.tier_named(tier_name)
+            tier = self.fs.policies.tier_named(tier_name)
         except TierfsError:
             spool.close()
             raise
