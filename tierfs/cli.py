@@ -238,6 +238,11 @@ def _mover_line(mover: dict[str, Any]) -> str:
 def _preload_line(job: dict[str, Any]) -> str:
     """``p12-1 fetching: 40/100 files, 1.2 GiB/3.0 GiB resident (40%), 200 MiB/s,
     ETA 9 s, 0 failed``."""
+    if job["state"] == "scanning":  # the totals are not known yet
+        return (
+            f"{job['id']} scanning: {job['files_total']} files, "
+            f"{format_size(job['bytes_total'])} found so far"
+        )
     eta = job.get("eta")
     eta_text = "-" if eta is None else f"{eta:.0f} s"
     resident = min(job["bytes_total"], job["bytes_resident"] + job["bytes_fetched"])

@@ -8,7 +8,7 @@ TierfsError or OSError keeps its errno, anything else is a bug, logged with
 its traceback and answered with EIO.  Nothing escapes to
 ``pyfuse3.main()``, which would end the mount.
 
-Where the time of small files goes (issue 15; ``tests/bench/bench_meta.py
+Where the time of small files goes (``tests/bench/bench_meta.py
 --trace --py-spy``, 1,000 files of 1-16 KiB, a 2-core machine shared with
 other work, so CPU per item rather than rates):
 
@@ -61,7 +61,7 @@ other work, so CPU per item rather than rates):
   it ~295 us would be left, more than the 264 us that 0.9x of the
   passthrough's 238 us allows: the rest of the gap is in pyfuse3's and
   trio's work per request and per task, not in these methods.
-  Measured again (issue 15 §2; a mount of 4,000 files in 10 directories,
+  Measured again (a mount of 4,000 files in 10 directories,
   shuffled passes, per pass: the daemon's CPU from /proc, its main
   thread's context switches and run-queue wait, the handler time per
   request from ``fuse_requests``), that last sentence was wrong; what

@@ -8,7 +8,7 @@ Run as root (``drop_caches``), after ``bash tests/bench/run.sh preload
 
 Not a test, never collected by pytest.
 
-What it answers (issue 13): how much CPU the S3 server spends per GiB for
+What it answers: how much CPU the S3 server spends per GiB for
 each way of fetching one big object, apart from everything else tierfs
 does (no FUSE, no LMDB, no preload bookkeeping).  ``bench_preload.py``'s
 copy case measures the whole preload; this isolates the request pattern:
@@ -38,7 +38,7 @@ Variants (``--variants``, comma-separated; options after colons):
   page cache; ``n=1`` sends every GET through the native engine (obstore)
   instead of botocore.
 
-Measured on the 2-core machine of issue 13, other work running (load 5-8),
+Measured on a 2-core machine, other work running (load 5-8),
 two rounds, server CPU s/GiB: ``store:t=16:r=16`` 1.09-1.47 against
 ``s5cmd`` 1.06-2.70 in the same rounds (server syscalls 35-40 against 44-80
 per MiB); ``store:t=5:r=64`` 1.61-2.40; ``r=4`` 1.60-1.84; ``r=64`` 2.0;

@@ -8,7 +8,7 @@ Run as root (``drop_caches``), after ``bash tests/bench/run.sh preload
 
 Not a test, never collected by pytest.
 
-What it answers (issue 13, the small-file preload): how much of the
+What it answers (the small-file preload): how much of the
 daemon's CPU per small file is the way GETs wait, apart from everything
 else tierfs does (no FUSE, no LMDB, no preload bookkeeping).  The daemon's
 fetch threads spent 0.5 ms of CPU per 100 KiB file, two thirds of it in

@@ -17,7 +17,7 @@ What one run does
    prefix that holds only prefixes; SeaweedFS, like S3, needs none).
    ``--large`` adds a tree of 100,000 files (``--large-files``), measured
    only in ``--large-scenarios`` (cold) and ``--large-operations``
-   (find,stat) by default: what issue 15's request-count check needs,
+   (find,stat) by default: what the request-count check needs,
    without reading 100,000 files through every mount.
 2. For every tree and every mount of ``--cases`` (passthrough of the local
    copy, tierfs, rclone ``--vfs-cache-mode full``, s3fs ``use_cache``):
@@ -43,7 +43,7 @@ What one run does
    tierfs / GET loop, tierfs / rclone and s3fs), and for tierfs the LIST,
    HEAD and GET requests each scenario sent (``tierfs status`` ``store_calls``,
    counted by the daemon's store).
-4. Checks every tierfs ``cold find`` against issue 15's "one LIST per 1,000
+4. Checks every tierfs ``cold find`` against the target "one LIST per 1,000
    entries and no HEAD": PASS when the step sent no HEAD and no more LISTs
    than the pages a delimited listing of each directory on the way needs
    (the mount's root, the tree's root, each directory: ``ceil(keys /
@@ -203,7 +203,7 @@ def list_pages_needed(tree: Tree, markers: bool, page_size: int = LIST_PAGE) -> 
 
 
 def list_check(res: Results) -> list[str]:
-    """Issue 15: "cold find on 100,000 files makes one LIST per 1,000
+    """The target: "cold find on 100,000 files makes one LIST per 1,000
     entries and no HEAD", for every tree's tierfs cold find."""
     out = []
     for row in res.rows:

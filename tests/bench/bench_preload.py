@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Preload and prefetch benchmark (issue 13): tierfs against s5cmd and rclone on one local S3 server.
+"""Preload and prefetch benchmark: tierfs against s5cmd and rclone on one local S3 server.
 
 Run it through ``bash tests/bench/run.sh preload`` (installs the peers), as
 root: ``drop_caches`` and FUSE mounts need it.  Not a test: never collected
@@ -84,7 +84,7 @@ Cases (``--cases``, comma-separated):
     ``tierfs.client.set_order(MOUNT, order)`` (its time counts in the
     epoch), then the same reads.  Target: with >= 2x faster, judged only
     with ``--s3-delay`` (on loopback the epoch is CPU-bound, and a prefetch
-    cannot make it faster; README, "Order-aware prefetch in the shuffled
+    cannot make it faster; docs/benchmarks.md, "Order-aware prefetch in the shuffled
     epoch"; without a delay the line is marked info).  With
     ``--py-spy``, the first round's mounted variants are profiled too.
 
@@ -165,13 +165,13 @@ MOUNT_TIMEOUT = 60.0
 #: How long a preload may take to start fetching (listing the prefix first).
 PRELOAD_START_TIMEOUT = 120.0
 
-# Targets of issue 13: (what, numerator, denominator, comparison, bound).
+# Targets: (what, numerator, denominator, comparison, bound).
 COPY_TARGET = 0.9  # tierfs preload MB/s >= 0.9 x s5cmd cp
 LATENCY_TARGET = 2.0  # median during a preload <= 2 x idle
 EPOCH_TARGET = 2.0  # epoch with order-aware prefetch >= 2 x faster
-COLD_READ_TARGET = 0.8  # issue 15: 8-thread cold small-file reads >= 0.8 x 8 threads of GETs
+COLD_READ_TARGET = 0.8  # target: 8-thread cold small-file reads >= 0.8 x 8 threads of GETs
 #: Variants of the epoch case: the same keys GET by boto3 threads (the
-#: reference of issue 15), then tierfs without and with order-aware prefetch.
+#: reference), then tierfs without and with order-aware prefetch.
 EPOCH_VARIANTS = ("gets", "without", "with")
 EPOCH_LABELS = {
     "gets": "boto3 GETs, no mount",
@@ -757,7 +757,7 @@ class PreloadBench(BenchBase):
                     self.epoch_variant(variant, order, endpoint, round_no)
 
     def epoch_gets(self, order: list[str], endpoint: str | None) -> None:
-        """The reference of issue 15: the epoch's keys fetched whole by
+        """The reference: the epoch's keys fetched whole by
         ``--readers`` threads of boto3 GETs (one shared client), no mount."""
         import boto3
         from botocore.config import Config as BotoConfig
@@ -1072,7 +1072,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
             ratio = statistics.median(res.epochs["gets"]) / statistics.median(res.epochs["without"])
             lines.append(
                 f"cold reads without prefetch / the same GETs from {a.readers} boto3 threads: "
-                f"{ratio:.2f} (issue 15 target >= {COLD_READ_TARGET:g}) "
+                f"{ratio:.2f} (target >= {COLD_READ_TARGET:g}) "
                 f"{verdict(ratio >= COLD_READ_TARGET)}"
             )
         if res.epochs.get("without") and res.epochs.get("with"):
@@ -1105,7 +1105,7 @@ def report(res: Results, a: argparse.Namespace) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench_preload.py",
-        description="Preload and prefetch benchmark (issue 13): tierfs preload vs s5cmd cp and "
+        description="Preload and prefetch benchmark: tierfs preload vs s5cmd cp and "
         "rclone copy, demand-read latency during a preload, a shuffled epoch with and without "
         "order-aware prefetch, daemon RSS during a long preload list. See the module docstring.",
     )

@@ -130,7 +130,7 @@ TARGETS: list[tuple[str, str, str, str, str, float]] = [
     ("time to durable", "tierfs durable", "s5cmd cp", "s", "<=", 1.3),
     ("small files written", "tierfs small written", "rclone small written", "files/s", ">=", 2),
     ("small files written", "tierfs small written", "s3fs small written", "files/s", ">=", 2),
-    # issue 15: small files reach the bucket at >= 0.8x s5cmd cp of the same files
+    # target: small files reach the bucket at >= 0.8x s5cmd cp of the same files
     ("small files in bucket", "tierfs small in bucket", "s5cmd cp small", "files/s", ">=", 0.8),
 ]
 INFO: list[tuple[str, str, str, str]] = [

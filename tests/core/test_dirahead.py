@@ -353,7 +353,7 @@ async def test_an_opened_files_cookie_is_read_once_and_again_after_a_rename(
 async def test_files_fetched_ahead_and_read_once_count_one_use(
     make_fs: Any, s3_store: Any, nursery: trio.Nursery
 ) -> None:
-    """Issue 29: the fill ahead of an open is not a use, so a file read once
+    """Scan resistance: the fill ahead of an open is not a use, so a file read once
     is a file read once for the eviction ranking, and a pass over a
     directory does not look like reuse."""
     paths = put_files(s3_store, 30)

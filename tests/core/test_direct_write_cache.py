@@ -1,4 +1,4 @@
-"""An O_DIRECT writer beside buffered readers (issue 14, section 3): after each
+"""An O_DIRECT writer beside buffered readers: after each
 write lands, and before it is answered, TierFS drops the file's kernel pages
 when a handle that reads through the page cache is open (see
 ``tierfs.core.handles``).  The kernel side is faked by a recorder here; the

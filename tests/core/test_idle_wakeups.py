@@ -1,4 +1,4 @@
-"""An idle daemon leaves its event loop asleep (issue 15 §2): its workers
+"""An idle daemon leaves its event loop asleep: its workers
 wake only when there is something to do, counted as trio task steps (an
 instrument), not timed.  The periodic ones used to wake it about 17 times a
 second for nothing: the group committer five, the mover's foreground meter

@@ -1,5 +1,5 @@
 """One name reused across types (file, directory, fifo, file) while the
-delete of its first object is still owed (issue 29, section 3), over a real
+delete of its first object is still owed, over a real
 bucket (moto), no mount.
 
 The rule: the bucket's changes for one name apply in the order the mount

@@ -1,5 +1,5 @@
 """Names and keys too long (refused up front), and uploads the bucket refuses
-for good (issue 14, section 1), without a mount.
+for good, without a mount.
 
 The store under test is S3 with the prefix ``pre/`` (4 bytes): a relative
 key may have at most 1,020 bytes.

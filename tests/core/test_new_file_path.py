@@ -1,4 +1,4 @@
-"""The small-file write loop (issue 15 §4), counted, not timed: a new file's
+"""The small-file write loop, counted, not timed: a new file's
 lookup (a miss), create, getattr, write, flush and release, through the FUSE
 operations as the daemon runs them, open two LMDB write transactions (the
 create, the close's commit), hop to no thread, send nothing to the bucket,

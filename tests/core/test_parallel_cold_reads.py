@@ -1,5 +1,5 @@
-"""Cold small files read by 8 readers at once (a DataLoader with 8 workers,
-issue 15 item 3), counted in S3 requests, not timed: every reader's GET is
+"""Cold small files read by 8 readers at once (a DataLoader with 8 workers),
+counted in S3 requests, not timed: every reader's GET is
 in flight at the same moment (nothing on the way to the GET runs one
 reader at a time), each file is ONE GET and no HEAD, and each directory is
 listed once (one data LIST and one LIST of its attribute shadow) however

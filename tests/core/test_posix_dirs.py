@@ -1,4 +1,4 @@
-"""Directory handles (issue 14, section 3) and stale-while-revalidate
+"""Directory handles and stale-while-revalidate
 listings (section 4), without a mount: ``.`` and ``..``, offsets that stay
 stable under renames, seeks that read from the offset, lookups that never
 wait for a re-listing (nor send a HEAD for a name the stale listing
@@ -330,7 +330,7 @@ def unexpected_shadows(s3_store: Any, dir_prefix: str) -> list[str]:
 async def test_a_name_missing_from_an_expired_listing_waits_for_the_relisting(
     make_fs: Any, s3_store: Any
 ) -> None:
-    """Issue 29: another writer's new name is found at the first lookup after
+    """Visibility: another writer's new name is found at the first lookup after
     ``list_ttl``, with the attributes of a listed name; it costs the
     re-listing of its directory, no HEAD, and an absent name nothing more."""
     put(s3_store, "d/old", b"old")

@@ -1,5 +1,4 @@
-"""The fetch path of small files, counted in S3 requests (issue 15 item 3,
-issue 13 preload of many small files): a cold read or a preload of a small
+"""The fetch path of small files, counted in S3 requests: a cold read or a preload of a small
 file is ONE GET and no HEAD, and the cache file that the fetch thread opens
 itself is kept by the file (no fd leaks, no duplicate)."""
 

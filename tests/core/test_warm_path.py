@@ -1,4 +1,4 @@
-"""The warm small-file path (issue 15 item 2), counted, not timed: lookup,
+"""The warm small-file path, counted, not timed: lookup,
 getattr, open, read and release of resident small files open no LMDB write
 transaction, hop to no thread, send nothing to the bucket, and read no more
 inode records than they need (a lookup: the directory's and the child's).

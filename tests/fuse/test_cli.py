@@ -107,7 +107,7 @@ def test_where_outside_a_mount_fails_clearly(tmp_path: Path) -> None:
 
 
 def test_a_missing_path_is_named_as_missing_by_every_path_command(mount: MountFactory) -> None:
-    """Issue 29: never the bare name (``tierfs: PATH: c.bin``)."""
+    """An error names the path, never the bare name (``tierfs: PATH: c.bin``)."""
     m = mount({"here.bin": b"x"})
     for missing in ("c.bin", "nodir/c.bin"):
         target = str(m.path / missing)

@@ -1,4 +1,4 @@
-"""Real mount: the lifecycle rules and the mover (issue 12), through the CLI.
+"""Real mount: the lifecycle rules and the mover, through the CLI.
 
 Small tiers (configured capacities, 1 MiB blocks) and the lifecycle's test
 clock (``TIERFS_TEST_CLOCK_FILE``, see ``tierfs.core.clock``): a test moves

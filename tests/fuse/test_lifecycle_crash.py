@@ -1,4 +1,4 @@
-"""Real mount: the mover under a kill -9, and the scan scenario (issue 12).
+"""Real mount: the mover under a kill -9, and the scan scenario.
 
 * kill -9 while a move is in flight (checked: ``status`` shows a move with
   bytes copied), ``fusermount3 -uz``, remount: every byte reads right, each

@@ -105,7 +105,7 @@ FLUSH_TIMEOUT = 30.0
 
 #: Log lines that mean the daemon hit an error it did not expect.  The last:
 #: the bucket's changes for one name ran out of order (a ``file://`` backing
-#: refuses ``x/...`` while the object ``x`` is there: issue 29).
+#: refuses ``x/...`` while the object ``x`` is there).
 LOG_ALARMS = (
     "Traceback",
     "failed unexpectedly",
@@ -511,7 +511,7 @@ class TierfsModel(RuleBasedStateMachine):
     def reuse_name_across_types(self, parent: str, name: str, first: Blob, last: Blob) -> Any:
         """One name as a file, then a directory, then a fifo, then a file
         again, with chmods, and pauses past ``list_ttl`` so that the parent
-        is re-listed in the background between the steps (issue 29: a
+        is re-listed in the background between the steps (a
         delete still owed must go before the later creates of that name,
         and no listing may bring the old object back meanwhile)."""
         path = join(parent, name)
@@ -1042,7 +1042,7 @@ def test_model_replay_root_relisted_while_names_come_and_go(model_env: ModelEnv)
 
 
 def test_model_replay_name_reused_across_types(any_backing_env: ModelEnv) -> None:
-    """Issue 29: one name as an uploaded file (mode 0111), a directory, a
+    """A name reused across types: an uploaded file (mode 0111), a directory, a
     fifo and a file again, with chmods and pauses past ``list_ttl`` (so the
     parent is re-listed in the background between the steps), at the root
     and in a subdirectory, on both backings; then the bucket and the daemon

@@ -1,6 +1,6 @@
 """A permission tierfs stored holds on every node, from the first access.
 
-Issue 11, section 2: root writes a 0600 file (and a 0700 directory) through
+Root writes a 0600 file (and a 0700 directory) through
 one mount; a second mount of the same bucket with an empty state directory
 (a fresh node) is mounted with ``allow_other`` (tierfs always adds
 ``default_permissions``), and another user (``nobody``) must get EACCES,

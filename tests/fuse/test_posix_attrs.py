@@ -1,5 +1,5 @@
-"""POSIX attributes through a real mount (issue 14, section 2, and from
-section 3: replaced under an open descriptor, setgid directories, setuid and
+"""POSIX attributes through a real mount (and files replaced under an
+open descriptor, setgid directories, setuid and
 setgid clearing, ctime on xattr changes).  The logic and its unit tests live
 in tierfs.core.posix_attrs (tests/core/test_posix_attrs.py); these check
 what a process sees through the kernel."""

@@ -1,4 +1,4 @@
-"""Directories through a real mount (issue 14, sections 3 and 4).
+"""Directories through a real mount: handles, seeks, and stats over expired listings.
 
 ``.`` and ``..`` in readdir with their inode numbers; a readdir of 3,000
 entries (15,000 under ``--run-slow``) renamed under it returns none twice;
@@ -284,7 +284,7 @@ def test_new_and_deleted_objects_show_after_one_background_relisting(
 
 @pytest.mark.slow
 def test_shuffled_stats_over_expired_directories_measured(mount: MountFactory) -> None:
-    """The acceptance figures of issue 14, section 4, measured and printed
+    """The figures of shuffled stats over expired listings, measured and printed
     (``--run-slow -s``): 30 directories of 400 files, ``list_ttl = 1s``,
     300 ``stat``s in shuffled order after every listing expired.  The
     median ``stat`` against the median time of one LIST of a directory

@@ -1,6 +1,5 @@
-"""Real mount: issue 14, section 1 (names and keys too long, a flush never held
-up by a file the bucket refuses) and section 3, first bullet (buffered
-readers beside an O_DIRECT writer).  Errnos are asserted exactly.
+"""Real mount: names and keys too long, a flush never held up by a file
+the bucket refuses, and buffered readers beside an O_DIRECT writer.  Errnos are asserted exactly.
 
 The O_DIRECT race: with native AIO, the kernel (Linux 6.18 here) does not
 drop the page-cache pages that buffered readers re-read while an
@@ -76,8 +75,8 @@ def test_reserved_names_are_eperm_on_both_backings(
 ) -> None:
     """``.tierfs-attrs`` in the root is reserved on every backing; the
     ``file://`` backing also keeps every ``.tierfs-*`` name for itself (its
-    markers, sidecars, temp files).  Both refuse with EPERM (the README's
-    departure list), never ENAMETOOLONG: the name is not too long.  On S3
+    markers, sidecars, temp files).  Both refuse with EPERM (the departures
+    from POSIX in docs/guarantees.md), never ENAMETOOLONG: the name is not too long.  On S3
     the other ``.tierfs-*`` names are ordinary names."""
     backing_dir = None
     if backing == "file":

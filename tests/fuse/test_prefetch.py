@@ -1,4 +1,4 @@
-"""Real mount: order-aware prefetch (issue 13, item 3) and the Slurm prolog.
+"""Real mount: order-aware prefetch and the Slurm prolog.
 
 ``tierfs prefetch MOUNTPOINT --order FILE`` and ``tierfs.client.set_order``
 hand the daemon the read order.  A reader that follows it finds each file

@@ -1,4 +1,4 @@
-"""Real mount: ``tierfs preload`` (issue 13, item 1) as an operator runs it.
+"""Real mount: ``tierfs preload`` as an operator runs it.
 
 Nested trees and ``--from-file`` lists; a rerun that fetches nothing (the
 daemon's GET counter does not move) and says so; a missing file named with

@@ -1,4 +1,4 @@
-"""Real mount: a demand read during a long preload is served promptly (issue 13, item 2).
+"""Real mount: a demand read during a long preload is served promptly.
 
 Two tests, one assertion: the median latency of reading cold small files
 while a preload runs is at most twice the median of the same reads (other

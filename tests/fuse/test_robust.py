@@ -10,7 +10,7 @@
 * A ``file://`` backing on a small tmpfs that is filled up makes every
   upload fail (ENOSPC): the first ``tierfs flush`` after space is freed
   succeeds; under a stress of writers the daemon's peak RSS stays under
-  the cap the README documents; SIGTERM ends the daemon within seconds
+  the cap docs/operations.md documents; SIGTERM ends the daemon within seconds
   with the journal kept, and the next mount uploads what was pending.
 
 The tmpfs tests need root (mount -t tmpfs); they are skipped otherwise.
@@ -50,8 +50,8 @@ from tierfs.core.supervisor import INJECT_ENV, PAUSE_ENV
 pytestmark = pytest.mark.fuse
 
 MiB = 1024 * 1024
-#: The daemon's peak RSS must stay under this (README "Limits"), with the
-#: test's small tiers; the README states the general formula.
+#: The daemon's peak RSS must stay under this (docs/operations.md, "Limits"), with the
+#: test's small tiers; it states the general formula.
 RSS_CAP = 400 * MiB
 #: How long the stress runs before the daemon gets SIGTERM.
 STRESS_SECONDS = 12.0

@@ -1,6 +1,6 @@
 """Real mount: one pass over a dataset larger than NVMe does not flush the hot set.
 
-The scenario of issue 29, with the defaults a user runs: no ``[fetch]`` table
+The scan scenario, with the defaults a user runs: no ``[fetch]`` table
 (4 MiB blocks, directory readahead on), the default ``[mover]`` interval, and
 an unpaced scan (``cat scan/*``, the files in listing order, nothing waits for
 the mover).  Two 4 MiB "hot" files are read three times, then 48 files of

@@ -1,4 +1,4 @@
-"""Small files and metadata through a real mount (issue 15), counted in FUSE
+"""Small files and metadata through a real mount, counted in FUSE
 requests (``status`` ``fuse_requests``) and S3 requests, not timed.
 
 * An absent name of a freshly listed directory is a negative entry the

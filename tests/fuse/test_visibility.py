@@ -1,6 +1,6 @@
 """Real mount: what another writer did to the bucket is seen after ``list_ttl``.
 
-Issue 29, section 2: node A lists a directory; another writer (a plain boto3
+Node A lists a directory; another writer (a plain boto3
 put, or a second tierfs mount of the same bucket) then adds a file, adds a
 directory, overwrites a file with a larger one, or deletes one; after
 ``list_ttl`` the first ``stat``, ``open`` or ``ls`` on node A must give the

@@ -4,7 +4,7 @@ The bucket is read back with a plain boto3 client (``s3_client``, standing
 in for any other tool) after ``tierfs flush``.  ``upload_delay`` is long
 unless a test says otherwise, so that nothing goes up by itself and
 "before the flush" is well defined.  Contract: the bucket layout and
-README "Writes and durability".
+docs/guarantees.md, "Writes and durability".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each test mounts a fresh bucket (1 MiB blocks), changes it through plain
 file I/O and checks what a reader sees: through the same fd, through a new
 fd after the kernel page cache was dropped (so the bytes come from the
 daemon), and, where it matters, in the bucket after ``tierfs flush``.
-README "Writes and durability" is the reference for what is promised.
+docs/guarantees.md, "Writes and durability", is the reference for what is promised.
 """
 
 from __future__ import annotations
@@ -504,7 +504,7 @@ def test_user_xattrs_and_refused_namespaces(mount: MountFactory) -> None:
 
 
 def test_hard_link_and_device_node_are_eperm_fifo_is_stored(mount: MountFactory) -> None:
-    # README: hard links and device nodes EPERM, O_TMPFILE EOPNOTSUPP; FIFOs and sockets are stored
+    # docs/guarantees.md: hard links and device nodes EPERM, O_TMPFILE EOPNOTSUPP; FIFOs and sockets are stored
     # as empty objects whose mode carries the type.
     m = mount({"file.txt": b"f"}, upload_delay=LONG_DELAY)
     expect_errno(errno.EPERM, lambda: os.link(m.path / "file.txt", m.path / "hard"))

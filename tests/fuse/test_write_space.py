@@ -1,6 +1,6 @@
 """Real mount: where written data goes when the tiers are small.
 
-Tiers of a few MiB with 1 MiB blocks (configured capacities).  README
+Tiers of a few MiB with 1 MiB blocks (configured capacities).  docs/guarantees.md,
 "Writes and durability", Space: new data goes to the first tier with room,
 then the next; dirty data is never evicted; writers wait for uploads to free
 space and get ENOSPC only if nothing can be freed within a minute.

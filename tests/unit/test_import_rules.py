@@ -1,4 +1,4 @@
-"""Enforce the layer and import rules (README, "Development": layers).
+"""Enforce the layer and import rules (docs/design.md, "Layers").
 
 Every ``.py`` file under ``tierfs/`` and ``daemon/tierfsd/`` is parsed with
 ``ast`` (nothing is imported, so a broken module cannot hide a violation).

@@ -1,5 +1,5 @@
 """``Journal.runnable``: the bucket's changes for one name apply in the order
-the mount made them (issue 29).  An entry never overtakes an earlier entry on
+the mount made them.  An entry never overtakes an earlier entry on
 the same key, nor an earlier delete of a related name: the same name as
 object or ``name/`` marker, a name above it, or a name under it."""
 

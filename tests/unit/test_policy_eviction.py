@@ -406,7 +406,7 @@ def test_a_file_evicted_by_the_planner_comes_back_to_main() -> None:
     assert tracker.queue_of(7) == "small"
 
 
-# --- issue 29: not-yet-used inserts, one walk for the plan and the emergency path --------------
+# --- not-yet-used inserts, one walk for the plan and the emergency path --------------
 
 
 @pytest.mark.parametrize("burst_window", [0, 64])

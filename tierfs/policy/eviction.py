@@ -101,7 +101,7 @@ clears the flag and counts nothing, so that its first open is its first use,
 as for a file a reader fetched (inserted after the open that counted
 nothing, since it was not tracked yet).  Without it, every file of a scan
 that directory readahead fetched ahead of its open looked read twice and
-reached main, and the scan flushed the hot set (issue 29).
+reached main, and the scan flushed the hot set.
 
 Implementation and memory: pages indexed by inode number
 ---------------------------------------------------------

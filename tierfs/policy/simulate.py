@@ -1,6 +1,6 @@
 """Replaying read traces through an eviction tracker.  Pure; for tests and the benchmark.
 
-``scan_trace`` builds the scan scenario of issue 12: a hot set (``hot_fraction``
+``scan_trace`` builds the scan scenario: a hot set (``hot_fraction``
 of the capacity) is read ``warm_rounds`` times, then one pass over cold files
 worth ``scan_factor`` times the capacity runs, with one read of the next hot
 file (round robin) after every ``cold_per_hot`` cold reads.  With

@@ -46,8 +46,8 @@ A py-spy of the loop thread during such a burst put the uploads' own share
 at about 9% of its samples: the writer is slowed by the two CPUs being
 shared with the S3 server and the PUT threads, not by upload bookkeeping.
 
-Measured a third time (issue 15 §4; on the code before that issue's trim
-of the write loop, ``tierfs.core.writes``, which saves a few microseconds
+Measured a third time (on the code before the trim of the small-file
+write loop, ``tierfs.core.writes``, which saves a few microseconds
 per file and does not change the picture).  Same 2,000 files,
 ``upload_delay`` 1 s as in the bench, s3rver on the same 2 CPUs, four
 interleaved rounds on a machine whose load average was 7-11 from other

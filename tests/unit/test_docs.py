@@ -1,0 +1,87 @@
+"""The documents stand alone: every relative link and every file they cite
+exists, the README stays short, and no text cites a tracker number instead
+of a reason."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+#: ``[text](target)`` outside code; images too.
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+#: A path of this repository in backticks: a top-level folder, then more.
+CITED_PATH = re.compile(
+    r"`((?:tierfs|daemon|tests|scripts|deploy|systemd|docs)/[A-Za-z0-9_./@-]+)`"
+)
+#: "issue 12", "issue #12", "issues 13 and 15": a tracker number, not a reason.
+TRACKER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def _prose(text: str) -> str:
+    """``text`` without fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file."""
+    anchors = set()
+    for line in _prose(path.read_text(encoding="utf-8")).splitlines():
+        match = re.match(r"#+\s+(.*)", line)
+        if match:
+            slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_relative_links_resolve(doc: Path) -> None:
+    broken = []
+    for target in LINK.findall(_prose(doc.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue  # http:, https:, mailto:
+        file_part, _, anchor = target.partition("#")
+        linked = (doc.parent / file_part).resolve() if file_part else doc
+        anchor_missing = anchor and linked.suffix == ".md" and anchor not in _anchors(linked)
+        if not linked.exists() or anchor_missing:
+            broken.append(target)
+    assert not broken, f"{doc.name}: links that do not resolve: {broken}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_cited_files_exist(doc: Path) -> None:
+    text = doc.read_text(encoding="utf-8")
+    missing = sorted(
+        {
+            cited
+            for cited in CITED_PATH.findall(text)
+            if not any(c in cited for c in "*<") and not (REPO / cited.rstrip("/")).exists()
+        }
+    )
+    assert not missing, f"{doc.name} cites files that do not exist: {missing}"
+
+
+def test_readme_is_short() -> None:
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"README.md has {lines} lines; move details to docs/"
+
+
+def test_no_tracker_numbers() -> None:
+    """Code, tests and documents say why, not which ticket."""
+    here = Path(__file__).resolve()
+    files = [
+        *DOCS,
+        *(p for top in ("tierfs", "daemon", "tests", "scripts") for p in (REPO / top).rglob("*")),
+    ]
+    found = []
+    for path in files:
+        if path == here or not path.is_file() or path.suffix not in {".py", ".md", ".sh", ".toml"}:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if TRACKER.search(line):
+                found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not found, "tracker numbers instead of reasons:\n" + "\n".join(found)
