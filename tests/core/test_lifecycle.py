@@ -5,6 +5,7 @@ before the file opened again, down to the low watermark."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tests.core.conftest import MiB, put
@@ -193,3 +194,27 @@ async def test_where_of_a_directory_totals_its_subtree(make_fs: Any, s3_store: A
     assert tree["pinned_files"] == 1
     root = await fs.where("")
     assert root["files"] == 5 and root["size"] == 7 * MiB + 1000
+
+
+async def test_pin_of_a_file_open_for_writing_names_it_and_leaves_it(
+    make_fs: Any, caplog: Any
+) -> None:
+    """A pin cannot move a file a writer holds open: the pin still applies,
+    the log names the file by its path, and the mover brings it up later."""
+    rule = RuleConfig(match="ds/**", source="policy.toml:1", place="hdd")
+    mount = await make_fs(rules=[rule])
+    fs = mount.fs
+    await fs.mkdir(ROOT_INO, b"ds", 0o755, 0, 0)
+    ino = await mount.write_file("ds/w.bin", data(MiB, 3))
+    assert fs.meta.residency(ino) == {HDD: MiB}
+    opened = await fs.open(ino, os.O_WRONLY)
+    try:
+        caplog.set_level("INFO", logger="tierfs.core.lifecycle")
+        pinned = await fs.lifecycle.pin_path("ds", "nvme")
+        assert pinned["files"] == 1 and fs.policies.pinned_tier(ino) == NVME
+        assert fs.meta.residency(ino) == {HDD: MiB}
+        assert any(
+            "pin: ds/w.bin stays where it is for now" in r.getMessage() for r in caplog.records
+        )
+    finally:
+        await fs.release(opened.fh)

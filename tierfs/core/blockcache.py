@@ -66,8 +66,8 @@ from dataclasses import dataclass
 import trio
 
 from tierfs.errors import BlockDamaged, StoreError, TierfsError
-from tierfs.meta import BlockRecord, MetaDB
-from tierfs.tiers.tier import Tier, pread_padded
+from tierfs.meta import BlockRecord
+from tierfs.tiers.tier import pread_padded
 
 from .digests import read_and_hash
 from .fetch_slots import FetchPriority
@@ -92,8 +92,6 @@ class BlockCache:
 
     def __init__(
         self,
-        meta: MetaDB,
-        tiers: list[Tier],
         open_files: OpenFiles,
         fetcher: Fetcher,
         *,
@@ -106,8 +104,6 @@ class BlockCache:
         failed its checksum; ``on_slow_tier_read``: (ino, tier) when a read
         was served from a tier other than the first (the lifecycle may
         promote the file), O(1), on the read path."""
-        self.meta = meta
-        self.tiers = tiers
         self.open_files = open_files
         self.recent = open_files.recent
         self.fetcher = fetcher
@@ -298,7 +294,7 @@ class BlockCache:
             "checksum mismatch in cached block %d of %r on tier %s: refetching it",
             blockno,
             cf.key,
-            self.tiers[rec.tier].name,
+            self.open_files.tiers[rec.tier].name,
         )
         self.open_files.drop_damaged_clean(cf, blockno)
         return False

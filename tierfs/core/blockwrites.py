@@ -65,7 +65,7 @@ import trio
 
 from tierfs.errors import NoSpace
 from tierfs.meta import BlockRecord, MetaTxn
-from tierfs.tiers.tier import DIRECT_ALIGN, Tier, pwrite_all
+from tierfs.tiers.tier import DIRECT_ALIGN, pwrite_all
 
 from .blockcache import BlockCache
 from .digests import BlockHasher, read_and_hash
@@ -84,10 +84,9 @@ class BlockWrites:
 
     def __init__(
         self,
-        tiers: list[Tier],
-        space: SpaceManager,
         open_files: OpenFiles,
         reads: BlockCache,
+        space: SpaceManager,
         *,
         block_size: int,
         write_space_timeout: float = 60.0,
@@ -95,9 +94,9 @@ class BlockWrites:
     ) -> None:
         """``reads``: for the read-modify-write of partly covered blocks;
         ``on_space_pressure``: ask the uploader to hurry (space is short)."""
-        self.tiers = tiers
         self.space = space
         self.open_files = open_files
+        self.tiers = open_files.tiers
         self.reads = reads
         self.block_size = block_size
         self.write_space_timeout = write_space_timeout
@@ -310,14 +309,6 @@ class BlockWrites:
         tier_bytes = cf.reserved.pop(blockno, None)
         if tier_bytes is not None:
             self.space.release(*tier_bytes)
-
-    def _fd_if_exists(self, cf: CachedFile, tier: int) -> int | None:
-        fd = cf.fds.get(tier)
-        if fd is None:
-            fd = self.tiers[tier].open_file(cf.ino, create=False)
-            if fd is not None:
-                cf.fds[tier] = fd
-        return fd
 
     async def sync_data(self, cf: CachedFile) -> None:
         """fdatasync every cache file of ``cf`` (in a thread)."""

@@ -99,6 +99,7 @@ whatever the number of handles.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import itertools
@@ -111,7 +112,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import trio
 
 from tierfs.errors import PreconditionFailed, StoreError, TierfsError
-from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
+from tierfs.meta import BlockRecord, Inode, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers.tier import DIRECT_ALIGN, Tier, pwrite_all
 
@@ -140,6 +141,23 @@ BACKGROUND_TRICKLE_BYTES = 8 * 1024 * 1024
 
 #: Blocks kept in memory per file when no tier had room for them.
 _TRANSIENT_BLOCKS = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _RangedGet:
+    """One ranged GET of a fetch and where its blocks go (``_get_and_store``)."""
+
+    key: str
+    etag: str
+    offset: int
+    #: Bytes to read from the object (the blocks past its end are zeros).
+    length: int
+    #: Bytes of each block of the run.
+    lengths: list[int]
+    #: Per block, its cache file (None: kept in memory).
+    files: list[_CacheFiles | None]
+    #: Asked between two blocks: end the GET there (see "Priority").
+    stop: Callable[[], bool] | None = None
 
 
 def _demand_priority() -> FetchPriority:
@@ -224,11 +242,9 @@ class Fetcher:
 
     def __init__(
         self,
-        meta: MetaDB,
-        origin: Origin,
-        tiers: list[Tier],
-        space: SpaceManager,
         open_files: OpenFiles,
+        origin: Origin,
+        space: SpaceManager,
         *,
         block_size: int,
         fetch_concurrency: int,
@@ -238,10 +254,11 @@ class Fetcher:
         since it was listed or last checked): HEAD it now.  Returns the new
         inode if the content changed (its cached blocks are already dropped,
         see ``OpenFiles.content_changed``), None if not."""
-        self.meta = meta
         self.origin = origin
-        self.tiers = tiers
         self.space = space
+        #: The metadata and the tiers are the open-file table's.
+        self.meta = open_files.meta
+        self.tiers = open_files.tiers
         self.open_files = open_files
         #: The pool of block buffers; those of blocks just fetched go on to
         #: the recent blocks (``OpenFiles.recent``).
@@ -320,23 +337,16 @@ class Fetcher:
             if priority is FetchPriority.BACKGROUND
             else self.max_run_blocks
         )
-        flights: list[Flight] = []
-        run: list[int] = []
+        runs: list[list[int]] = []
         for blockno in sorted(blocknos):
-            if run and (blockno != run[-1] + 1 or len(run) >= longest):
-                flights.append(self._start_run(cf, run, tier, priority))
-                run = []
-            run.append(blockno)
-        if run:
-            flights.append(self._start_run(cf, run, tier, priority))
-        return flights
+            if runs and blockno == runs[-1][-1] + 1 and len(runs[-1]) < longest:
+                runs[-1].append(blockno)
+            else:
+                runs.append([blockno])
+        return [self._start_run(cf, run, tier, priority) for run in runs]
 
     def _start_run(
-        self,
-        cf: CachedFile,
-        run: list[int],
-        tier: int | None = None,
-        priority: FetchPriority = FetchPriority.DEMAND,
+        self, cf: CachedFile, run: list[int], tier: int | None, priority: FetchPriority
     ) -> Flight:
         flight = Flight(priority)
         for blockno in run:
@@ -362,14 +372,7 @@ class Fetcher:
             self.open_files.close_if_idle(cf)
 
     async def _get_in_thread(
-        self,
-        flight: Flight | None,
-        key: str,
-        etag: str,
-        offset: int,
-        length: int,
-        lengths: list[int],
-        files: list[_CacheFiles | None],
+        self, flight: Flight | None, get: _RangedGet
     ) -> list[tuple[int, bytes, mmap.mmap | None]]:
         """``_get_and_store`` in a thread, holding a fetch slot meanwhile
         (taken at the priority of ``flight``; None: DEMAND).  At debug
@@ -378,31 +381,33 @@ class Fetcher:
         asked = time.perf_counter()
         taken = await self.slots.take(
             (lambda: flight.priority) if flight is not None else _demand_priority,
-            short=length <= SHORT_FETCH_BYTES,
+            short=get.length <= SHORT_FETCH_BYTES,
         )
         try:
-            stop: Callable[[], bool] | None = None
             if taken is FetchPriority.BACKGROUND and flight is not None:
                 if self.slots.demand_active():  # the trickle: a short GET
-                    lengths = lengths[: self.trickle_run_blocks]
-                    files = files[: self.trickle_run_blocks]
-                    length = min(length, sum(lengths))
+                    lengths = get.lengths[: self.trickle_run_blocks]
+                    get = dataclasses.replace(
+                        get,
+                        length=min(get.length, sum(lengths)),
+                        lengths=lengths,
+                        files=get.files[: self.trickle_run_blocks],
+                    )
                 else:  # gives way when demand comes
                     stop = functools.partial(self._background_gives_way, flight)
+                    get = dataclasses.replace(get, stop=stop)
             started = time.perf_counter()
             async with self._fetch_threads:
                 results, thread_done = await self._fetch_hop.run(
-                    functools.partial(
-                        self._timed_get_and_store, key, etag, offset, length, lengths, files, stop
-                    )
+                    functools.partial(self._timed_get_and_store, get)
                 )
             if taken is FetchPriority.DEMAND and log.isEnabledFor(logging.DEBUG):
                 back = time.perf_counter()
                 log.debug(
                     "demand GET %s @%d+%d: slot %.1f ms, thread %.1f ms, loop %.1f ms; running %s",
-                    key,
-                    offset,
-                    length,
+                    get.key,
+                    get.offset,
+                    get.length,
                     1e3 * (started - asked),
                     1e3 * (thread_done - started),
                     1e3 * (back - thread_done),
@@ -419,17 +424,10 @@ class Fetcher:
         return flight.priority is FetchPriority.BACKGROUND and self.slots.demand_present()
 
     def _timed_get_and_store(
-        self,
-        key: str,
-        etag: str,
-        offset: int,
-        length: int,
-        lengths: list[int],
-        files: list[_CacheFiles | None],
-        stop: Callable[[], bool] | None = None,
+        self, get: _RangedGet
     ) -> tuple[list[tuple[int, bytes, mmap.mmap | None]], float]:
         """Thread: ``_get_and_store``, and when it ended."""
-        results = self._get_and_store(key, etag, offset, length, lengths, files, stop)
+        results = self._get_and_store(get)
         return results, time.perf_counter()
 
     async def fetch(
@@ -486,7 +484,7 @@ class Fetcher:
             try:
                 key, etag = self.origin.locate(cf.inode)
                 results = await self._get_in_thread(
-                    flight, key, etag, offset, from_origin, lengths, files
+                    flight, _RangedGet(key, etag, offset, from_origin, lengths, files)
                 )
             except OSError as exc:
                 self._release_all(tiers, lengths)
@@ -607,16 +605,7 @@ class Fetcher:
             cf.ino, tier, nbytes if len(cf.blocks) == 1 else None, used=cf.opened
         )
 
-    def _get_and_store(
-        self,
-        key: str,
-        etag: str,
-        offset: int,
-        length: int,
-        lengths: list[int],
-        files: list[_CacheFiles | None],
-        stop: Callable[[], bool] | None = None,
-    ) -> list[tuple[int, bytes, mmap.mmap | None]]:
+    def _get_and_store(self, get: _RangedGet) -> list[tuple[int, bytes, mmap.mmap | None]]:
         """Thread: one ranged GET of ``length`` bytes, straight into one
         pooled buffer per block, zero-padded to the blocks' total; each block
         written to its cache file with its digest (or returned as bytes,
@@ -629,6 +618,14 @@ class Fetcher:
         the page cache was most of the daemon's CPU on cold reads); their
         buffers are returned too, to serve the reads that follow from
         memory.  Every other buffer goes back to the pool."""
+        key, offset, length, lengths, files, stop = (
+            get.key,
+            get.offset,
+            get.length,
+            get.lengths,
+            get.files,
+            get.stop,
+        )
         bufs = [self.buffers.take() for _ in lengths]
         kept = [False] * len(bufs)
         # Every view of ``bufs`` made here is released before the buffers go
@@ -647,7 +644,7 @@ class Fetcher:
                 return stopped
 
             got = self.origin.get_range_into(
-                key, offset, views, etag or None, None if stop is None else stop_here
+                key, offset, views, get.etag or None, None if stop is None else stop_here
             )
             count = len(bufs)
             if stopped and got < length:  # whole blocks only: the first ``count``

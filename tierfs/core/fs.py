@@ -179,7 +179,7 @@ class TierFS:
         self.damage = DamageLog(
             meta, tiers, config.fetch.block_size, path_of=self.namespace.path_of
         )
-        self.policies = FilePolicies(config, meta, tiers, self.journal, self.namespace)
+        self.policies = FilePolicies(config, tiers, meta, self.journal, self.namespace)
         self.space = SpaceManager(
             tiers,
             meta,
@@ -189,18 +189,14 @@ class TierFS:
             on_tier_full=self.policies.wake_mover,
         )
         self.fetcher = Fetcher(
-            meta,
-            Origin(store, self.journal.read_origin),
-            tiers,
-            self.space,
             self.open_files,
+            Origin(store, self.journal.read_origin),
+            self.space,
             block_size=config.fetch.block_size,
             fetch_concurrency=config.fetch.concurrency,
             revalidate_origin=self.namespace.revalidate_now,
         )
         self.blocks = BlockCache(
-            meta,
-            tiers,
             self.open_files,
             self.fetcher,
             block_size=config.fetch.block_size,
@@ -209,10 +205,9 @@ class TierFS:
             on_slow_tier_read=self.policies.slow_tier_read,
         )
         self.block_writes = BlockWrites(
-            tiers,
-            self.space,
             self.open_files,
             self.blocks,
+            self.space,
             block_size=config.fetch.block_size,
             write_space_timeout=config.write.space_wait,
             on_space_pressure=self.journal.hurry,

@@ -77,22 +77,19 @@ class FilePolicies:
     docstring)."""
 
     def __init__(
-        self,
-        config: Config,
-        meta: MetaDB,
-        tiers: list[Tier],
-        journal: Journal,
-        namespace: Namespace,
+        self, config: Config, tiers: list[Tier], pins: MetaDB, journal: Journal, names: Namespace
     ) -> None:
-        self.config = config
-        self.meta = meta
-        self.tiers = tiers
-        self.journal = journal
-        self.namespace = namespace
+        """``pins``: where pins are kept; ``names``: the namespace, for the
+        paths rules match."""
+        self.write_mode = config.write.mode
         self.rule_configs = config.rules
-        self.rules = RuleSet(config.rules, default_write=config.write.mode)
+        self.rules = RuleSet(config.rules, default_write=self.write_mode)
+        self.tier_names = [t.name for t in tiers]
         self._tier_index = {t.name: t.index for t in tiers}
-        self._pins: dict[int, int] = meta.pins()
+        self.meta = pins
+        self._pins: dict[int, int] = pins.pins()
+        self.journal = journal
+        self.namespace = names
         # Per-inode cache: ino -> (rule match, placement tier, pinned tier).
         self._per_inode: dict[int, InodePolicy] = {}
         self._cache_gen = journal.namespace_gen
@@ -158,7 +155,7 @@ class FilePolicies:
     def write_through(self, ino: int) -> bool:
         match = self.policy_of(ino).match
         if match is None:
-            return self.config.write.mode == "through"
+            return self.write_mode == "through"
         return match.rule.write == "through"
 
     def pinned_tier(self, ino: int) -> int | None:
@@ -204,7 +201,7 @@ class FilePolicies:
     def set_rules(self, rule_configs: tuple[RuleConfig, ...]) -> None:
         """Put these rules in force (a reload)."""
         self.rule_configs = rule_configs
-        self.rules = RuleSet(rule_configs, default_write=self.config.write.mode)
+        self.rules = RuleSet(rule_configs, default_write=self.write_mode)
         self._invalidate()
 
     def pin(self, ino: int, tier: int) -> None:
@@ -229,6 +226,6 @@ class FilePolicies:
             return None
         index = self._tier_index.get(name)
         if index is None:
-            known = ", ".join(t.name for t in self.tiers)
+            known = ", ".join(self.tier_names)
             raise InvalidArgument(f"no tier named {name!r}; the tiers are {known}")
         return index
