@@ -25,6 +25,7 @@ from tierfs.config import (
     load_policy,
     parse_backing_url,
 )
+from tierfs.config import loader as config_loader
 from tierfs.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -819,13 +820,13 @@ def test_inline_tables_are_accepted_and_located(write: Write, tmp_path: Path) ->
     path = write(text)
     problems = problems_of(path)
     assert [(line, s.split(";")[0]) for _, line, s in problems] == [
+        (5, "high_watermark: 2 is outside (0, 1]"),
         (
             5,
             'the tier path "'
             + str(tmp_path / "nvme")
             + '" is already used by the tier "nvme" at line 4',
         ),
-        (5, "high_watermark: 2 is outside (0, 1]"),
     ]
 
 
@@ -983,7 +984,7 @@ def test_tier_path_not_writable(
 ) -> None:
     if os.geteuid() == 0:
         # root passes every access() check: simulate the answer instead.
-        monkeypatch.setattr(config_mod, "_access", lambda path, mode: False)
+        monkeypatch.setattr(config_loader, "_access", lambda path, mode: False)
     else:
         (tmp_path / "nvme").chmod(0o500)
     try:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tierfs.config import reference
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
@@ -63,6 +65,14 @@ def test_cited_files_exist(doc: Path) -> None:
         }
     )
     assert not missing, f"{doc.name} cites files that do not exist: {missing}"
+
+
+def test_readme_keys_table_is_the_schema() -> None:
+    """The README's table of config keys says what the loader checks."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert reference.rewrite(text) == text, (
+        "the README's config keys are stale: run python -m tierfs.config.reference README.md"
+    )
 
 
 def test_readme_is_short() -> None:
