@@ -28,7 +28,7 @@ from typing import IO, Any
 from tierfs import pin_sizes
 from tierfs.config import Config, check_file, load_config, load_policy
 from tierfs.control.client import Location, locate, request
-from tierfs.control.protocol import PRELOAD_LIST_CHUNK
+from tierfs.control.protocol import list_chunks
 from tierfs.errors import ConfigError, ControlError, TierfsError
 from tierfs.policy.rules import shadowed_rules
 from tierfs.units import format_size, parse_rate
@@ -362,18 +362,6 @@ def _list_lines(stream: IO[str]) -> Iterator[str]:
             yield path
 
 
-def _list_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    chunk: list[str] = []
-    for path in lines:
-        chunk.append(path)
-        if len(chunk) >= PRELOAD_LIST_CHUNK:
-            yield {"paths": chunk}
-            chunk = []
-    if chunk:
-        yield {"paths": chunk}
-    yield {"end": True}
-
-
 def _preload_mount(paths: list[str], first_line: str | None) -> tuple[Location, list[str]]:
     """The mount of the preload (that of the PATHs; else of an absolute
     first list line; else of the current directory) and the PATHs relative
@@ -525,7 +513,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
         lines = _list_lines(list_file) if list_file is not None else iter(())
         first = next(lines, None)
         mount, relpaths = _preload_mount(args.paths, first)
-        listed = _list_chunks(_prepend(first, lines)) if list_file is not None else iter(())
+        listed = list_chunks(_prepend(first, lines)) if list_file is not None else iter(())
         request_args = {
             "paths": relpaths,
             "tier": args.tier,
@@ -582,7 +570,7 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
             raise CliError(f"{args.order}: {exc.strerror}") from None
     try:
         result = request(
-            mount.socket_path, "prefetch", {}, more=_list_chunks(_list_lines(order_file))
+            mount.socket_path, "prefetch", {}, more=list_chunks(_list_lines(order_file))
         )
     finally:
         if order_file is not sys.stdin:

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tierfs.cli import _list_chunks
 from tierfs.control.client import locate, request
+from tierfs.control.protocol import list_chunks
 
 __all__ = ["clear_order", "set_epoch_order", "set_order"]
 
@@ -46,7 +46,7 @@ def set_order(
     location = locate(mountpoint)
     args = {"window_files": window_files, "window_bytes": window_bytes}
     result: dict[str, Any] = request(
-        location.socket_path, "prefetch", args, more=_list_chunks(_lines(paths))
+        location.socket_path, "prefetch", args, more=list_chunks(_lines(paths))
     )
     return result
 

@@ -1,7 +1,7 @@
 """``tierfs status --watch``: a rich table of a mount, refreshed every second.
 
 Everything comes from the control socket's ``status`` reply, the same
-figures the Prometheus endpoint exports (``tierfs.workers.metrics``); no
+figures the Prometheus endpoint exports (``tierfs.metrics``); no
 HTTP scraping, and it works with metrics off.  Rates are the difference of
 two replies divided by the time between them (``status["time"]``), so the
 first frame shows totals and "-" for rates.

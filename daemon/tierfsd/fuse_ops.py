@@ -153,7 +153,7 @@ import pyfuse3
 from tierfs.core import Attributes, DirEntry, TierFS
 from tierfs.core.posix_attrs import Caller
 from tierfs.errors import EndpointUnreachable, NotFound, TierfsError
-from tierfs.workers.metrics import LatencyTable, Metrics
+from tierfs.metrics import LatencyTable, Metrics
 
 log = logging.getLogger(__name__)
 

@@ -54,10 +54,10 @@ from tierfs.core import TierFS
 from tierfs.core.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
+from tierfs.metrics import Metrics, MetricsServer
 from tierfs.store import open_store
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 from tierfs.workers.dirahead import DirectoryReadahead
-from tierfs.workers.metrics import Metrics, MetricsServer
 from tierfs.workers.mover import Mover
 from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader

@@ -51,7 +51,7 @@ import trio
 import xxhash
 
 from tierfs.core import movement
-from tierfs.tiers.tier import pwrite_all
+from tierfs.tiers import pwrite_all
 
 MiB = 1 << 20
 BLOCK = 4 * MiB

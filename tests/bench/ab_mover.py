@@ -38,7 +38,7 @@ from tierfs.config import load_config
 from tierfs.core import TierFS
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 from tierfs.workers.mover import Mover
 
 MiB = 1 << 20

@@ -29,7 +29,7 @@ import pyfuse3
 from tierfsd.fuse_ops import _errno
 
 from tierfs.errors import EndpointUnreachable, InvalidArgument, TierfsError
-from tierfs.workers.metrics import Metrics
+from tierfs.metrics import Metrics
 
 CALLS = 200_000
 RUNS = 5

@@ -34,7 +34,7 @@ from tierfs.core import TierFS
 from tierfs.errors import NotFound
 from tierfs.meta import MetaDB
 from tierfs.store import ListPage, ObjectInfo
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 from tierfs.workers.uploader import run_uploader
 
 MiB = 1024 * 1024

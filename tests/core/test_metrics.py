@@ -27,10 +27,10 @@ from tests.core.test_prefetch import FILE_BYTES, put_files, settled
 from tests.faults import FaultProxy
 from tierfs.config import MetricsConfig
 from tierfs.errors import CannotListen
+from tierfs.metrics import PREFETCH_COUNTERS, PREFETCH_GAUGES, Metrics, MetricsServer
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store
 from tierfs.watch import render_status
-from tierfs.workers.metrics import PREFETCH_COUNTERS, PREFETCH_GAUGES, Metrics, MetricsServer
 from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader
 

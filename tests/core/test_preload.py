@@ -18,7 +18,8 @@ from tierfs.config import FetchConfig
 from tierfs.core.fetcher import BACKGROUND_TRICKLE_BYTES
 from tierfs.core.namespace import LIST_AHEAD, WALK_PAGE
 from tierfs.errors import InvalidArgument, StoreAccessDenied
-from tierfs.workers.preload import Preloader, PreloadJob, normalize_path
+from tierfs.workers.pathlists import normalize_path
+from tierfs.workers.preload import Preloader, PreloadJob
 
 TREE = {
     "data/a/x.bin": 3 * MiB + 5,

@@ -21,7 +21,7 @@ CITED_PATH = re.compile(
     r"`((?:tierfs|daemon|tests|scripts|deploy|systemd|docs)/[A-Za-z0-9_./@-]+)`"
 )
 #: "issue 12", "issue #12", "issues 13 and 15": a tracker number, not a reason.
-TRACKER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+TRACKER = re.compile(r"\bissues?[- ]#?\d+", re.IGNORECASE)
 
 
 def _prose(text: str) -> str:

@@ -1,4 +1,4 @@
-"""The per-operation latency tables of tierfs.workers.metrics, read back
+"""The per-operation latency tables of tierfs.metrics, read back
 through prometheus-client's own parser of the text exposition."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tierfs.workers.metrics import FUSE_BUCKETS, Metrics
+from tierfs.metrics import FUSE_BUCKETS, Metrics
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

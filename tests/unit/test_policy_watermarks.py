@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from tierfs.policy.watermarks import (
     TierUsage,
     bytes_to_free,
-    bytes_to_reach,
     is_above,
     mark,
     room_below,
@@ -47,7 +46,6 @@ def test_freeing_reaches_the_mark_and_no_further(used: int, capacity: int, fract
         assert is_above(used, capacity, fraction)
     else:
         assert not is_above(used, capacity, fraction)
-    assert bytes_to_reach(used, capacity, fraction) == need
 
 
 @given(sizes, sizes, fractions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tierfs.workers.preload import TAKE_BYTES, PathSpool
+from tierfs.workers.pathlists import TAKE_BYTES, PathSpool
 
 
 def test_take_returns_what_was_added_since_the_last_take(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from tierfs.config import TierConfig
 from tierfs.core.space import SpaceManager
 from tierfs.meta import BlockRecord, MetaDB
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 MiB = 1024 * 1024
 

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from tierfs.config import TierConfig
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 MiB = 1 << 20
 

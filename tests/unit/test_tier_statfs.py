@@ -1,6 +1,6 @@
 """Tier.usable_bytes reuses a recent statvfs answer, less what was placed since,
 and asks again when it is old or the filesystem is nearly full
-(``tierfs.tiers.tier``, module docstring)."""
+(``tierfs.tiers``, module docstring)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tierfs import tiers as tier_module
 from tierfs.config import TierConfig
-from tierfs.tiers import tier as tier_module
-from tierfs.tiers.tier import STATFS_REUSE, STATFS_REUSE_ABOVE, FsStats, Tier
+from tierfs.tiers import STATFS_REUSE, STATFS_REUSE_ABOVE, FsStats, Tier
 
 MiB = 1 << 20
 GiB = 1 << 30

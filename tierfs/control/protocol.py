@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,17 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ValueError("control message is not a JSON object")
     return message
+
+
+def list_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """A list of paths as the messages that stream it to the daemon: chunks
+    of ``PRELOAD_LIST_CHUNK`` paths, then the end."""
+    chunk: list[str] = []
+    for path in lines:
+        chunk.append(path)
+        if len(chunk) >= PRELOAD_LIST_CHUNK:
+            yield {"paths": chunk}
+            chunk = []
+    if chunk:
+        yield {"paths": chunk}
+    yield {"end": True}

@@ -31,14 +31,9 @@ import trio
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
 from tierfs.errors import InvalidArgument, TierfsError, describe
+from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
 from tierfs.workers.prefetch import Prefetcher
-from tierfs.workers.preload import (
-    BAD_LINES_NAMED,
-    PathSpool,
-    Preloader,
-    PreloadJob,
-    normalize_path,
-)
+from tierfs.workers.preload import Preloader, PreloadJob
 
 log = logging.getLogger(__name__)
 

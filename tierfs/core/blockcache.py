@@ -67,7 +67,7 @@ import trio
 
 from tierfs.errors import BlockDamaged, StoreError, TierfsError
 from tierfs.meta import BlockRecord
-from tierfs.tiers.tier import pread_padded
+from tierfs.tiers import pread_padded
 
 from .digests import read_and_hash
 from .fetch_slots import FetchPriority

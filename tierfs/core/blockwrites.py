@@ -65,7 +65,7 @@ import trio
 
 from tierfs.errors import NoSpace
 from tierfs.meta import BlockRecord, MetaTxn
-from tierfs.tiers.tier import DIRECT_ALIGN, pwrite_all
+from tierfs.tiers import DIRECT_ALIGN, pwrite_all
 
 from .blockcache import BlockCache
 from .digests import BlockHasher, read_and_hash

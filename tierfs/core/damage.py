@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from tierfs.meta import MetaDB
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 log = logging.getLogger(__name__)
 

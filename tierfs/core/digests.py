@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import xxhash
 
-from tierfs.tiers.tier import pread_padded
+from tierfs.tiers import pread_padded
 
 
 def block_digest(data: bytes | memoryview) -> int:

@@ -114,7 +114,7 @@ import trio
 from tierfs.errors import PreconditionFailed, StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, SyncState
 from tierfs.store import ObjectStore
-from tierfs.tiers.tier import DIRECT_ALIGN, Tier, pwrite_all
+from tierfs.tiers import DIRECT_ALIGN, Tier, pwrite_all
 
 from .digests import block_digest
 from .fetch_slots import SHORT_FETCH_BYTES, FetchPriority, FetchSlots

@@ -63,7 +63,7 @@ from tierfs.meta import ROOT_INO, BlockRecord, Inode, MetaDB, SyncState
 from tierfs.meta.records import decode_inode
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 from .attrcache import AttributeCache
 from .blockcache import BlockCache

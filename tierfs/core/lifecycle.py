@@ -63,7 +63,7 @@ from tierfs.meta import ROOT_INO, MetaDB, SyncState
 from tierfs.policy.planner import FileFacts, Move, plan_moves, summarize
 from tierfs.policy.rules import RuleSet, shadowed_rules
 from tierfs.policy.watermarks import TierUsage
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 from .clock import Clock
 from .journal import Journal

@@ -126,7 +126,7 @@ between, so they are atomic with respect to other trio tasks.  Readers may
 read the file during a relocate: until the switch they read ``src``, after
 it ``dst`` (the CachedFile's block map is updated with the records).  The
 relocate holds a reference to the file's CachedFile, so the file counts as
-busy (no LRU eviction, no orphan cleanup) while it runs.
+busy (no emergency eviction, no orphan cleanup) while it runs.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ from tierfs.errors import (
     NotFound,
 )
 from tierfs.meta import BlockRecord, Inode, MetaDB
-from tierfs.tiers.tier import Tier, pwrite_all
+from tierfs.tiers import Tier, pwrite_all
 
 from .digests import BlockHasher, block_digest
 from .fetch_slots import FetchPriority

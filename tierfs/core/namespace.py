@@ -185,7 +185,7 @@ reserved name ``.tierfs-attrs`` is never listed in the root.
 Shadow names this listing found for no child (orphans, e.g. of a delete on
 a node that crashed) are remembered per directory in memory: a file created
 under such a name takes them into its shadow ledger, and its upload deletes
-them (``SyncOps``).  Mounts of a sub-prefix of another mount's prefix do not
+them (``Sync``).  Mounts of a sub-prefix of another mount's prefix do not
 see that mount's shadows; mount the same prefix on every node.
 
 Stale-if-error: while ``endpoint_suspect`` (breaker open, the last request
@@ -976,8 +976,8 @@ class Namespace:
         ``listed_key``: where a listing found it (a rename's pending copy
         still reads from there); default its ``origin_key`` (files) or its
         current key (directories).  Called before anything of the inode
-        leaves the node (``SyncOps``: upload, copy, metadata, marker) and
-        before a chmod or chown of it (``WriteOps.setattr``): provisional,
+        leaves the node (``Sync``: upload, copy, metadata, marker) and
+        before a chmod or chown of it (``FileWrites.setattr``): provisional,
         owner-only attributes must never become a shadow object or object
         metadata (a write after a lookup whose ``_wait_listing`` ran out
         once uploaded a 0600 shadow nobody asked for).  Raises the store's

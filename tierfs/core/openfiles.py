@@ -44,7 +44,7 @@ import trio
 
 from tierfs.errors import StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 from .buffers import RecentBlocks
 from .digests import BlockHasher

@@ -42,7 +42,7 @@ from tierfs.config import Config, RuleConfig
 from tierfs.errors import InvalidArgument, NotFound
 from tierfs.meta import ROOT_INO, Inode, MetaDB
 from tierfs.policy.rules import RuleMatch, RuleSet
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 from .journal import Journal
 from .namespace import Namespace

@@ -59,8 +59,8 @@ from collections.abc import Callable, Sequence
 
 from tierfs.meta import MetaDB
 from tierfs.policy.eviction import EvictionTracker, LruTracker, S3FifoTracker
-from tierfs.policy.watermarks import bytes_to_reach
-from tierfs.tiers.tier import Tier
+from tierfs.policy.watermarks import bytes_to_free
+from tierfs.tiers import Tier
 
 from .clock import Clock
 
@@ -181,7 +181,7 @@ class SpaceManager:
         anything was dropped."""
         for tier in reversed(range(len(self.tiers))):
             t = self.tiers[tier]
-            target = max(bytes_to_reach(self.used(tier), t.capacity, t.low_watermark), 1)
+            target = max(bytes_to_free(self.used(tier), t.capacity, t.low_watermark), 1)
             tracker = self.trackers[tier]
             kept: list[tuple[int, int]] = []
             freed = files = 0
@@ -207,7 +207,7 @@ class SpaceManager:
 
     def drop_clean(self, ino: int, tier: int | None = None) -> int:
         """Drop the clean blocks of ``ino`` (on ``tier``, or on every tier):
-        the one place that drops local copies (LRU eviction here, and
+        the one place that drops local copies (the emergency eviction here, and
         ``DataMovement.evict``).  Dirty blocks are never dropped.  The caller
         checked that the file is not busy (no CachedFile: no open fds).
 

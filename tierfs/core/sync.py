@@ -130,7 +130,7 @@ from tierfs.errors import (
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore, abort_stale_uploads
 from tierfs.store.breaker import CircuitBreaker
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 from .blockwrites import BlockWrites
 from .damage import DamageLog

@@ -113,7 +113,7 @@ from tierfs.errors import (
     PermissionDenied,
 )
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
-from tierfs.tiers.tier import Tier
+from tierfs.tiers import Tier
 
 from .blockwrites import BlockWrites
 from .handles import Handle, Handles

@@ -36,7 +36,6 @@ from fractions import Fraction
 __all__ = [
     "TierUsage",
     "bytes_to_free",
-    "bytes_to_reach",
     "is_above",
     "mark",
     "room_below",
@@ -66,10 +65,6 @@ def bytes_to_free(used: int, capacity: int, fraction: float) -> int:
     """How much to free so that ``used <= mark(capacity, fraction)``."""
     _check(used, capacity, fraction)
     return max(0, used - mark(capacity, fraction))
-
-
-# The name the issue-2 code uses (core/space.py); same arithmetic.
-bytes_to_reach = bytes_to_free
 
 
 def room_below(used: int, capacity: int, fraction: float) -> int:

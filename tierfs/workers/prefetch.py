@@ -82,7 +82,7 @@ Figures: ``status()`` (files prefetched, hits, opens, cancelled fills,
 window...; the counters start again with each new order).  While ``run``
 runs, it is also the file system's status section ``STATUS_SECTION``, which
 ``tierfs status`` shows and the metrics collector exports
-(``tierfs.workers.metrics``: ``tierfs_prefetch_*``).
+(``tierfs.metrics``: ``tierfs_prefetch_*``).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ from tierfs.core.openfiles import CachedFile
 from tierfs.errors import IsADirectory, TierfsError, describe
 from tierfs.meta import Inode
 
-from .preload import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool
+from .pathlists import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool
 
 log = logging.getLogger(__name__)
 
