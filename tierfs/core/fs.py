@@ -109,6 +109,10 @@ READDIR_BATCH = 32
 
 
 class TierFS:
+    """The file system the FUSE layer and the control server call: builds
+    the parts, forwards each operation to them, and answers ``status`` and
+    ``where`` from their figures (see the module docstring)."""
+
     def __init__(
         self,
         config: Config,

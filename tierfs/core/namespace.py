@@ -327,6 +327,9 @@ DIR_KEYS_MAX = 65536
 
 
 class Namespace:
+    """The mount's names: the bucket's keys as directories and files in
+    LMDB, listed lazily and kept fresh (see the module docstring)."""
+
     def __init__(
         self,
         meta: MetaDB,
