@@ -1,7 +1,8 @@
 """Block writes: the write path of an open file's blocks.
 
 ``BlockWrites`` writes, truncates, seals and commits the blocks of a
-``CachedFile``, makes a file wholly local before an upload and gives the
+``CachedFile`` (``commit``: the block records, the inode and the upload owed
+in the journal, in one LMDB transaction), makes a file wholly local before an upload and gives the
 uploader a reader of its bytes.  Only ``FileWrites`` (POSIX writes) and
 ``Sync`` (commits, uploads) call it.
 
@@ -64,11 +65,12 @@ from collections.abc import Callable, Iterable
 import trio
 
 from tierfs.errors import NoSpace
-from tierfs.meta import BlockRecord, MetaTxn
+from tierfs.meta import BlockRecord, MetaTxn, SyncState
 from tierfs.tiers import DIRECT_ALIGN, pwrite_all
 
 from .blockcache import BlockCache
 from .digests import BlockHasher, read_and_hash
+from .journal import Journal
 from .openfiles import CachedFile, OpenFiles
 from .space import SpaceManager
 from .upload_source import UploadSource
@@ -87,6 +89,7 @@ class BlockWrites:
         open_files: OpenFiles,
         reads: BlockCache,
         space: SpaceManager,
+        journal: Journal,
         *,
         block_size: int,
         write_space_timeout: float = 60.0,
@@ -95,7 +98,9 @@ class BlockWrites:
         """``reads``: for the read-modify-write of partly covered blocks;
         ``on_space_pressure``: ask the uploader to hurry (space is short)."""
         self.space = space
+        self.journal = journal
         self.open_files = open_files
+        self.meta = open_files.meta
         self.tiers = open_files.tiers
         self.reads = reads
         self.block_size = block_size
@@ -345,6 +350,25 @@ class BlockWrites:
                 cf.blocks[blockno] = dataclasses.replace(rec, digest=digest, sealed=True)
                 # Hashed from the tier just now: as verified as a first read.
                 self.open_files.mark_verified(cf.ino, blockno)
+
+    async def commit(self, cf: CachedFile, *, sync: bool) -> None:
+        """Make the file's writes durable on the local tier (``sync``: also
+        fdatasync), with the digests of its dirty blocks (``seal``),
+        and its upload owed in the journal.  ``sync`` commits the whole
+        metadata group, so every namespace change made before it (the
+        file's create, a parent directory made just before) is durable too."""
+        if sync:
+            await self.sync_data(cf)
+        await self.seal(cf)  # digests of the dirty blocks, committed with them
+        if cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None:
+            with self.journal.write() as w:
+                self.commit_records(cf, w.tx)
+                w.tx.put_inode(cf.inode)
+                if cf.inode.state != SyncState.CLEAN:
+                    w.ensure_upload(cf.ino)
+            self.committed(cf)
+        if sync:
+            self.meta.sync()  # also what earlier closes left in the group
 
     def commit_records(self, cf: CachedFile, tx: MetaTxn) -> None:
         """Write uncommitted block changes into ``tx`` (the caller's

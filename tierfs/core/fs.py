@@ -29,9 +29,9 @@ calls parts built before it):
     space         placement of blocks on tiers, emergency eviction (``space``)
     fetcher       filling absent blocks from the bucket (``fetcher``)
     blocks        serving reads from the tiers, checks, readahead (``blockcache``)
-    block_writes  the blocks of writes: write, truncate, seal (``blockwrites``)
+    block_writes  the blocks of writes: write, truncate, seal, commit (``blockwrites``)
     handles       open file handles and writers (``handles``)
-    sync          local commits, journal execution, flush, upload (``sync``)
+    sync          journal execution, upload, flush (``sync``)
     writes        POSIX mutations (``writes``)
     movement      fill / relocate / evict / check of a file's blocks (``movement``)
     lifecycle     the plan of moves, pin / evict / reload (``lifecycle``)
@@ -212,6 +212,7 @@ class TierFS:
             self.open_files,
             self.blocks,
             self.space,
+            self.journal,
             block_size=config.fetch.block_size,
             write_space_timeout=config.write.space_wait,
             on_space_pressure=self.journal.hurry,
@@ -636,7 +637,7 @@ class TierFS:
         try:
             if handle.writable:
                 if ino not in self._orphans:
-                    await self.sync.commit(cf, sync=False)
+                    await self.block_writes.commit(cf, sync=False)
                 if self.handles.writer_closed(ino):
                     self.journal.schedule(ino, self.config.write.upload_delay)
         finally:

@@ -239,8 +239,9 @@ def object_metadata(inode: Inode) -> dict[str, str]:
 
 
 class Sync:
-    """Journal execution, local commits of a file's writes, flush and upload
-    (see the module docstring).  Its collaborators come in at construction."""
+    """The bucket side of writes: carrying journal entries to the bucket
+    (uploads, copies, markers, metadata) and waiting for them (``flush``);
+    see the module docstring.  Local commits are ``BlockWrites.commit``."""
 
     def __init__(
         self,
@@ -292,26 +293,7 @@ class Sync:
         self._uploaded: list[_Uploaded] = []
         self._batch_committed: trio.Event | None = None
 
-    # --- local commits ------------------------------------------------------------------------
-
-    async def commit(self, cf: CachedFile, *, sync: bool) -> None:
-        """Make the file's writes durable on the local tier (``sync``: also
-        fdatasync), with the digests of its dirty blocks (``BlockWrites.seal``),
-        and its upload owed in the journal.  ``sync`` commits the whole
-        metadata group, so every namespace change made before it (the
-        file's create, a parent directory made just before) is durable too."""
-        if sync:
-            await self.block_writes.sync_data(cf)
-        await self.block_writes.seal(cf)  # digests of the dirty blocks, committed with them
-        if cf.uncommitted or cf.inode_dirty or cf.truncated_from is not None:
-            with self.journal.write() as w:
-                self.block_writes.commit_records(cf, w.tx)
-                w.tx.put_inode(cf.inode)
-                if cf.inode.state != SyncState.CLEAN:
-                    w.ensure_upload(cf.ino)
-            self.block_writes.committed(cf)
-        if sync:
-            self.meta.sync()  # also what earlier closes left in the group
+    # --- local changes ------------------------------------------------------------------------
 
     def content_changed_locally(self, ino: int) -> None:
         """New bytes: an upload refused for damage, or by the bucket, may be
@@ -940,7 +922,7 @@ class Sync:
         prefix = self.namespace.key_of(inode) if inode.ino != 1 else ""
         for cf in list(self.open_files.files.values()):
             if cf.inode.state != SyncState.CLEAN:
-                await self.commit(cf, sync=False)
+                await self.block_writes.commit(cf, sync=False)
         if not prefix:  # the whole mount: every entry, no keys to work out
             seqs = set(self.journal.entries)
         else:

@@ -638,7 +638,7 @@ class FileWrites:
             self.sync.content_changed_locally(cf.ino)
             await self.block_writes.truncate(cf, size)
             cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
-            await self.sync.commit(cf, sync=False)
+            await self.block_writes.commit(cf, sync=False)
             if not self.handles.writers.get(cf.ino):
                 self.journal.schedule(cf.ino, self.config.write.upload_delay)
         finally:
@@ -646,14 +646,14 @@ class FileWrites:
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self.handles.get(fh)
-        await self.sync.commit(handle.cached, sync=True)
+        await self.block_writes.commit(handle.cached, sync=True)
         if handle.cached.inode.state != SyncState.CLEAN:
             await self._after_durable_point(handle.cached.ino)
 
     async def flush(self, fh: int) -> None:
         handle = self.handles.get(fh)
         if handle.writable:
-            await self.sync.commit(handle.cached, sync=False)
+            await self.block_writes.commit(handle.cached, sync=False)
             if self._write_through(handle.inode) and handle.cached.inode.state != SyncState.CLEAN:
                 await self._after_durable_point(handle.cached.ino)
 
