@@ -618,14 +618,8 @@ class Fetcher:
         the page cache was most of the daemon's CPU on cold reads); their
         buffers are returned too, to serve the reads that follow from
         memory.  Every other buffer goes back to the pool."""
-        key, offset, length, lengths, files, stop = (
-            get.key,
-            get.offset,
-            get.length,
-            get.lengths,
-            get.files,
-            get.stop,
-        )
+        key, offset, lengths, files, stop = get.key, get.offset, get.lengths, get.files, get.stop
+        length = get.length  # cut to the whole blocks read when the GET stops early
         bufs = [self.buffers.take() for _ in lengths]
         kept = [False] * len(bufs)
         # Every view of ``bufs`` made here is released before the buffers go

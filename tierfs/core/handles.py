@@ -69,10 +69,6 @@ class Handle:
     reads_through_cache: bool = False
 
 
-async def _no_kernel(ino: int, data: bool) -> None:
-    return None
-
-
 class Handles:
     def __init__(
         self,
@@ -80,8 +76,8 @@ class Handles:
         blocks: BlockCache,
         space: SpaceManager,
         journal: Journal,
-        tasks: BackgroundTasks | None = None,
-        invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
+        tasks: BackgroundTasks,
+        invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]],
     ) -> None:
         """``invalidate_kernel_cache(ino, data)``: from the daemon, drop the
         kernel's cached attributes of an inode and, if ``data``, its pages
@@ -118,8 +114,7 @@ class Handles:
         if not still_exists:
             return
         self.stale_page_cache.add(ino)
-        if self.tasks is not None:
-            self.tasks.spawn_once("kernel_invalidation", self.invalidate_kernel_cache, ino, True)
+        self.tasks.spawn_once("kernel_invalidation", self.invalidate_kernel_cache, ino, True)
 
     def open(
         self,

@@ -17,7 +17,7 @@ Invariants:
   the live cache files.  Nor is a file with changes not uploaded yet
   (``busy_reason``: the one check the emergency eviction and the
   data-movement API both use).  A part that deletes or replaces a cache file
-  closes the fds first (``close_cache_fds``, ``drop_cache_file``).
+  closes the fds first (``close_cache_fds``).
 * A block is served without a check only once it was verified in this
   mount (``mark_verified``; a block moved between tiers or rewritten is
   forgotten again), or while it is dirty with no digest yet or a write of
@@ -283,13 +283,6 @@ class OpenFiles:
             if fd is not None:
                 cf.fds[tier] = fd
         return fd
-
-    def drop_cache_file(self, cf: CachedFile, tier: int) -> None:
-        """Delete ``cf``'s cache file on ``tier``, which no block record names
-        any more, and close its fds (a later block placed there starts a
-        new file).  Only when nothing else is using those fds."""
-        self.close_cache_fds(cf, tier)
-        self.tiers[tier].remove_file(cf.ino)
 
     @staticmethod
     def close_cache_fds(cf: CachedFile, tier: int) -> None:

@@ -77,19 +77,23 @@ class FilePolicies:
     docstring)."""
 
     def __init__(
-        self, config: Config, tiers: list[Tier], pins: MetaDB, journal: Journal, names: Namespace
+        self,
+        config: Config,
+        tiers: list[Tier],
+        meta: MetaDB,
+        journal: Journal,
+        namespace: Namespace,
     ) -> None:
-        """``pins``: where pins are kept; ``names``: the namespace, for the
-        paths rules match."""
+        """``meta`` keeps the pins; ``namespace`` gives the paths rules match."""
         self.write_mode = config.write.mode
         self.rule_configs = config.rules
         self.rules = RuleSet(config.rules, default_write=self.write_mode)
         self.tier_names = [t.name for t in tiers]
         self._tier_index = {t.name: t.index for t in tiers}
-        self.meta = pins
-        self._pins: dict[int, int] = pins.pins()
+        self.meta = meta
+        self._pins: dict[int, int] = meta.pins()
         self.journal = journal
-        self.namespace = names
+        self.namespace = namespace
         # Per-inode cache: ino -> (rule match, placement tier, pinned tier).
         self._per_inode: dict[int, InodePolicy] = {}
         self._cache_gen = journal.namespace_gen

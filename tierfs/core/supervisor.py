@@ -267,10 +267,6 @@ class BackgroundTasks:
     def attach(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
 
-    @property
-    def running(self) -> bool:
-        return self._nursery is not None
-
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
         """Start ``fn(*args)``; False when no nursery runs yet."""
         if self._nursery is None:
