@@ -116,7 +116,7 @@ other work, so CPU per item rather than rates):
   directory twice, the child twice), now one each (``lookup_entry``).
 * Warm readdir: requests carry as many entries as the kernel's buffer
   takes (was one batch of 32 per request: 52 READDIRPLUS for 1,011
-  entries, now one per buffer; ``TierFS.readdir_into``).  Per entry, in
+  entries, now one per buffer; ``NameReads.readdir_into``).  Per entry, in
   the daemon apart from pyfuse3's reply (a directory of 400 files read
   whole again and again, best of 20, cProfile for the shares), it was
   12.2 us: the child's inode record (a read transaction of its own, the

@@ -99,7 +99,7 @@ async def test_private_file_and_directory_hold_on_a_fresh_node_without_head(
     public = await node.fs.lookup(ROOT_INO, b"public.txt")
     assert stat.S_IMODE(public.mode) == 0o644 and (public.uid, public.gid) == (0, 0)
     # readdir (readdirplus) hands out the same attributes
-    listed = {e.name: e.attrs for e in await node.fs.readdir(ROOT_INO, 0)}
+    listed = {e.name: e.attrs for e in await node.fs.names.readdir(ROOT_INO, 0)}
     assert SHADOW.encode() not in listed
     assert stat.S_IMODE(listed[b"team"].mode) == 0o700
     assert await node.read_file("team/secret.bin") == b"s" * 5000
@@ -191,7 +191,7 @@ async def test_the_reserved_name_is_refused_and_never_listed(make_fs: Any, s3_st
     await node.fs.mkdir(sub, SHADOW.encode(), 0o755, 0, 0)
     await node.flush()
     assert any(k.startswith(f"{SHADOW}/") for k in all_keys(s3_store))
-    names = [e.name for e in await node.fs.readdir(ROOT_INO, 0)]
+    names = [e.name for e in await node.fs.names.readdir(ROOT_INO, 0)]
     assert SHADOW.encode() not in names and b"x" in names
 
 
@@ -260,7 +260,7 @@ async def test_orphaned_shadow_entries_are_cleaned_by_a_new_file_there(
     # A crash of another node left a shadow entry without its object.
     s3_store.put(f"{SHADOW}/ghost@m0666,u1000,g1000", b"")
     node = await make_fs()
-    names = [e.name for e in await node.fs.readdir(ROOT_INO, 0)]
+    names = [e.name for e in await node.fs.names.readdir(ROOT_INO, 0)]
     assert b"ghost" not in names
     await create_file(node, "ghost", b"new", 0o644, 0, 0)
     await node.flush()
@@ -292,7 +292,7 @@ async def test_the_shadow_works_on_a_local_directory_backing(
         f = await reader.fs.lookup(d.ino, b"f.bin")
         assert (stat.S_IMODE(d.mode), d.uid) == (0o700, 1000)
         assert (stat.S_IMODE(f.mode), f.uid, f.gid) == (0o600, 1000, 1000)
-        assert SHADOW.encode() not in [e.name for e in await reader.fs.readdir(ROOT_INO, 0)]
+        assert SHADOW.encode() not in [e.name for e in await reader.fs.names.readdir(ROOT_INO, 0)]
         assert store.heads == heads
         for node in registry:
             await node.aclose()

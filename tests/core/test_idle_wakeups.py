@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from tierfs.core.fs import COMMIT_INTERVAL
+from tierfs.core.upkeep import COMMIT_INTERVAL
 from tierfs.workers.dirahead import DirectoryReadahead
 from tierfs.workers.mover import Mover
 from tierfs.workers.prefetch import Prefetcher

@@ -62,7 +62,7 @@ async def listed_names(mount: CoreMount, dir_ino: int) -> list[bytes]:
         while mount.fs.namespace.listings_done <= done:
             await trio.sleep(0.01)
     mount.fs.releasedir(handle)
-    return sorted(e.name for e in await mount.fs.readdir(dir_ino, 0, 100))
+    return sorted(e.name for e in await mount.fs.names.readdir(dir_ino, 0, 100))
 
 
 async def test_a_reused_name_waits_for_the_owed_delete_and_never_comes_back(

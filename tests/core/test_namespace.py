@@ -25,7 +25,7 @@ async def names(mount: Any, path: str = "") -> set[str]:
     await mount.fs.opendir(inode.ino)
     out: set[str] = set()
     after = 0
-    while entries := await mount.fs.readdir(inode.ino, after, limit=7):
+    while entries := await mount.fs.names.readdir(inode.ino, after, limit=7):
         out.update(e.name.decode() for e in entries)
         after = entries[-1].cookie
     return out
@@ -173,10 +173,10 @@ async def test_readdir_resumes_by_cookie_while_entries_change(make_fs: Any, s3_s
         put(s3_store, f"f{i:02}", b"x")
     mount = await make_fs()
     await mount.fs.opendir(ROOT_INO)
-    first = await mount.fs.readdir(ROOT_INO, 0, limit=5)
+    first = await mount.fs.names.readdir(ROOT_INO, 0, limit=5)
     rest = []
     after = first[-1].cookie
-    while entries := await mount.fs.readdir(ROOT_INO, after, limit=5):
+    while entries := await mount.fs.names.readdir(ROOT_INO, after, limit=5):
         rest += entries
         after = entries[-1].cookie
     assert len({e.name for e in first + rest}) == 20

@@ -20,7 +20,7 @@ from tests.core.conftest import CoreMount, put, wait_listed
 from tierfs.config import NamespaceConfig
 from tierfs.core import namespace
 from tierfs.core.dirhandles import DOT, DOTDOT
-from tierfs.core.fs import READDIR_BATCH
+from tierfs.core.namereads import READDIR_BATCH
 from tierfs.core.namespace import RELIST_CONCURRENCY
 from tierfs.core.results import Attributes, DirEntry
 from tierfs.core.shadow import SHADOW_ROOT, shadow_dir_prefix
@@ -32,7 +32,7 @@ SHORT_TTL = NamespaceConfig(list_ttl=0.3, revalidate_ttl=60)
 
 async def read_handle(mount: CoreMount, fh: int, offset: int = 0) -> list[DirEntry]:
     out: list[DirEntry] = []
-    while entries := await mount.fs.readdir_handle(fh, offset):
+    while entries := await mount.fs.names.readdir_handle(fh, offset):
         out += entries
         offset = entries[-1].cookie
     return out
@@ -78,11 +78,11 @@ async def test_readdir_returns_dot_and_dotdot_with_their_inode_numbers(make_fs: 
     ]
     assert all(e.attrs.mode & 0o040000 for e in entries[:2])
     # Resuming after "." gives "..", after ".." the first entry.
-    assert [e.name for e in await mount.fs.readdir_handle(sub_fh, DOT)] == [b"..", b"a"]
-    assert [e.name for e in await mount.fs.readdir_handle(sub_fh, DOTDOT)] == [b"a"]
+    assert [e.name for e in await mount.fs.names.readdir_handle(sub_fh, DOT)] == [b"..", b"a"]
+    assert [e.name for e in await mount.fs.names.readdir_handle(sub_fh, DOTDOT)] == [b"a"]
     mount.fs.releasedir(sub_fh)
     mount.fs.releasedir(root_fh)
-    assert len(mount.fs.dir_handles) == 0
+    assert len(mount.fs.names.dir_handles) == 0
 
 
 async def test_renames_during_a_readdir_never_return_an_entry_twice(make_fs: Any) -> None:
@@ -91,7 +91,7 @@ async def test_renames_during_a_readdir_never_return_an_entry_twice(make_fs: Any
     names = [f"f{i:04}" for i in range(300)]
     inos = await make_files(mount, d.ino, names)
     fh = await mount.fs.opendir(d.ino)
-    first = await mount.fs.readdir_handle(fh, DOTDOT)
+    first = await mount.fs.names.readdir_handle(fh, DOTDOT)
     seen = [e.name for e in first]
     # Rename every entry: those already returned, and those still ahead; one
     # rename replaces a name still ahead.
@@ -131,7 +131,7 @@ async def test_a_seek_reads_from_its_offset_without_walking_the_directory(
     # seekdir to every offset telldir gave, from the end back to the start.
     offsets = [0] + [e.cookie for e in everything[:-1]]
     for offset, expected in reversed(list(zip(offsets, everything, strict=True))):
-        (got, *_rest) = await mount.fs.readdir_handle(fh, offset)
+        (got, *_rest) = await mount.fs.names.readdir_handle(fh, offset)
         assert got.name == expected.name
     assert len(read_rows) == len(offsets)  # one bounded read per seek, never a walk
     assert max(read_rows) <= READDIR_BATCH
@@ -157,14 +157,14 @@ async def test_a_sequential_reader_gets_a_full_buffer_per_request(make_fs: Any) 
     await make_files(mount, d.ino, [f"s{i:04}" for i in range(300)])
     fh = await mount.fs.opendir(d.ino)
     room = 3 * READDIR_BATCH + 5  # a buffer of several batches
-    built_before = mount.fs.readdir_entries
+    built_before = mount.fs.names.readdir_entries
     first = KernelBuffer(room)
     await mount.fs.readdir_into(fh, 0, first)
     assert len(first.taken) == room
     # Four batches (the first with "." and ".."); built in vain: what the
     # refused batch held beyond the buffer.
-    assert mount.fs.readdir_entries - built_before == 2 + 4 * READDIR_BATCH
-    assert mount.fs.dir_handles.get(fh).resume_at == first.taken[-1].cookie
+    assert mount.fs.names.readdir_entries - built_before == 2 + 4 * READDIR_BATCH
+    assert mount.fs.names.dir_handles.get(fh).resume_at == first.taken[-1].cookie
     # The next request starts where the reply ended: it reads on, to the end.
     rest = KernelBuffer(10_000)
     await mount.fs.readdir_into(fh, first.taken[-1].cookie, rest)
@@ -180,11 +180,11 @@ async def test_a_request_after_a_seek_gets_one_batch(make_fs: Any) -> None:
     fh = await mount.fs.opendir(d.ino)
     everything = await read_handle(mount, fh)
     seek_to = everything[100].cookie
-    built_before = mount.fs.readdir_entries
+    built_before = mount.fs.names.readdir_entries
     buffer = KernelBuffer(10_000)
     await mount.fs.readdir_into(fh, seek_to, buffer)
     assert [e.name for e in buffer.taken] == [e.name for e in everything[101 : 101 + READDIR_BATCH]]
-    assert mount.fs.readdir_entries - built_before == READDIR_BATCH
+    assert mount.fs.names.readdir_entries - built_before == READDIR_BATCH
     # The reader now goes on from where that reply ended: a whole buffer.
     more = KernelBuffer(10_000)
     await mount.fs.readdir_into(fh, buffer.taken[-1].cookie, more)
@@ -201,13 +201,13 @@ async def test_a_reply_the_kernel_refuses_at_once_leaves_the_resume_offset(make_
     await mount.fs.readdir_into(fh, 0, head)
     resume_at = head.taken[-1].cookie
     await mount.fs.readdir_into(fh, head.taken[3].cookie, KernelBuffer(0))  # a seek, refused
-    assert mount.fs.dir_handles.get(fh).resume_at == resume_at
+    assert mount.fs.names.dir_handles.get(fh).resume_at == resume_at
     # Still sequential from where the kernel last took entries.
-    built_before = mount.fs.readdir_entries
+    built_before = mount.fs.names.readdir_entries
     tail = KernelBuffer(10_000)
     await mount.fs.readdir_into(fh, resume_at, tail)
     assert len(tail.taken) == 102 - 10
-    assert mount.fs.readdir_entries - built_before == 102 - 10
+    assert mount.fs.names.readdir_entries - built_before == 102 - 10
     mount.fs.releasedir(fh)
 
 
@@ -216,7 +216,7 @@ async def test_a_listing_again_decodes_only_the_inodes_that_changed(make_fs: Any
     d = await mount.fs.mkdir(ROOT_INO, b"warm", 0o755, 0, 0)
     inos = await make_files(mount, d.ino, [f"w{i:03}" for i in range(100)])
     mount.fs.access_times.flush()  # no access time left pending in memory
-    cache = mount.fs.attribute_cache
+    cache = mount.fs.names.attribute_cache
 
     async def listing() -> dict[bytes, Attributes]:
         fh = await mount.fs.opendir(d.ino)
@@ -255,7 +255,7 @@ async def test_a_directory_removed_while_open_reads_as_empty(make_fs: Any) -> No
     d = await mount.fs.mkdir(ROOT_INO, b"gone", 0o755, 0, 0)
     fh = await mount.fs.opendir(d.ino)
     await mount.fs.rmdir(ROOT_INO, b"gone")
-    assert await mount.fs.readdir_handle(fh, 0) == []
+    assert await mount.fs.names.readdir_handle(fh, 0) == []
 
 
 # --- section 4: stale-while-revalidate -----------------------------------------------------

@@ -54,7 +54,7 @@ def bucket_names(s3_store: S3Store) -> set[str]:
 async def check_dd_is_a(mount: CoreMount) -> None:
     """``dd`` is the renamed file: listed, stat-able, openable, its bytes."""
     fs = mount.fs
-    names = {entry.name for entry in await fs.readdir(ROOT_INO, 0)}
+    names = {entry.name for entry in await fs.names.readdir(ROOT_INO, 0)}
     assert names == {b"dd"}, names
     dd = await fs.namespace.resolve("dd")
     attrs = await fs.getattr(dd.ino)

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.fuse.conftest import Mount, MountFactory, wait_until
-from tierfs.core.fs import READDIR_BATCH
+from tierfs.core.namereads import READDIR_BATCH
 from tierfs.core.namespace import RELIST_CONCURRENCY
 
 

@@ -5,8 +5,9 @@ and wires them; the FUSE layer and the control server call ``TierFS``):
 
 * The namespace: ``namespace`` (directories listed lazily from the bucket
   into LMDB, re-listing, what a reader sees of other writers), ``shadow``
-  (non-default attributes in the bucket), ``attrcache`` and ``dirhandles``
-  (readdir), ``posix_attrs`` (permission and attribute rules).
+  (non-default attributes in the bucket), ``namereads`` (what the kernel
+  reads of names: lookups, attributes, readdir) with ``attrcache`` and
+  ``dirhandles``, ``posix_attrs`` (permission and attribute rules).
 * The read side: ``handles`` (open handles), ``openfiles`` (the files in
   use: ``CachedFile``, their fds, which blocks were checked),
   ``blockcache`` (serving reads from the tiers, first-read checks,
@@ -26,7 +27,9 @@ and wires them; the FUSE layer and the control server call ``TierFS``):
   API that moves data on purpose), ``lifecycle`` (rules, pins, the plan of
   moves), ``clock`` (the lifecycle's clock).
 * Plumbing: ``results`` (plain results), ``store_threads`` (background store
-  calls) and ``supervisor`` (workers that restart on failure).
+  calls), ``supervisor`` (workers that restart on failure), ``upkeep``
+  (group commits, access times, orphaned cache files) and ``reports``
+  (``status``, ``where``, statfs).
 """
 
 from tierfs.core.fs import Attributes, DirEntry, FsStats, OpenResult, TierFS

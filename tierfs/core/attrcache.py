@@ -3,7 +3,7 @@
 A warm ``find`` spends its time in readdir, and there, per entry, in
 decoding the child's LMDB inode record (about twenty fields) and building
 its ``Attributes``: 70% of a warm entry's cost in the daemon (measured on
-400 entries, cProfile; see ``TierFS.readdir``).  This cache keeps the
+400 entries, cProfile; see ``NameReads.readdir``).  This cache keeps the
 ``Attributes`` of each inode a listing handed out, so that the next
 readdir of the same directory reads only the dentries.
 
@@ -23,7 +23,7 @@ inode records do not know it exists, and writes to other inodes, or to
 other tables, leave its entries in use.
 
 What the kernel sees that is *not* in the record is left to the caller
-(``TierFS.readdir``), which does not ask the cache for such inodes: an
+(``NameReads.readdir``), which does not ask the cache for such inodes: an
 access time still pending in memory (``AccessTimes.pending``), an inode
 removed while held (``UnlinkedInodes``), an expired listing (timeout 0).
 ``build`` depends on nothing else but the configuration, fixed for the

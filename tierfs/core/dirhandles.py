@@ -29,7 +29,7 @@ after the last entry the kernel took from it (0 before the first).  A
 request at offset 0 or at ``resume_at`` comes from a reader that goes on
 where the last request stopped (``ls``, ``find``, ``os.scandir``): it is
 given entries until the kernel's buffer refuses one or the directory ends
-(``TierFS.readdir_into``).  A request at any other offset follows a
+(``NameReads.readdir_into``).  A request at any other offset follows a
 ``seekdir`` and is given one batch only: a reader that seeks reads an entry
 or two there, and must not pay for a whole buffer.  ``resume_at`` changes
 only when the kernel took at least one entry (``replied``).

@@ -4,16 +4,10 @@ The FUSE layer (``tierfsd.fuse_ops``) converts pyfuse3 arguments, awaits a
 method here and converts the result; the control server calls ``where`` and
 ``status``.  Errors are TierfsError subclasses carrying an errno.
 
-Handles (``handles``): ``open`` returns a file handle number that maps to a ``Handle``
-(the inode's CachedFile plus the handle's readahead state); ``release``
-drops it.  Directory handles (``dirhandles``): ``opendir`` returns a handle
-whose readdir offsets are keys (``.``, ``..``, then dirseq cookies, see
-``MetaDB``), so that a seek is one LMDB lookup and a name renamed during a
-readdir is never returned twice; ``releasedir`` drops it.  A handle also
-knows whether a request goes on where the last one stopped, and
-``readdir_into`` then fills the kernel's whole buffer.  The attributes
-readdir hands out are kept with the inode records they were built from
-(``attrcache``): a warm listing decodes only the inodes that changed.
+Handles (``handles``): ``open`` returns a file handle number that maps to a
+``Handle`` (the inode's CachedFile plus the handle's readahead state);
+``release`` drops it.  Lookups, attributes and directory handles are
+``NameReads``' (``namereads``).
 
 Composition.  TierFS is built from parts, each given its collaborators at
 construction, in the order of their dependencies (``__init__``; a part only
@@ -31,10 +25,13 @@ calls parts built before it):
     blocks        serving reads from the tiers, checks, readahead (``blockcache``)
     block_writes  the blocks of writes: write, truncate, seal, commit (``blockwrites``)
     handles       open file handles and writers (``handles``)
+    names         lookups, attributes, directory reads (``namereads``)
     sync          journal execution, upload, flush (``sync``)
     writes        POSIX mutations (``writes``)
     movement      fill / relocate / evict / check of a file's blocks (``movement``)
     lifecycle     the plan of moves, pin / evict / reload (``lifecycle``)
+    upkeep        group commits, housekeeping, orphaned cache files (``upkeep``)
+    reports       ``status``, ``where`` and statfs from the parts' figures (``reports``)
 
 No part calls back into TierFS.  Two events climb up, and TierFS wires
 them to the parts that follow them at the end of ``__init__``: a file no
@@ -58,34 +55,34 @@ from collections.abc import Awaitable, Callable, Iterator
 import trio
 
 from tierfs.config import Config
-from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotADirectory, NotFound
+from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotFound
 from tierfs.meta import ROOT_INO, BlockRecord, Inode, MetaDB, SyncState
-from tierfs.meta.records import decode_inode
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
 from tierfs.tiers import Tier
 
-from .attrcache import AttributeCache
 from .blockcache import BlockCache
 from .blockwrites import BlockWrites
 from .buffers import RecentBlocks
 from .clock import Clock
 from .damage import DamageLog
-from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
 from .fetcher import Fetcher, Origin
 from .handles import Handles
 from .journal import Entry, Journal
 from .lifecycle import Lifecycle
 from .movement import DataMovement
+from .namereads import NameReads
 from .namespace import Identity, Namespace
 from .openfiles import OpenFiles
 from .policies import FilePolicies
 from .posix_attrs import AccessTimes, Caller, UnlinkedInodes
-from .results import Attributes, DirEntry, FsStats, OpenResult, attributes_of
+from .reports import Reports
+from .results import Attributes, DirEntry, FsStats, OpenResult
 from .space import SpaceManager
 from .store_threads import StoreThreads
-from .supervisor import BackgroundTasks, FatalWorkerError, Supervisor
+from .supervisor import BackgroundTasks, Supervisor
 from .sync import Sync
+from .upkeep import Upkeep
 from .writes import FileWrites
 
 log = logging.getLogger(__name__)
@@ -98,20 +95,11 @@ async def _no_kernel(ino: int, data: bool) -> None:
 #: Read-only virtual xattr on the mount root: the control socket's path.
 CONTROL_XATTR = b"user.tierfs.control_socket"
 
-_ATIME_FLUSH_SECONDS = 5.0
-#: Metadata written since the last commit is at most this old (see MetaDB,
-#: "Group commit"): what a killed daemon can lose of writes not fsynced.
-COMMIT_INTERVAL = 0.2
-#: Entries one readdir request reads from LMDB: about what fits in the
-#: kernel's one-page readdirplus reply, so a seek does not build entries
-#: that are thrown away.
-READDIR_BATCH = 32
-
 
 class TierFS:
     """The file system the FUSE layer and the control server call: builds
-    the parts, forwards each operation to them, and answers ``status`` and
-    ``where`` from their figures (see the module docstring)."""
+    the parts and forwards each operation to them (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -150,10 +138,6 @@ class TierFS:
         self._trio_token: trio.lowlevel.TrioToken | None = None
         #: Runs every background task of the daemon (see ``supervisor``).
         self.supervisor = Supervisor()
-        #: Extra sections of ``status()``: name -> a function returning plain
-        #: JSON data (the daemon's metrics add FUSE and S3 request figures and
-        #: preload progress).  Called on the trio loop, at each ``status``.
-        self.status_sections: dict[str, Callable[[], object]] = {}
 
         # The parts, in dependency order (see the module docstring).
         self.journal = Journal(meta)
@@ -229,11 +213,9 @@ class TierFS:
         self.access_times = AccessTimes(meta)
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
         self.unlinked = UnlinkedInodes()
-        self.dir_handles = DirHandles()
-        #: Attributes readdir hands out, with the inode records they came from.
-        self.attribute_cache = AttributeCache(lambda inode: attributes_of(inode, self.config))
-        #: Directory entries handed out by ``readdir_handle`` (``.``/``..`` too).
-        self.readdir_entries = 0
+        self.names = NameReads(
+            config, meta, self.namespace, self.open_files, self.access_times, self.unlinked
+        )
         self.sync = Sync(
             config,
             meta,
@@ -261,9 +243,10 @@ class TierFS:
             self.handles,
             self.sync,
             control_xattr=self.control_xattr,
-            write_through=self.policies.write_through,
+            attributes=self.names.attributes,
             access_times=self.access_times,
             unlinked=self.unlinked,
+            write_through=self.policies.write_through,
         )
         self.movement = DataMovement(
             meta,
@@ -287,6 +270,31 @@ class TierFS:
             self.clock,
             open_for_write=self.handles.open_for_writing,
         )
+
+        self.upkeep = Upkeep(
+            meta, tiers, self.open_files, self.space, self.access_times, self.fetcher.buffers
+        )
+
+        self.reports = Reports(
+            config,
+            store,
+            tiers,
+            meta,
+            self.journal,
+            self.supervisor,
+            open_files=self.open_files,
+            namespace=self.namespace,
+            names=self.names,
+            damage=self.damage,
+            policies=self.policies,
+            space=self.space,
+            fetcher=self.fetcher,
+            sync=self.sync,
+            movement=self.movement,
+            lifecycle=self.lifecycle,
+        )
+        #: Extra sections of ``status()`` (``Reports``).
+        self.status_sections = self.reports.status_sections
 
         # Events that climb up: each goes to the parts that follow it.
         self.open_files.idle_listeners.append(self.writes.file_idle)
@@ -317,9 +325,7 @@ class TierFS:
             self.fetcher.start(nursery)
             self.blocks.start(nursery)
             self.movement.start(nursery)
-            self.supervisor.start_soon(nursery, "housekeeping", self._housekeep_periodically)
-            self.supervisor.start_soon(nursery, "commit", self._commit_periodically)
-            self.supervisor.start_soon(nursery, "orphan_cleanup", self._remove_orphan_cache_files)
+            self.upkeep.start(nursery, self.supervisor)
             task_status.started()
 
     @contextlib.contextmanager
@@ -348,223 +354,31 @@ class TierFS:
         with contextlib.suppress(trio.RunFinishedError):  # the daemon is stopping
             token.run_sync_soon(self.journal.retry_failed_now)
 
-    async def _commit_periodically(self) -> None:
-        """Batch metadata commits while the workers run (MetaDB "Group commit").
-
-        A failed commit ends the daemon (``FatalWorkerError``, the one
-        failure the supervisor does not restart): LMDB has dropped the group,
-        so the in-memory state (journal, caches) is ahead of the metadata on
-        disk, and only a restart from disk makes them agree again.  The disk
-        holds the last commit, as after a crash, and the next mount goes on
-        from there.  Any other failure of this loop restarts it; meanwhile
-        (``group_commit`` off) every write transaction commits by itself.
-
-        With nothing written since the last commit it sleeps until the next
-        write (``MetaDB.on_first_uncommitted``), then commits
-        ``COMMIT_INTERVAL`` later, as often as before while writes go on:
-        it used to wake five times a second on an idle mount (a third of an
-        idle daemon's wake-ups, counted with a trio instrument).
-        """
-        written = trio.Event()
-
-        def first_write() -> None:
-            written.set()
-
-        self.meta.group_commit = True
-        self.meta.on_first_uncommitted = first_write
-        try:
-            while True:
-                if not self.meta.uncommitted:
-                    written = trio.Event()
-                    await written.wait()
-                await trio.sleep(COMMIT_INTERVAL)
-                if self.meta.uncommitted:
-                    try:
-                        self.meta.commit()
-                    except Exception as exc:
-                        raise FatalWorkerError(f"metadata group commit failed: {exc}") from exc
-        finally:
-            self.meta.on_first_uncommitted = None
-            self.meta.group_commit = False
-
-    async def _housekeep_periodically(self) -> None:
-        """Every few seconds: write access times back, unmap idle fetch buffers."""
-        while True:
-            await trio.sleep(_ATIME_FLUSH_SECONDS)
-            self.space.flush_atimes()
-            self.access_times.flush()
-            self.fetcher.buffers.trim()
-
-    async def _remove_orphan_cache_files(self) -> None:
-        """Delete cache files that no block record refers to.
-
-        They are left by a crash between dropping blocks in LMDB and deleting
-        the file (eviction, a changed object), or by a relocate: the copy on
-        the destination before the switch, the source after it (see
-        ``movement``, "Crash safety").  A file with any block recorded on
-        its tier is kept.  Runs once, at mount.
-        """
-        removed = 0
-        for tier in self.tiers:
-            inos = await trio.to_thread.run_sync(tier.iter_cached_inodes)
-            for ino in inos:
-                if tier.index not in self.meta.residency(ino) and not self.open_files.is_busy(ino):
-                    tier.remove_file(ino)
-                    removed += 1
-        if removed:
-            log.info("removed %d orphaned cache files", removed)
-
     def close(self) -> None:
-        self.space.flush_atimes()
-        self.access_times.flush()
+        self.upkeep.flush()
 
-    # --- attributes ------------------------------------------------------------------
-
-    def attributes(self, inode: Inode, timeout: float | None = None) -> Attributes:
-        """What the kernel sees of ``inode``; ``timeout`` (seconds it may
-        keep them) defaults to ``list_ttl``."""
-        return attributes_of(
-            inode,
-            self.config,
-            unlinked=inode.ino in self.unlinked,
-            atime_ns=self.access_times.atime_of(inode),
-            timeout=timeout,
-        )
-
-    async def getattr(self, ino: int) -> Attributes:
-        gone = self.unlinked.get(ino)
-        if gone is not None:  # removed, still held by the kernel: nlink 0
-            return self.attributes(self.open_files.live_inode(ino) or gone)
-        return self.attributes(self.namespace.get(ino))
-
-    def forget(self, inos: list[int]) -> None:
-        """The kernel dropped these inodes (FUSE forget)."""
-        for ino in inos:
-            self.unlinked.forget(ino)
+    # --- names: lookups, attributes, directories (``names``) ---------------------------
 
     async def lookup(self, parent: int, name: bytes) -> Attributes:
-        """Attributes of ``name`` in ``parent``; from an expired listing
-        (being re-listed) with timeout 0, so the kernel may not keep them:
-        the next access asks again and sees the re-listing as soon as it
-        is done."""
-        inode, expired = await self.namespace.lookup_entry(parent, name)
-        return self.attributes(inode, timeout=0.0 if expired else None)
+        return await self.names.lookup(parent, name)
 
     def negative_timeout(self, parent: int) -> float:
-        """Seconds the kernel may remember that a name is absent from
-        directory ``parent`` (a negative entry): what is left of its
-        listing's ``list_ttl``.  The contract is that of the names that
-        exist (``Namespace``, "Consistency a reader gets"): a name another
-        writer adds to the bucket shows within ``list_ttl`` plus one
-        re-listing; a name made through this mount replaces the kernel's
-        negative entry itself (the kernel links the new entry).  0 for a
-        listing that expired (being re-listed: its additions show at the
-        next access) or was never made."""
-        listed_at = self.meta.listed_at(parent)
-        if listed_at is None or listed_at <= 0:
-            return 0.0
-        return max(0.0, listed_at + self.config.namespace.list_ttl - time.time())
+        return self.names.negative_timeout(parent)
 
-    # --- directories -----------------------------------------------------------------
+    async def getattr(self, ino: int) -> Attributes:
+        return await self.names.getattr(ino)
+
+    def forget(self, inos: list[int]) -> None:
+        self.names.forget(inos)
 
     async def opendir(self, ino: int) -> int:
-        """A directory handle for ``readdir_handle``; waits only for a
-        directory never listed (an expired listing is served and re-listed
-        in the background, see ``Namespace``)."""
-        inode = self.namespace.get(ino)
-        if not inode.is_dir:
-            raise NotADirectory(f"inode {ino} is not a directory")
-        await self.namespace.ensure_listed(inode, stale_wait=0.0)
-        self.access_times.accessed(inode)  # reading a directory is an access
-        return self.dir_handles.open(ino, self.namespace.get(ino).next_cookie)
-
-    async def readdir_handle(
-        self, fh: int, offset: int, limit: int = READDIR_BATCH
-    ) -> list[DirEntry]:
-        """Entries of open directory ``fh`` after readdir ``offset`` (0 is
-        the start), ``.`` and ``..`` first; each entry's ``cookie`` is the
-        offset to continue from.  An empty list is the end.  Offsets stay
-        valid while names come and go (``tierfs.core.dirhandles``)."""
-        handle = self.dir_handles.get(fh)
-        try:
-            inode = self.namespace.get(handle.ino)
-        except NotFound:
-            return []  # removed while open: reads as empty, as on ext4
-        if offset == 0:
-            handle.horizon = inode.next_cookie  # rewinddir: what is there now
-        out: list[DirEntry] = []
-        # From an expired listing the kernel may not keep entries (``lookup``).
-        timeout = 0.0 if self.namespace.listing_expired(inode) else None
-        if offset < DOT:
-            out.append(DirEntry(DOT, b".", self.attributes(inode, timeout)))
-        if offset < DOTDOT:
-            parent = self.namespace.get(inode.parent)
-            out.append(DirEntry(DOTDOT, b"..", self.attributes(parent, timeout)))
-        for entry in await self.readdir(handle.ino, cookie_after(offset), limit, timeout=timeout):
-            if entry.cookie >= handle.horizon:
-                break  # linked after the handle started: cookies only grow
-            entry.cookie = offset_of(entry.cookie)  # ours: no second DirEntry
-            out.append(entry)
-        self.readdir_entries += len(out)
-        return out
+        return await self.names.opendir(ino)
 
     async def readdir_into(self, fh: int, offset: int, reply: Callable[[DirEntry], bool]) -> None:
-        """Hand entries of open directory ``fh`` after ``offset`` to ``reply``
-        (the FUSE layer's ``readdir_reply``) until it refuses one (the
-        kernel's buffer is full) or the directory ends.  A reader that goes
-        on where the handle's last reply stopped gets batches until then:
-        one request per buffer, as a passthrough does, instead of one per
-        batch (a newer kernel's buffer takes a hundred entries and more);
-        built in vain is at most one batch less one entry.  After a seek
-        (any other offset) one batch only (``tierfs.core.dirhandles``)."""
-        handle = self.dir_handles.get(fh)
-        sequential = handle.continues(offset)
-        taken: int | None = None  # the offset after the last entry the kernel took
-        try:
-            while True:
-                entries = await self.readdir_handle(fh, offset)
-                if not entries:
-                    return
-                for entry in entries:
-                    if not reply(entry):
-                        return
-                    taken = entry.cookie
-                if not sequential:
-                    return
-                offset = entries[-1].cookie
-        finally:
-            if taken is not None:
-                handle.replied(taken)
+        await self.names.readdir_into(fh, offset, reply)
 
     def releasedir(self, fh: int) -> None:
-        self.dir_handles.release(fh)
-
-    async def readdir(
-        self, ino: int, after_cookie: int, limit: int = 256, *, timeout: float | None = None
-    ) -> list[DirEntry]:
-        """Entries of directory ``ino`` after dirseq ``after_cookie``, in a
-        stable order, without ``.`` and ``..``.  Use the last entry's cookie
-        to continue; an empty list is the end.  ``timeout``: see
-        ``attributes``."""
-        # A first listing running now holds names whose attributes are not
-        # settled yet: never hand those out.  Names a re-listing adds may go
-        # out provisional, owner-only (see tierfs.core.namespace).
-        await self.namespace.wait_listing(ino)
-        out: list[DirEntry] = []
-        # Attributes from the cache (``AttributeCache``: kept with the inode
-        # record they were built from) unless the kernel must see what the
-        # record does not hold: an access time not yet written, an inode
-        # removed while held, an expired listing's timeout 0.
-        cached = self.attribute_cache.attributes
-        pending = self.access_times.pending
-        unlinked = self.unlinked
-        for cookie, name, child, record in self.meta.read_dir_records(ino, after_cookie, limit):
-            if timeout is None and child not in pending and child not in unlinked:
-                attrs = cached(child, record)
-            else:
-                attrs = self.attributes(decode_inode(child, record), timeout)
-            out.append(DirEntry(cookie, name, attrs))
-        return out
+        self.names.releasedir(fh)
 
     # --- files ---------------------------------------------------------------------------
 
@@ -673,183 +487,18 @@ class TierFS:
         names = self.meta.list_xattrs(ino)
         return [CONTROL_XATTR, *names] if ino == ROOT_INO and self.control_socket else names
 
-    # --- statfs ----------------------------------------------------------------------------------
+    # --- reports (``reports``) ---------------------------------------------------------
 
     def statfs(self) -> FsStats:
-        total = free = 0
-        for tier in self.tiers:
-            cap = tier.capacity
-            total += cap
-            free += tier.usable_bytes(self.space.used(tier.index))
-        return FsStats(
-            block_size=self.config.fetch.block_size,
-            total_bytes=total,
-            free_bytes=free,
-            files=sum(self.meta.tier_usage(t.index).files for t in self.tiers),
-        )
-
-    # --- control plane -------------------------------------------------------------------------
+        return self.reports.statfs()
 
     async def where(self, relpath: str) -> dict[str, object]:
-        inode = await self.namespace.resolve(relpath)
-        if inode.is_dir:
-            return await self._where_tree(inode, relpath)
-        residency = self.meta.residency(inode.ino)
-        pin = self.policies.pinned_tier(inode.ino)
-        open_file = self.open_files.files.get(inode.ino)
-        damaged = self.meta.failed_blocks(inode.ino)
-        refused = self.sync.refusal_of(inode.ino)
-        if damaged or refused:
-            state = "failed"
-        elif self.journal.uploading(inode.ino):
-            state = "uploading"
-        else:
-            state = "clean" if inode.state == SyncState.CLEAN else "dirty"
-        bs = self.config.fetch.block_size
-        blocks = self.meta.get_blocks(inode.ino)
-        return {
-            "path": relpath,
-            "type": "file",
-            "size": inode.size,
-            "cached_bytes": sum(residency.values()),
-            "blocks_total": (inode.size + bs - 1) // bs,
-            "blocks_cached": len(blocks),
-            "tiers": {t.name: residency.get(t.index, 0) for t in self.tiers},
-            "state": state,
-            "damaged_blocks": damaged,
-            "failed_reason": refused
-            or (f"{len(damaged)} damaged block(s) of local changes" if damaged else None),
-            "pinned": pin is not None,
-            "pin_tier": self.tiers[pin].name if pin is not None else None,
-            "fetching_blocks": len(open_file.flights) if open_file else 0,
-        }
-
-    async def _where_tree(self, top: Inode, relpath: str) -> dict[str, object]:
-        """``where`` of a directory: the totals of its subtree (listed from
-        the bucket where this node has no fresh listing).  Dirty bytes count
-        whole files, as ``status`` does."""
-        per_tier = [0] * len(self.tiers)
-        files = size = dirty_files = dirty = pinned = failed = 0
-        async for inode, _path in self.namespace.walk(relpath, list_dirs=True, top=top):
-            files += 1
-            size += inode.size
-            for tier, nbytes in self.meta.residency(inode.ino).items():
-                per_tier[tier] += nbytes
-            if inode.state != SyncState.CLEAN or self.journal.pending_upload(inode.ino):
-                dirty_files += 1
-                dirty += inode.size
-            if self.policies.pinned_tier(inode.ino) is not None:
-                pinned += 1
-            if self.meta.failed_blocks(inode.ino) or self.sync.refusal_of(inode.ino):
-                failed += 1
-        return {
-            "path": relpath,
-            "type": "directory",
-            "files": files,
-            "size": size,
-            "cached_bytes": sum(per_tier),
-            "tiers": {t.name: per_tier[t.index] for t in self.tiers},
-            "state": "failed" if failed else ("dirty" if dirty_files else "clean"),
-            "dirty_files": dirty_files,
-            "dirty_bytes": dirty,
-            "pinned_files": pinned,
-            "failed_files": failed,
-        }
-
-    def _dirty_bytes(self) -> int:
-        total = 0
-        for ino in self.journal.upload_seq:
-            inode = self.sync.linked_inode(ino)
-            if inode is not None:
-                total += inode.size
-        return total
-
-    def _endpoint_status(self) -> dict[str, object]:
-        """Can the bucket be reached: state, since when (wall clock), the last
-        transport error, and the bytes written here that wait for it."""
-        if self.endpoint is None:  # a local directory: always there
-            health: dict[str, object] = {"state": "reachable", "since": None, "last_error": ""}
-        else:
-            health = self.endpoint.snapshot().as_dict()
-        health["bytes_waiting"] = self._dirty_bytes()
-        health["uploads_waiting"] = len(self.journal)
-        return health
+        return await self.reports.where(relpath)
 
     def status(self, *, sections: bool = True) -> dict[str, object]:
         """What ``tierfs status`` shows; ``sections=False`` leaves out the
         ``status_sections`` (the metrics collector reads those itself)."""
-        tiers = []
-        for tier in self.tiers:
-            usage = self.meta.tier_usage(tier.index)
-            cap = tier.capacity
-            tiers.append(
-                {
-                    "name": tier.name,
-                    "path": str(tier.path),
-                    "capacity": cap,
-                    "used": usage.bytes,
-                    "files": usage.files,
-                    "used_ratio": usage.bytes / cap if cap else 0.0,
-                    "high_watermark": tier.high_watermark,
-                    "low_watermark": tier.low_watermark,
-                    "hit_blocks": self.open_files.stats.tier_hit_blocks[tier.index],
-                }
-            )
-        stats = self.open_files.stats
-        lookups = stats.hit_blocks + stats.miss_blocks
-        return {
-            "backing": self.store.url,
-            "block_size": self.config.fetch.block_size,
-            "tiers": tiers,
-            "dirty_bytes": self._dirty_bytes(),
-            "pending_uploads": len(self.journal),
-            "uploading": len(self.journal.running),
-            "last_sync_error": self.sync.last_sync_error,
-            "endpoint": self._endpoint_status(),
-            "failed_files": len(self.meta.failed_files()) + len(self.journal.refused),
-            "failed": self.sync.refused_files(),
-            "worker_restarts": self.supervisor.restarts,
-            "workers": self.supervisor.status(),
-            "mover": self.lifecycle.status.as_dict(),
-            "hit_ratio": stats.hit_blocks / lookups if lookups else None,
-            "open_files": len(self.open_files.files),
-            "queues": self._queue_depths(),
-            "counters": {
-                "read_requests": stats.read_requests,
-                "read_bytes": stats.read_bytes,
-                "hit_blocks": stats.hit_blocks,
-                "miss_blocks": stats.miss_blocks,
-                "fetched_bytes": stats.fetched_bytes,
-                "gets": stats.gets,
-                "verify_failures": stats.verify_failures,
-                "uncached_blocks": stats.uncached_blocks,
-                "fetch_buffers_mapped": self.fetcher.buffers.created,
-                "fetch_buffers_dropped_in_use": self.fetcher.buffers.dropped_in_use,
-                "evicted_files": self.space.evicted_files,
-                "evicted_bytes": self.space.evicted_bytes,
-                "listings": self.namespace.listings_done,
-                "uploaded_bytes": self.sync.stats_uploaded_bytes,
-                "relocated_bytes": self.movement.relocated_bytes,
-                "stale_opens": self.namespace.stale_opens,
-                "damaged_dirty_blocks": self.damage.dirty_blocks,
-                "damaged_clean_blocks": self.damage.clean_blocks,
-                "readdir_entries": self.readdir_entries,
-            },
-            # Requests sent to the bucket per S3 operation (stores that count).
-            "store_calls": dict(getattr(self.store, "calls", {})),
-            **{name: section() for name, section in self.status_sections.items() if sections},
-            "time": time.time(),
-        }
-
-    def _queue_depths(self) -> dict[str, int]:
-        """Work waiting or running now: journal entries owed to the bucket,
-        files queued for promotion, blocks being fetched."""
-        return {
-            "journal_entries": len(self.journal),
-            "uploads_running": len(self.journal.running),
-            "promotions_queued": self.policies.promotion_send.statistics().current_buffer_used,
-            "fetches_in_flight": sum(len(cf.flights) for cf in self.open_files.files.values()),
-        }
+        return self.reports.status(sections=sections)
 
     # --- mutations (``writes``) ------------------------------------------------------------
 

@@ -103,7 +103,7 @@ last commit, and the cache files):
   untouched: the file reads as before.  ``dst`` holds bytes no record
   names.  If no block of the file was on ``dst`` before, the ``dst`` cache
   file has no residency on that tier and the orphan cleanup of the next
-  mount (``TierFS._remove_orphan_cache_files``) deletes it.  If some were,
+  mount (``Upkeep._remove_orphan_cache_files``) deletes it.  If some were,
   the file is kept (it holds indexed blocks) and the copied bytes sit at
   offsets no record names: never served, overwritten by a later fetch or
   write of those blocks, freed when the file is dropped.

@@ -18,7 +18,7 @@ Rules:
   worker that fails at once on every start costs a log line per
   ``pause_max``, not a busy loop.
 * ``FatalWorkerError`` is the one exception that is let through, on
-  purpose: it ends the daemon (see ``TierFS._commit_periodically``: a
+  purpose: it ends the daemon (see ``Upkeep._commit_periodically``: a
   failed LMDB group commit).  Cancellation (``trio.Cancelled``) and other
   ``BaseException``s (KeyboardInterrupt, SystemExit) pass through too: the
   daemon is stopping.

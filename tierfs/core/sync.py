@@ -364,6 +364,27 @@ class Sync:
             return [entry["src"], entry["dst"]]
         return [entry["key"]]
 
+    def dirty_bytes(self) -> int:
+        """Bytes written here that the bucket does not hold yet (whole
+        files: the size of each file with an upload owed)."""
+        total = 0
+        for ino in self.journal.upload_seq:
+            inode = self.linked_inode(ino)
+            if inode is not None:
+                total += inode.size
+        return total
+
+    def endpoint_report(self) -> dict[str, object]:
+        """Can the bucket be reached: state, since when (wall clock), the last
+        transport error, and the bytes written here that wait for it."""
+        if self.endpoint is None:  # a local directory: always there
+            health: dict[str, object] = {"state": "reachable", "since": None, "last_error": ""}
+        else:
+            health = self.endpoint.snapshot().as_dict()
+        health["bytes_waiting"] = self.dirty_bytes()
+        health["uploads_waiting"] = len(self.journal)
+        return health
+
     def linked_inode(self, ino: int) -> Inode | None:
         if ino in self._orphans:
             return None

@@ -128,7 +128,7 @@ from .posix_attrs import (
     mode_after_chown,
     mode_after_write,
 )
-from .results import Attributes, OpenResult, attributes_of
+from .results import Attributes, OpenResult
 from .shadow import SHADOW_ROOT
 from .space import SpaceManager
 from .sync import Sync
@@ -170,9 +170,10 @@ class FileWrites:
         sync: Sync,
         *,
         control_xattr: bytes,
+        attributes: Callable[[Inode], Attributes],
+        access_times: AccessTimes,
+        unlinked: UnlinkedInodes,
         write_through: Callable[[int], bool] | None = None,
-        access_times: AccessTimes | None = None,
-        unlinked: UnlinkedInodes | None = None,
     ) -> None:
         self.config = config
         #: Does a close or fsync of this inode wait for the bucket (``write``
@@ -192,17 +193,11 @@ class FileWrites:
         self.control_xattr = control_xattr
         #: Unlinked files still in use: deleted when the last user lets go.
         self._orphans = journal.orphans
-        self.access_times = access_times if access_times is not None else AccessTimes(meta)
+        self.access_times = access_times
         #: Removed inodes the kernel may still hold (``posix_attrs``).
-        self.unlinked = unlinked if unlinked is not None else UnlinkedInodes()
-
-    def attributes(self, inode: Inode) -> Attributes:
-        return attributes_of(
-            inode,
-            self.config,
-            unlinked=inode.ino in self.unlinked,
-            atime_ns=self.access_times.atime_of(inode),
-        )
+        self.unlinked = unlinked
+        #: What the kernel sees of an inode (``NameReads.attributes``).
+        self.attributes = attributes
 
     # --- helpers ------------------------------------------------------------------------
 

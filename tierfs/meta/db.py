@@ -95,7 +95,7 @@ loop.  So writes are grouped:
 * ``commit()`` commits the group: from then on the writes survive a crash of
   the daemon.  With ``group_commit`` off (the default, for tools and tests)
   every ``write()`` block commits at once, as a plain transaction would.
-  TierFS turns it on and commits every ``COMMIT_INTERVAL``, before the
+  ``core.upkeep`` turns it on and commits every ``COMMIT_INTERVAL``, before the
   uploader acts on a journal entry queued since the last commit, and in
   ``sync()`` (fsync).
 * ``sync()`` commits and also flushes the meta page: the durability point of
@@ -274,7 +274,7 @@ class MetaDB:
         self._unlinked = self.env.open_db(b"unlinked")
         #: The group transaction, then nested write() transactions, innermost last.
         self._stack: list[lmdb.Transaction] = []
-        #: Batch commits (see "Group commit"); TierFS turns it on.
+        #: Batch commits (see "Group commit"); ``core.upkeep`` turns it on.
         self.group_commit = False
         #: write() blocks and inode allocations in the group since its last commit.
         self.uncommitted = 0

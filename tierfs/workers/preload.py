@@ -79,7 +79,7 @@ all busy samples):
 3. the thread hop per GET (``to_thread.run_sync``, start and delivery):
    10% of the loop, and in the fetch threads 6% for trio renaming the OS
    thread twice per job;
-4. the group commit (``TierFS._commit_periodically``, an fdatasync on the
+4. the group commit (``Upkeep._commit_periodically``, an fdatasync on the
    loop every 0.2 s): 8%;
 5. recording the block (``MetaDB.add_block``: a nested write transaction
    and the per-tier accounting) 5%, fetch slots (take/give/wake) 4%,
