@@ -266,5 +266,5 @@ async def wait_listed(
     """Wait until ``count`` listings finished after ``done_before`` (a reading
     of ``Namespace.listings_done``): re-listings run in the background."""
     with trio.fail_after(timeout):
-        while mount.fs.namespace.listings_done < done_before + count:
+        while mount.fs.namespace.listings.listings_done < done_before + count:
             await trio.sleep(0.01)

@@ -401,7 +401,7 @@ async def test_another_nodes_chmod_reaches_an_open_file_at_the_next_listing(
         await writer.fs.setattr(ino, mode=0o600)
         await writer.flush()
         await trio.sleep(0.3)
-        done = reader.fs.namespace.listings_done
+        done = reader.fs.namespace.listings.listings_done
         await reader.fs.lookup(ROOT_INO, b"f.bin")  # starts the next listing
         await wait_listed(reader, done)
         assert stat.S_IMODE((await reader.fs.getattr(seen.ino)).mode) == 0o600

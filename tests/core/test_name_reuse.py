@@ -56,10 +56,10 @@ class Recorder:
 async def listed_names(mount: CoreMount, dir_ino: int) -> list[bytes]:
     """The names of the directory after a re-listing (past its list_ttl)."""
     await trio.sleep(0.25)
-    done = mount.fs.namespace.listings_done
+    done = mount.fs.namespace.listings.listings_done
     handle = await mount.fs.opendir(dir_ino)  # starts the re-listing
     with trio.fail_after(10):
-        while mount.fs.namespace.listings_done <= done:
+        while mount.fs.namespace.listings.listings_done <= done:
             await trio.sleep(0.01)
     mount.fs.releasedir(handle)
     return sorted(e.name for e in await mount.fs.names.readdir(dir_ino, 0, 100))

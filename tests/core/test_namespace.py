@@ -51,7 +51,7 @@ async def test_new_and_deleted_objects_appear_after_list_ttl(make_fs: Any, s3_st
     s3_store.delete("old.txt")
     assert await names(mount) == {"old.txt"}, "within list_ttl the cached listing is served"
     await trio.sleep(0.35)
-    done = mount.fs.namespace.listings_done
+    done = mount.fs.namespace.listings.listings_done
     # Expired: served as it is, re-listed in the background (stale-while-revalidate).
     assert await names(mount) == {"old.txt"}
     await wait_listed(mount, done)
@@ -82,10 +82,10 @@ async def test_a_relisting_that_fails_by_a_defect_keeps_a_right_listing(
 
     monkeypatch.setattr(mount.fs.meta, "finish_listing", broken_finish)
     await trio.sleep(0.35)
-    with caplog.at_level(logging.ERROR, logger="tierfs.core.namespace"):
+    with caplog.at_level(logging.ERROR, logger="tierfs.core.listings"):
         await mount.fs.lookup(ROOT_INO, b"kept.txt")  # starts the re-listing
         with trio.fail_after(10):
-            while ROOT_INO in namespace._listing:
+            while ROOT_INO in namespace.listings._listing:
                 await trio.sleep(0.01)
     failures = [r for r in caplog.records if "re-listing" in r.getMessage()]
     assert failures and failures[0].exc_info is not None, "no traceback in the log"
@@ -97,7 +97,7 @@ async def test_a_relisting_that_fails_by_a_defect_keeps_a_right_listing(
     assert namespace.expired(ROOT_INO)
     monkeypatch.setattr(mount.fs.meta, "finish_listing", real_finish)
     await trio.sleep(0.35)  # a failed re-listing is not tried again within list_ttl
-    done = namespace.listings_done
+    done = namespace.listings.listings_done
     await mount.fs.lookup(ROOT_INO, b"kept.txt")
     await wait_listed(mount, done)
     assert await names(mount) == {"kept.txt", "new.txt"}
@@ -159,7 +159,7 @@ async def test_a_relisting_keeps_the_directory_that_hides_an_object(
     before = await mount.fs.lookup(ROOT_INO, b"d")
     assert await names(mount, "d") == {"inner"}
     await trio.sleep(0.25)
-    done = mount.fs.namespace.listings_done
+    done = mount.fs.namespace.listings.listings_done
     assert await names(mount) == {"d"}  # expired: re-lists the root in the background
     await wait_listed(mount, done)
     assert await names(mount) == {"d"}

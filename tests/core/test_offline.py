@@ -255,8 +255,8 @@ async def test_a_listing_of_a_directory_renamed_meanwhile_is_dropped(
     ns = mount.fs.namespace
     d = await ns.resolve("d")
     await mount.fs.opendir(d.ino)
-    blocking = BlockingLists(ns.store, "d/")
-    ns.store = blocking
+    blocking = BlockingLists(ns.listings.store, "d/")
+    ns.listings.store = blocking
     blocking.release.clear()
     await trio.sleep(0.4)  # the listing of d is stale
     await mount.fs.opendir(d.ino)  # starts the re-listing in the background; it hangs
@@ -269,6 +269,6 @@ async def test_a_listing_of_a_directory_renamed_meanwhile_is_dropped(
     e = await ns.resolve("e")
     names = {name for _c, name, _i in mount.fs.meta.read_dir(e.ino, 0, 100)}
     assert names == {b"a.txt"}, names  # "late.txt" is under d/ in the bucket, not e/
-    ns.store = blocking.inner
+    ns.listings.store = blocking.inner
     await mount.flush()
     assert s3_store.get_range("e/a.txt", 0, 10) == b"a"

@@ -20,8 +20,8 @@ from tests.core.conftest import CoreMount, put, wait_listed
 from tierfs.config import NamespaceConfig
 from tierfs.core import namespace
 from tierfs.core.dirhandles import DOT, DOTDOT
+from tierfs.core.listings import RELIST_CONCURRENCY
 from tierfs.core.namereads import READDIR_BATCH
-from tierfs.core.namespace import RELIST_CONCURRENCY
 from tierfs.core.results import Attributes, DirEntry
 from tierfs.core.shadow import SHADOW_ROOT, shadow_dir_prefix
 from tierfs.errors import NotFound, StoreError
@@ -301,8 +301,8 @@ async def test_lookups_in_an_expired_directory_do_not_wait_and_start_one_relisti
     mount = await make_fs(namespace=SHORT_TTL)
     d = await mount.fs.lookup(ROOT_INO, b"d")
     await mount.fs.opendir(d.ino)
-    held = HeldLists(mount.fs.namespace.store)
-    mount.fs.namespace.store = held
+    held = HeldLists(mount.fs.namespace.listings.store)
+    mount.fs.namespace.listings.store = held
     await trio.sleep(0.35)  # every listing is expired now
     lists_before, heads_before = len(mount.store.lists), mount.store.heads
     with trio.fail_after(20):  # a re-listing waited for would hold until released (30 s)
@@ -366,8 +366,8 @@ async def test_the_wait_for_a_missing_name_is_bounded_and_skipped_while_the_buck
     mount = await make_fs(namespace=SHORT_TTL)
     d = await mount.fs.lookup(ROOT_INO, b"d")
     await mount.fs.opendir(d.ino)
-    held = HeldLists(mount.fs.namespace.store)
-    mount.fs.namespace.store = held
+    held = HeldLists(mount.fs.namespace.listings.store)
+    mount.fs.namespace.listings.store = held
     put(s3_store, "d/new", b"new!")
     await trio.sleep(0.35)
     heads_before = mount.store.heads
@@ -383,7 +383,7 @@ async def test_the_wait_for_a_missing_name_is_bounded_and_skipped_while_the_buck
                 await mount.fs.lookup(d.ino, name)
         assert trio.current_time() - start < 0.4  # the wait ran out: no more waits
     assert mount.store.heads == heads_before
-    done = mount.fs.namespace.listings_done
+    done = mount.fs.namespace.listings.listings_done
     held.release.set()
     await wait_listed(mount, done, 1)
     attrs = await mount.fs.lookup(d.ino, b"new")
@@ -403,8 +403,10 @@ async def test_a_name_a_relisting_adds_is_looked_up_with_its_settled_attributes(
     mount = await make_fs(namespace=NamespaceConfig(list_ttl=0.3, revalidate_ttl=0))
     d = await mount.fs.lookup(ROOT_INO, b"d")
     await mount.fs.lookup(d.ino, b"old")
-    held = HeldLists(mount.fs.namespace.store, holds=lambda p: p == shadow_dir_prefix("d/"))
-    mount.fs.namespace.store = held
+    held = HeldLists(
+        mount.fs.namespace.listings.store, holds=lambda p: p == shadow_dir_prefix("d/")
+    )
+    mount.fs.namespace.listings.store = held
     put(s3_store, "d/new", b"new!")
     await trio.sleep(0.35)
     with trio.fail_after(20):
@@ -442,11 +444,11 @@ async def test_relistings_of_many_directories_are_bounded(make_fs: Any, s3_store
     for name in dirs:
         inos[name] = (await mount.fs.lookup(ROOT_INO, name.encode())).ino
         await mount.fs.lookup(inos[name], b"f")
-    held = HeldLists(mount.fs.namespace.store)
-    mount.fs.namespace.store = held
+    held = HeldLists(mount.fs.namespace.listings.store)
+    mount.fs.namespace.listings.store = held
     await trio.sleep(2.05)
     lists_before = len(mount.store.lists)
-    done = mount.fs.namespace.listings_done
+    done = mount.fs.namespace.listings.listings_done
     # A shuffled sweep, three times over, while the re-listings are held (30 s).
     with trio.fail_after(20):
         for _ in range(3):
@@ -493,8 +495,8 @@ async def test_a_failed_relisting_is_not_retried_before_list_ttl(
     mount = await make_fs(namespace=NamespaceConfig(list_ttl=2.0, revalidate_ttl=60))
     d = await mount.fs.lookup(ROOT_INO, b"d")
     await mount.fs.lookup(d.ino, b"f")
-    failing = FailingLists(mount.fs.namespace.store, "d/")
-    mount.fs.namespace.store = failing
+    failing = FailingLists(mount.fs.namespace.listings.store, "d/")
+    mount.fs.namespace.listings.store = failing
     await trio.sleep(2.05)
     with trio.fail_after(10):
         await mount.fs.lookup(d.ino, b"f")  # served stale; the re-listing fails

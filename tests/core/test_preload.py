@@ -16,7 +16,8 @@ import trio
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import FetchConfig
 from tierfs.core.fetcher import BACKGROUND_TRICKLE_BYTES
-from tierfs.core.namespace import LIST_AHEAD, WALK_PAGE
+from tierfs.core.listings import LIST_AHEAD
+from tierfs.core.namespace import WALK_PAGE
 from tierfs.errors import InvalidArgument, StoreAccessDenied
 from tierfs.workers.pathlists import normalize_path
 from tierfs.workers.preload import Preloader, PreloadJob
@@ -96,13 +97,13 @@ async def test_walk_lists_directories_lazily(make_fs: Any, s3_store: Any) -> Non
         assert ino is not None
         inode = mount.fs.meta.get_inode(ino)
         assert inode is not None
-        if inode.listed_at > 0 or ino in ns._listing:
+        if inode.listed_at > 0 or ino in ns.listings._listing:
             touched.append(name)
     # d00 (walked) and the LIST_AHEAD after it; the rest untouched yet.
     assert touched == subdirs[: 1 + LIST_AHEAD]
     rest = [p async for _i, p in walk]
     assert [first_path, *rest] == [f"t/{d}/f" for d in subdirs]
-    assert ns._listing_ahead == 0
+    assert ns.listings._listing_ahead == 0
 
 
 class SlowSubdirListings:
@@ -145,8 +146,8 @@ async def test_walk_lists_the_next_subdirectories_while_it_walks_one(
     subdirs = [f"d{i}" for i in range(6)]
     put_tree(s3_store, {f"t/{d}/f": 1 for d in subdirs})
     mount = await make_fs()
-    slow = SlowSubdirListings(mount.fs.namespace.store, "t/", 0.2)
-    mount.fs.namespace.store = slow
+    slow = SlowSubdirListings(mount.fs.namespace.listings.store, "t/", 0.2)
+    mount.fs.namespace.listings.store = slow
     paths = [p async for _i, p in mount.fs.namespace.walk("t")]
     assert paths == [f"t/{d}/f" for d in subdirs]
     # One at a time (the walk's own) took six delays; ahead, they overlap.
@@ -159,7 +160,7 @@ async def test_a_failed_listing_ahead_gives_the_walker_the_buckets_error(
     put_tree(s3_store, {"t/a/f": 1, "t/b/f": 1, "t/c/f": 1})
     mount = await make_fs()
     ns = mount.fs.namespace
-    ns.store = SlowSubdirListings(ns.store, "t/", 0.1, fail=["t/b/"])
+    ns.listings.store = SlowSubdirListings(ns.listings.store, "t/", 0.1, fail=["t/b/"])
     seen = []
     with pytest.raises(StoreAccessDenied, match="t/b/"):
         async for _inode, path in ns.walk("t"):
@@ -167,9 +168,9 @@ async def test_a_failed_listing_ahead_gives_the_walker_the_buckets_error(
     assert seen == ["t/a/f"]
     # The listing of t/c/ started ahead ends on its own; nothing is left behind.
     with trio.fail_after(5):
-        while ns._listing_ahead:
+        while ns.listings._listing_ahead:
             await trio.sleep(0.01)
-    assert not ns._listing
+    assert not ns.listings._listing
 
 
 async def test_walk_pages_through_large_directories(make_fs: Any, s3_store: Any) -> None:
@@ -275,8 +276,10 @@ async def test_the_fetch_pass_starts_while_the_scan_still_lists(
     being listed: the listing of t/b/ goes on only once t/a/f was fetched."""
     data = put_tree(s3_store, {"t/a/f": 1000, "t/b/g": 2000})
     mount = await make_fs()
-    gate = ListingWaitsForAGet(mount.fs.namespace.store, mount.store, "t/b/", "t/a/f", 10.0)
-    mount.fs.namespace.store = gate
+    gate = ListingWaitsForAGet(
+        mount.fs.namespace.listings.store, mount.store, "t/b/", "t/a/f", 10.0
+    )
+    mount.fs.namespace.listings.store = gate
     job = await run_preload(nursery, mount, ["t"])
     assert gate.released_by_get is True
     assert job.state == "done" and job.failures == []

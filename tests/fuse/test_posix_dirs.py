@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from tests.fuse.conftest import Mount, MountFactory, wait_until
+from tierfs.core.listings import RELIST_CONCURRENCY
 from tierfs.core.namereads import READDIR_BATCH
-from tierfs.core.namespace import RELIST_CONCURRENCY
 
 
 class Dirent(ctypes.Structure):

@@ -3,8 +3,10 @@
 How the files of this package relate, by job (``fs.TierFS`` builds the parts
 and wires them; the FUSE layer and the control server call ``TierFS``):
 
-* The namespace: ``namespace`` (directories listed lazily from the bucket
-  into LMDB, re-listing, what a reader sees of other writers), ``shadow``
+* The namespace: ``namespace`` (lookups, paths, walks, revalidation on
+  open; what a reader sees of other writers), ``listings`` (directories
+  listed lazily from the bucket into LMDB, re-listing, the attributes of
+  listed names), ``inodekeys`` (inodes and their object keys), ``shadow``
   (non-default attributes in the bucket), ``namereads`` (what the kernel
   reads of names: lookups, attributes, readdir) with ``attrcache`` and
   ``dirhandles``, ``posix_attrs`` (permission and attribute rules).

@@ -17,7 +17,9 @@ calls parts built before it):
     clock         the lifecycle's clock: access times and rule ages (``clock``)
     tasks         starts the parts' background tasks (``supervisor``)
     open_files    the files in use, their fds, checked blocks (``openfiles``)
-    namespace     names, listings, revalidation (``namespace``)
+    keys          inodes by number and their object keys (``inodekeys``)
+    listings      directories listed from the bucket, attributes settled (``listings``)
+    namespace     lookups, paths, walks, revalidation on open (``namespace``)
     damage        what a block that fails its checksum does (``damage``)
     policies      rules and pins per file: placement, promotion (``policies``)
     space         placement of blocks on tiers, emergency eviction (``space``)
@@ -68,11 +70,13 @@ from .clock import Clock
 from .damage import DamageLog
 from .fetcher import Fetcher, Origin
 from .handles import Handles
+from .inodekeys import InodeKeys
 from .journal import Entry, Journal
 from .lifecycle import Lifecycle
+from .listings import Identity, Listings
 from .movement import DataMovement
 from .namereads import NameReads
-from .namespace import Identity, Namespace
+from .namespace import Namespace
 from .openfiles import OpenFiles
 from .policies import FilePolicies
 from .posix_attrs import AccessTimes, Caller, UnlinkedInodes
@@ -150,20 +154,26 @@ class TierFS:
             RecentBlocks.sized_for(config.fetch.block_size, config.fetch.readahead_max),
             self.journal,
         )
-        self.namespace = Namespace(
+        self.keys = InodeKeys(
+            meta,
+            live_inode=self.open_files.live_inode,
+            shape_generation=lambda: self.journal.namespace_gen,
+        )
+        self.listings = Listings(
             meta,
             store,
             ns,
             self.identity,
+            self.keys,
             self.store_limiter,
             live_inode=self.open_files.live_inode,
             being_deleted=self.journal.being_deleted,
             watch_deletes=self.journal.watch_deletes,
             protects=self.journal.protects,
             attrs_owed=self.journal.attrs_owed,
-            shape_generation=lambda: self.journal.namespace_gen,
             spawn=self.tasks.spawn,
         )
+        self.namespace = Namespace(meta, store, ns, self.keys, self.listings, self.store_limiter)
         self.damage = DamageLog(
             meta, tiers, config.fetch.block_size, path_of=self.namespace.path_of
         )

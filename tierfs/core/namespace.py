@@ -1,90 +1,13 @@
-"""The namespace: directories listed lazily from the bucket into LMDB.
+"""The namespace: the mount's names over the bucket's keys.
 
-State of a directory inode:
+``Namespace`` answers lookups (``lookup_entry``), resolves paths and walks
+subtrees, and revalidates a file's content on open.  Its parts, given at
+construction:
 
-    never listed (listed_at == 0)
-        --first lookup/readdir--> listing --complete--> listed (listed_at = t)
-    listed, t + list_ttl < now
-        --next lookup/readdir--> listing --complete--> listed (listed_at = t')
-
-A listing streams ListObjectsV2 pages (delimiter "/") and merges each page
-into LMDB in one transaction, so memory holds one page, not the directory.
-When the last page is merged, names that were not seen are swept (only clean,
-bucket-backed entries; local-only data of later issues stays).  Likewise a
-listed name of the other type (``c/`` for a file ``c``) replaces a local
-name only if that is a clean copy of the bucket, and never when its key is
-still being deleted by this node (``MetaDB.merge_listing``): a LIST sent
-before the deletes of a directory renamed away still shows its prefix.
-"Being deleted" includes the deletes that completed while the listing ran
-(``Journal.watch_deletes``, opened before the LIST is sent): the LIST may
-predate them, and would bring an unlinked or renamed-away name back.  A listing
-whose directory was renamed or removed while a page was on its way is
-dropped before it merges anything more (checked right after each await, so
-the check and the merge are atomic for the other trio tasks).  Only one
-listing of a directory runs at a time; concurrent callers wait for it.
-
-A directory that was listed once is never held hostage by the bucket
-(stale-while-revalidate, stale-if-error):
-
-- while the endpoint's circuit breaker is open, its LMDB listing is served
-  at once and no re-listing is tried;
-- otherwise the re-listing runs as a background task (``spawn``, passed by
-  TierFS; inline when there is none) and the caller is served the listing
-  it has.  Lookups of names it holds, ``opendir`` and ``readdir`` never
-  wait for a re-listing, and neither do namespace changes
-  (``stale_wait=0``); a lookup of a name it lacks does (below).  Only
-  callers that need every key of a subtree (a directory rename, a walk)
-  wait for it, at most ``STALE_LISTING_WAIT`` seconds from its start, and
-  not at all while the last request to the endpoint got no answer or such
-  a wait ran out less than ``SLOW_HOLDOFF`` seconds ago
-  (``endpoint_suspect``).  A re-listing that fails leaves the old listing
-  and is logged.
-- Background re-listings are bounded: single-flight per directory (one
-  entry in ``_listing``, queued or running), at most
-  ``RELIST_CONCURRENCY`` run at once (the others queue, in order), at most
-  ``RELIST_BACKLOG`` are queued or running (beyond, a directory is served
-  as it is and re-listed by a later lookup), and a directory whose
-  re-listing failed is not tried again before ``list_ttl`` has passed.  A
-  successful one stamps ``listed_at``, so a directory is re-listed at most
-  once per ``list_ttl``: a shuffled sweep over many directories costs about
-  one LIST per directory per ``list_ttl``, never one per lookup.
-- A re-listing that fails (the bucket's error, or a defect: any exception,
-  logged with its traceback) leaves a listing that is still right, only
-  older: every page merged before the failure was merged whole, in one
-  transaction (names it added exist in the bucket; the ones new to this
-  node stay provisional, owner-only, until a listing settles them); no
-  name is swept, since only a complete listing proves a name gone;
-  ``listed_at`` is not stamped, so the directory stays expired and is
-  re-listed by an access after ``list_ttl`` (``_relist_failed``).  A first
-  listing that fails leaves the directory never listed, and its caller
-  gets the error.
-- A lookup of a name that the expired listing does not hold waits for the
-  re-listing of its directory (the one it starts, or one already queued
-  or running), at most ``MISSING_NAME_WAIT`` seconds from that re-listing's
-  start and not at all while the endpoint is suspect, then answers what the
-  bucket holds, with settled attributes (``lookup_entry``): another node's
-  ``checkpoints/step-200/`` is found by the first lookup after ``list_ttl``.
-  It costs no request of its own (no HEAD): only that re-listing, which
-  the lookup would have started anyway.  A HEAD of the key was tried here
-  once and dropped: a name found so must get the attributes a LIST would
-  give it (its shadow, else ``file_mode``), which only a listing of the
-  shadow can tell (the object's ``x-amz-meta-*`` may be wider than its
-  shadow).  A wait that runs out answers ENOENT and holds off the next
-  waits for ``SLOW_HOLDOFF`` seconds.
-- A name that a running re-listing added is provisional until that
-  re-listing settles its attributes (see below): a lookup of such a name
-  waits for that re-listing, at most ``STALE_LISTING_WAIT`` seconds from
-  its start and not while the endpoint is suspect (``_wait_listing``),
-  then is served what there is (owner-only at worst, never wider).  A
-  revalidation HEAD on open leaves a provisional inode provisional.
-  Provisional attributes never leave the node and never outlive a change:
-  before an upload, copy, metadata rewrite or marker of a provisional
-  inode, and before a chmod or chown of it, ``settle_provisional`` gives
-  it what a listing would (one LIST of its directory's shadow prefix, or a
-  HEAD for a name too long for a shadow; else the defaults).  While the
-  bucket cannot answer, such an upload waits in the journal like any
-  other, and a chmod or chown of a provisional name fails with the
-  store's errno (EIO) rather than be undone by the next listing.
+* ``InodeKeys`` (``inodekeys``): inodes by number and their object keys;
+* ``Listings`` (``listings``): directories listed lazily from the bucket
+  into LMDB, re-listing in the background, the attributes of listed names
+  (the shadow), the bounded waits for the bucket.
 
 Consistency a reader gets (docs/guarantees.md says the same):
 
@@ -129,64 +52,11 @@ Consistency a reader gets (docs/guarantees.md says the same):
   (or ``rewinddir``) and not yet removed; names linked later, by a listing
   or a rename, are left to the next ``opendir`` (``tierfs.core.dirhandles``).
 
-A directory that was never listed needs the bucket: the caller waits for the
-listing, which fails with the store's errno (EIO within the store's
-foreground bound, at once while the breaker is open).
-
-Keys that cannot be names (empty segment, ``.``/``..``, NUL, > 255 bytes) are
-skipped with one warning per key per mount.  When both the object ``a`` and
-objects under ``a/`` exist, the directory wins (``MetaDB.merge_listing``) and
-the hidden object is reported once.
-
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.
 A read-only open of a file with nothing cached sends no HEAD (``TierFS.open``)
 while its directory's listing is fresh: its first GET carries the ETag
 (If-Match), and a mismatch revalidates then.
-
-Attributes of listed names (mode, uid, gid)
--------------------------------------------
-The kernel checks permissions (``default_permissions``) against the
-attributes that lookup, getattr and readdirplus hand it, so a name must
-never be shown more permissive than what tierfs stored for it, on any node,
-from the first access.  LIST carries no user metadata; the choices were:
-
-* a HEAD per name (s3fs): correct, but a cold ``find`` becomes a HEAD per
-  file and a cold small-file read a HEAD plus a GET;
-* one manifest object per directory: one GET per directory, but every
-  change is a read-modify-write that two nodes can race on;
-* one empty *shadow object* per name with non-default attributes, whose key
-  carries them (``tierfs.core.shadow``), under ``.tierfs-attrs/<dir>/``:
-  each change is a single PUT or DELETE that never races a neighbour's, and
-  a directory's attributes cost one extra LIST of its shadow prefix (a page
-  of only the names that have non-default attributes).  Chosen.  The shadow
-  lives under one top-level prefix rather than inside each directory, so
-  tools that list a data prefix (dataset loaders) never see it.
-
-A listing therefore: merges the data pages (new names get *provisional*,
-owner-only attributes, see ``MetaDB``), then lists the shadow prefix (after
-the data, so a shadow written before its object is always seen), HEADs the
-few names too long to carry a shadow, and settles the attributes in one
-transaction (``MetaDB.settle_attrs``).  Lookups wait for a running first
-listing and so does ``readdir`` (``wait_listing``): no name is handed to the
-kernel before its attributes are settled.  A re-listing of a directory
-listed before is not waited for (see above); a name it adds meanwhile may
-be shown provisional by ``readdir`` (owner-only, never wider, and with
-timeout 0), while a lookup of it waits for the settling (bounded, see
-``_wait_listing``).  If the shadow listing fails, the new names stay
-provisional (restrictive) and the error is that of the listing.
-Names without a shadow get ``file_mode``/``dir_mode`` (objects of other
-tools, and tierfs objects with the canonical 0644/0755 root:root); a known
-name whose shadow disappeared keeps its attributes until a HEAD (open of a
-cached file, or a writer's open, after ``revalidate_ttl``) reads them, which
-errs on the restrictive side.  The
-reserved name ``.tierfs-attrs`` is never listed in the root.
-
-Shadow names this listing found for no child (orphans, e.g. of a delete on
-a node that crashed) are remembered per directory in memory: a file created
-under such a name takes them into its shadow ledger, and its upload deletes
-them (``Sync``).  Mounts of a sub-prefix of another mount's prefix do not
-see that mount's shadows; mount the same prefix on every node.
 
 Stale-if-error: while ``endpoint_suspect`` (breaker open, the last request
 got no answer, or a bounded wait ran out lately: no HEAD is sent then), or
@@ -200,87 +70,35 @@ again); a HEAD that outlives the wait is abandoned to its thread.  Only
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import stat
 import time
-from array import array
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import trio
 
 from tierfs.config import NamespaceConfig
-from tierfs.errors import (
-    EndpointUnreachable,
-    NameTooLong,
-    NotADirectory,
-    NotFound,
-    ObjectNotFound,
-    StoreError,
-    StoreUnavailable,
-)
-from tierfs.meta import (
-    PROVISIONAL,
-    ROOT_INO,
-    Inode,
-    ListedEntry,
-    MergeResult,
-    MetaDB,
-    SyncState,
-)
+from tierfs.errors import NameTooLong, NotADirectory, NotFound, ObjectNotFound, StoreUnavailable
+from tierfs.meta import PROVISIONAL, ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.meta.records import decode_inode, raw_listed_at, raw_mode
-from tierfs.store import ObjectInfo, ObjectStore
-from tierfs.store.breaker import breaker_of
+from tierfs.store import ObjectStore
 
-from .journal import child_key
-from .shadow import (
-    SHADOW_ROOT,
-    ShadowAttrs,
-    attrs_from_metadata,
-    combine,
-    longest_shadow_key,
-    parse_shadow_name,
-    shadow_dir_prefix,
+from .inodekeys import InodeKeys
+from .listings import (
+    MISSING_NAME_WAIT,
+    NAME_MAX,
+    STALE_LISTING_WAIT,
+    DropCallback,
+    Listings,
 )
 
 log = logging.getLogger(__name__)
 
-NAME_MAX = 255
-
-#: Seconds a lookup or readdir waits for the re-listing of a directory it
-#: already has a listing of, before it is served that listing.
-STALE_LISTING_WAIT = 1.0
-#: Seconds a lookup of a name missing from an expired listing waits for the
-#: re-listing of its directory (from that re-listing's start) before it
-#: answers ENOENT: the foreground budget of a request to the bucket
-#: (``FOREGROUND_BUDGET`` of ``tierfs.store.s3``).
-MISSING_NAME_WAIT = 5.0
 #: Seconds an open waits for the revalidation HEAD of a cached clean file.
 REVALIDATE_WAIT = 1.0
-#: After one of those waits ran out, optional waits are skipped this long.
-SLOW_HOLDOFF = 5.0
-
 #: A subtree walk reads this many directory entries from LMDB at a time.
 WALK_PAGE = 512
-#: First listings a walk keeps running ahead of itself, at most (all walks
-#: together): of the never-listed subdirectories it will descend into next.
-LIST_AHEAD = 8
-#: Background re-listings that run at once (each holds a store thread while
-#: a page is on its way).
-RELIST_CONCURRENCY = 4
-#: Background re-listings queued or running; beyond, expired directories are
-#: served as they are until a slot frees.  Also bounds ``_relist_failed``.
-RELIST_BACKLOG = 4096
-
-#: Starts ``fn(*args)`` as a background task; False if there is no nursery.
-Spawn = Callable[..., bool]
-
-
-def _no_spawn(*args: object) -> bool:
-    return False
 
 
 @dataclass(slots=True)
@@ -296,189 +114,81 @@ class _WalkFrame:
     ahead: int = 0
 
 
-#: Called with (ino, tiers that held its blocks, still_exists) whenever
-#: blocks of a file were dropped because the bucket changed or it vanished.
-DropCallback = Callable[[int, list[int], bool], None]
-
-
-def name_problem(name: str) -> str | None:
-    """Why ``name`` (one key segment) cannot be a file name, or None."""
-    if name == "":
-        return "empty path segment"
-    if name in (".", ".."):
-        return f"'{name}' segment"
-    if "\0" in name:
-        return "NUL byte"
-    if len(name.encode()) > NAME_MAX:
-        return f"segment longer than {NAME_MAX} bytes"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    uid: int
-    gid: int
-    file_mode: int
-    dir_mode: int
-
-
-#: ``Namespace.key_of`` remembers the keys of at most this many directories.
-DIR_KEYS_MAX = 65536
-
-
 class Namespace:
-    """The mount's names: the bucket's keys as directories and files in
-    LMDB, listed lazily and kept fresh (see the module docstring)."""
+    """The mount's names: lookups, paths, walks and revalidation on open,
+    over the directories ``Listings`` keeps (see the module docstring)."""
 
     def __init__(
         self,
         meta: MetaDB,
         store: ObjectStore,
         config: NamespaceConfig,
-        identity: Identity,
+        keys: InodeKeys,
+        listings: Listings,
         store_limiter: trio.CapacityLimiter,
-        *,
-        live_inode: Callable[[int], Inode | None] | None = None,
-        being_deleted: Callable[[str], bool] | None = None,
-        watch_deletes: Callable[[], AbstractContextManager[Callable[[str], bool]]] | None = None,
-        protects: Callable[[int], bool] | None = None,
-        attrs_owed: Callable[[int], bool] | None = None,
-        shape_generation: Callable[[], int] | None = None,
-        spawn: Spawn = _no_spawn,
     ) -> None:
-        """The callbacks come from the journal and the open-file table
-        (the defaults suit a namespace on its own):
-
-        * ``live_inode``: the in-memory inode of an open file, if any;
-        * ``being_deleted``: is a delete of this key (or a key under this
-          prefix) still owed to the bucket?  Such names are not re-created
-          by a listing;
-        * ``watch_deletes``: ``being_deleted`` that also remembers the
-          deletes completed while the block runs (``Journal.watch_deletes``);
-        * ``protects``: must a listing (or a revalidation) leave this inode
-          alone (its object is not at its key in the bucket yet)?
-        * ``attrs_owed``: does the bucket still owe a local change of this
-          inode's attributes (a listing must not take the shadow's then)?
-        * ``shape_generation``: a number that changes before and after every
-          change that moves or removes a name (``Journal.namespace_gen``);
-          while it stays the same, ``key_of`` remembers the keys of
-          directories.  Without it, every key is worked out from LMDB;
-        * ``spawn``: start a background task (see ``Spawn``).
-        """
         self.meta = meta
         self.store = store
         self.config = config
-        self.identity = identity
+        self.keys = keys
+        self.listings = listings
         self._limiter = store_limiter
+        self.live_inode = keys.live_inode
+        self.protects = listings.protects
         #: Told (ino, tiers that held its blocks, still_exists) whenever the
         #: blocks of a file were dropped because the bucket changed it or it
-        #: vanished: the open-file table, the space accounting and the open
-        #: handles (the kernel's pages) follow.
-        self.drop_listeners: list[DropCallback] = []
-        self.live_inode: Callable[[int], Inode | None] = live_inode or (lambda ino: None)
-        self.being_deleted: Callable[[str], bool] = being_deleted or (lambda key: False)
-        self.watch_deletes: Callable[[], AbstractContextManager[Callable[[str], bool]]] = (
-            watch_deletes or (lambda: contextlib.nullcontext(self.being_deleted))
-        )
-        self.protects: Callable[[int], bool] = protects or (lambda ino: False)
-        self._shape_generation = shape_generation
-        #: Directory ino -> its key, valid while ``shape_generation()`` is
-        #: ``_dir_keys_gen`` (see ``key_of``).
-        self._dir_keys: dict[int, str] = {}
-        self._dir_keys_gen = shape_generation() if shape_generation is not None else 0
-        self.attrs_owed: Callable[[int], bool] = attrs_owed or (lambda ino: False)
-        #: dir ino -> {name: shadow entries} found by its last listing for
-        #: names it does not hold (see "Attributes of listed names").
-        self.orphan_shadows: dict[int, dict[bytes, list[ShadowAttrs]]] = {}
-        self.spawn = spawn
-        self.endpoint = breaker_of(store)
-        #: Directories being listed (or queued for a background re-listing):
-        #: (done, when it started on the trio clock).
-        self._listing: dict[int, tuple[trio.Event, float]] = {}
-        #: Background re-listings queued or running, and the slots they run in.
-        self._relists_pending = 0
-        self._relist_slots = trio.Semaphore(RELIST_CONCURRENCY)
-        #: First listings started ahead of a walk and not finished (``list_ahead``).
-        self._listing_ahead = 0
-        #: dir ino -> trio time its last background re-listing failed.
-        self._relist_failed: dict[int, float] = {}
-        self._warned: set[str] = set()
-        self.listings_done = 0
-        self._slow_until = -math.inf
+        #: vanished (the listings' list: a listing and a revalidation tell
+        #: the same listeners).
+        self.drop_listeners: list[DropCallback] = listings.drop_listeners
         #: Revalidations that served the cached copy because the bucket did
         #: not answer (stale-if-error).
         self.stale_opens = 0
 
-    def endpoint_down(self) -> bool:
-        """Is the endpoint's circuit breaker open (requests fail at once)?"""
-        return self.endpoint is not None and self.endpoint.is_open
-
-    def endpoint_suspect(self) -> bool:
-        """Open, or the last request to the endpoint got no answer, or a wait
-        for it ran out in the last ``SLOW_HOLDOFF`` seconds."""
-        if trio.current_time() < self._slow_until:
-            return True
-        return self.endpoint is not None and self.endpoint.suspect
-
-    def _waited_in_vain(self) -> None:
-        """A bounded wait for the bucket ran out: the next ones are not worth it
-        for a while (the request is still out there; the breaker learns from it)."""
-        self._slow_until = trio.current_time() + SLOW_HOLDOFF
-
-    # --- inodes and keys -----------------------------------------------------------
+    # --- inodes and keys (``InodeKeys``) ----------------------------------------------
 
     def get(self, ino: int) -> Inode:
-        live = self.live_inode(ino)
-        if live is not None:
-            return live
-        inode = self.meta.get_inode(ino)
-        if inode is None:
-            raise NotFound(f"inode {ino} does not exist")
-        return inode
+        return self.keys.get(ino)
 
     def path_of(self, ino: int) -> str:
         """The file's path in the mount, for messages."""
-        try:
-            return self.key_of(self.get(ino))
-        except (NotFound, KeyError):
-            return f"<inode {ino}>"
+        return self.keys.path_of(ino)
 
     def key_of(self, inode: Inode) -> str:
-        """The object key of a file or directory (relative to the store prefix).
-
-        The keys of directories are remembered while ``shape_generation``
-        stays the same: a key changes only with a rename (which moves every
-        key under a directory) or a removal, and both change it before and
-        after they change an inode.  Without the memo, every key cost an
-        LMDB read and a decode per directory on its path, several times per
-        upload (measured: a fifth of the event loop's time while small
-        files were flushed), and once per file in every lifecycle plan."""
-        if inode.ino == ROOT_INO:
-            return ""
-        if self._shape_generation is None:
-            return self._key_from_records(inode)
-        generation = self._shape_generation()
-        if self._dir_keys_gen != generation or len(self._dir_keys) >= DIR_KEYS_MAX:
-            self._dir_keys.clear()
-            self._dir_keys_gen = generation
-        parent_key = self._dir_keys.get(inode.parent)
-        if parent_key is None:
-            parent = self.get(inode.parent)
-            parent_key = self._dir_keys[inode.parent] = self.key_of(parent)
-        return child_key(parent_key, inode.name)
-
-    def _key_from_records(self, inode: Inode) -> str:
-        parts: list[bytes] = []
-        while inode.ino != ROOT_INO:
-            parts.append(inode.name)
-            inode = self.get(inode.parent)
-        return b"/".join(reversed(parts)).decode()
+        return self.keys.key_of(inode)
 
     def prefix_of(self, dir_inode: Inode) -> str:
-        key = self.key_of(dir_inode)
-        return key + "/" if key else ""
+        return self.keys.prefix_of(dir_inode)
 
-    # --- lookup and listing ----------------------------------------------------------
+    # --- listings (``Listings``) ------------------------------------------------------
+
+    async def ensure_listed(self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT) -> None:
+        await self.listings.ensure_listed(dir_inode, stale_wait)
+
+    async def wait_listing(self, ino: int) -> None:
+        await self.listings.wait_listing(ino)
+
+    def expired(self, dir_ino: int) -> bool:
+        return self.listings.expired(dir_ino)
+
+    def listing_fresh(self, dir_inode: Inode) -> bool:
+        return self.listings.listing_fresh(dir_inode)
+
+    def listing_expired(self, dir_inode: Inode) -> bool:
+        return self.listings.listing_expired(dir_inode)
+
+    def is_provisional(self, inode: Inode) -> bool:
+        return self.listings.is_provisional(inode)
+
+    async def settle_provisional(self, inode: Inode, listed_key: str | None = None) -> None:
+        await self.listings.settle_provisional(inode, listed_key)
+
+    def shadow_fits(self, key: str) -> bool:
+        return self.listings.shadow_fits(key)
+
+    def endpoint_down(self) -> bool:
+        return self.listings.endpoint_down()
+
+    # --- lookup and walks -------------------------------------------------------------
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         inode, _expired = await self.lookup_entry(parent, name)
@@ -512,13 +222,13 @@ class Namespace:
             # Missing from an expired listing: another writer may have made
             # it since.  The re-listing just started (or already running)
             # tells; its settled answer is the bucket's.
-            await self._wait_listing(parent, MISSING_NAME_WAIT)
+            await self.listings.wait_running(parent, MISSING_NAME_WAIT)
             fresh = False  # the loop ran meanwhile: ask the directory again
             child, provisional = self._entry_inode(self.meta.lookup(parent, name))
         if provisional:
             # Added by the re-listing running now (the listing served lacked
             # it): its attributes come with that re-listing's shadow listing.
-            await self._wait_listing(parent, STALE_LISTING_WAIT)
+            await self.listings.wait_running(parent, STALE_LISTING_WAIT)
             fresh = False  # the loop ran meanwhile: ask the directory again
             child, _provisional = self._entry_inode(self.meta.lookup(parent, name))
         if child is None:
@@ -533,46 +243,9 @@ class Namespace:
             return None, False
         live = self.live_inode(ino)
         if live is not None:
-            return live, self._provisional(ino)
+            return live, self.listings.provisional(ino)
         inode = self.meta.get_inode(ino)
         return inode, inode is not None and inode.validated_at == PROVISIONAL
-
-    def _provisional(self, ino: int) -> bool:
-        """Are the attributes of ``ino`` not settled by a listing yet?"""
-        inode = self.meta.get_inode(ino)
-        return inode is not None and inode.validated_at == PROVISIONAL
-
-    async def _wait_listing(self, dir_ino: int, bound: float) -> None:
-        """Wait for the listing of ``dir_ino`` that runs (or is queued), at
-        most ``bound`` seconds from its start, not at all while the endpoint
-        is suspect.  Only lookups of names the listing served lacks wait so
-        (``MISSING_NAME_WAIT``), or of names a re-listing added and has not
-        settled yet (``STALE_LISTING_WAIT``): a name of the listing served
-        never does."""
-        running = self._listing.get(dir_ino)
-        if running is None or self.endpoint_suspect():
-            return
-        done, started = running
-        with trio.move_on_at(started + bound) as waited:
-            await done.wait()
-        if waited.cancelled_caught:
-            self._waited_in_vain()
-
-    def expired(self, dir_ino: int) -> bool:
-        """Has directory ``dir_ino`` a listing older than ``list_ttl`` (served
-        while it is re-listed)?"""
-        inode = self.meta.get_inode(dir_ino)
-        return inode is not None and self.listing_expired(inode)
-
-    def listing_fresh(self, dir_inode: Inode) -> bool:
-        """Is the listing of ``dir_inode`` younger than ``list_ttl`` (so
-        ``ensure_listed`` returns at once, without yielding)?"""
-        return time.time() - dir_inode.listed_at < self.config.list_ttl
-
-    def listing_expired(self, dir_inode: Inode) -> bool:
-        """``expired`` for a directory record already read (readdir reads
-        it for each batch anyway: one decode less)."""
-        return dir_inode.listed_at > 0 and time.time() - dir_inode.listed_at >= self.config.list_ttl
 
     async def resolve(self, relpath: str) -> Inode:
         """Inode of a path relative to the mount root ("" is the root)."""
@@ -622,7 +295,7 @@ class Namespace:
         if not inode.is_dir:
             return
         if list_dirs:
-            await self._ensure_listed_for_walk(inode)
+            await self.listings.ensure_listed_for_walk(inode)
         stack = [_WalkFrame(inode.ino, relpath)]
         while stack:
             frame = stack[-1]
@@ -646,7 +319,7 @@ class Namespace:
                     break
             if descend is not None:
                 if list_dirs:
-                    await self._ensure_listed_for_walk(descend[0])
+                    await self.listings.ensure_listed_for_walk(descend[0])
                 stack.append(_WalkFrame(descend[0].ino, descend[1]))
             await trio.sleep(0)
 
@@ -660,7 +333,7 @@ class Namespace:
         skipped.  Only the records of never-listed directories are decoded
         (files, the most of a page, are told by their mode)."""
         for entry_cookie, _name, child, record in later:
-            if self._listing_ahead >= LIST_AHEAD:
+            if not self.listings.may_list_ahead():
                 return
             if entry_cookie <= frame.ahead:
                 continue
@@ -671,453 +344,7 @@ class Namespace:
                     continue
                 child_inode = decode_inode(child, record)
             if child_inode.is_dir:
-                self.list_ahead(child_inode)
-
-    def list_ahead(self, dir_inode: Inode) -> bool:
-        """Start the first listing of ``dir_inode`` in the background, if it
-        was never listed and no listing of it runs: a caller that will need
-        it soon (``ensure_listed``) then waits for that one.  At most
-        ``LIST_AHEAD`` run at once; False when none was started."""
-        ino = dir_inode.ino
-        if dir_inode.listed_at > 0 or ino in self._listing or self._listing_ahead >= LIST_AHEAD:
-            return False
-        done = trio.Event()
-        self._listing[ino] = (done, trio.current_time())
-        if not self.spawn(self._list_ahead_task, ino, done):
-            del self._listing[ino]
-            return False
-        self._listing_ahead += 1
-        return True
-
-    async def _list_ahead_task(self, ino: int, done: trio.Event) -> None:
-        """``list_ahead``'s background task: nothing escapes into the
-        nursery.  A failure is only logged: whoever needs the directory
-        lists it again (``_ensure_listed_for_walk``) and gets the error."""
-        try:
-            dir_inode = self.meta.get_inode(ino)
-            if dir_inode is not None and dir_inode.listed_at == 0:
-                await self._relist(dir_inode, done)
-        except StoreError as exc:
-            log.debug("listing ahead of a walk: directory inode %d: %s", ino, exc)
-        except Exception:
-            log.exception("listing ahead of a walk: directory inode %d failed", ino)
-        finally:
-            self._listing_ahead -= 1
-            if not done.is_set():
-                self._listing.pop(ino, None)
-                done.set()
-
-    async def _ensure_listed_for_walk(self, dir_inode: Inode) -> None:
-        """``ensure_listed``; a first listing that another task ran (one
-        started ahead of the walk, ``list_ahead``) and that failed is tried
-        once more here, so the walker gets the bucket's own error, not "did
-        not answer".  A listing of the walker's own that failed is not."""
-        someone_elses = dir_inode.ino in self._listing
-        try:
-            await self.ensure_listed(dir_inode)
-        except StoreUnavailable:
-            current = self.meta.get_inode(dir_inode.ino)
-            if (
-                not someone_elses
-                or current is None
-                or current.listed_at > 0
-                or current.ino in self._listing
-            ):
-                raise
-            await self.ensure_listed(current)
-
-    async def wait_listing(self, ino: int) -> None:
-        """Wait for a first listing of directory ``ino`` that is running, if
-        any: its names are provisional until it settles their attributes.
-        A re-listing is not waited for: names it adds stay provisional
-        (owner-only, never wider) until it settles them."""
-        running = self._listing.get(ino)
-        if running is None:
-            return
-        inode = self.meta.get_inode(ino)
-        if inode is not None and inode.listed_at > 0:
-            return
-        await running[0].wait()
-
-    def shadow_fits(self, key: str) -> bool:
-        """Can the object (or directory, no trailing "/") at ``key`` carry a
-        shadow entry in this store?  Writers and readers decide alike."""
-        return self.store.key_fits(longest_shadow_key(key))
-
-    async def ensure_listed(self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT) -> None:
-        """List ``dir_inode`` if its listing is older than ``list_ttl``.
-
-        A directory listed before waits at most ``stale_wait`` seconds for
-        its re-listing (see the module docstring); one never listed waits
-        for its listing and raises its error.
-        """
-        if self.listing_fresh(dir_inode):
-            return
-        ino = dir_inode.ino
-        have_listing = dir_inode.listed_at > 0
-        if have_listing and self.endpoint_down():
-            return
-        running = self._listing.get(ino)
-        if running is None:
-            if have_listing and not self._relist_allowed(ino):
-                return  # served as it is (see "Background re-listings are bounded")
-            running = self._listing[ino] = (trio.Event(), trio.current_time())
-            if have_listing and self.spawn(self._relist_in_background, ino, running[0]):
-                self._relists_pending += 1
-            else:
-                await self._relist(dir_inode, running[0])
-                return
-        done, started = running
-        if have_listing:
-            # Bounded from the start of the re-listing, not per caller: the
-            # lookups of an ``ls -l`` that queue behind one slow re-listing
-            # wait ``stale_wait`` in all, not each.
-            if self.endpoint_suspect():
-                return  # the last request got no answer: do not wait for this one
-            with trio.move_on_at(started + stale_wait) as waited:
-                await done.wait()
-            if waited.cancelled_caught and stale_wait > 0:
-                self._waited_in_vain()
-            return
-        await done.wait()
-        current = self.meta.get_inode(ino)
-        if current is None or current.listed_at == 0:
-            raise StoreUnavailable(
-                f"cannot list {self.prefix_of(dir_inode) or '/'!r}: the bucket did not answer"
-            )
-
-    def _relist_allowed(self, ino: int) -> bool:
-        """May a background re-listing of ``ino`` be queued now?"""
-        if self._relists_pending >= RELIST_BACKLOG:
-            return False
-        failed_at = self._relist_failed.get(ino)
-        return failed_at is None or trio.current_time() - failed_at >= self.config.list_ttl
-
-    def _note_relist_failed(self, ino: int) -> None:
-        now = trio.current_time()
-        if len(self._relist_failed) >= RELIST_BACKLOG:
-            ttl = self.config.list_ttl
-            for old in [i for i, t in self._relist_failed.items() if now - t >= ttl]:
-                del self._relist_failed[old]
-            if len(self._relist_failed) >= RELIST_BACKLOG:
-                self._relist_failed.pop(next(iter(self._relist_failed)))  # the oldest
-        self._relist_failed[ino] = now
-
-    async def _relist(self, dir_inode: Inode, done: trio.Event) -> None:
-        """One listing of ``dir_inode``; a failed re-listing keeps the old one."""
-        try:
-            await self._list(dir_inode)
-            self._relist_failed.pop(dir_inode.ino, None)
-        except StoreError as exc:
-            if dir_inode.listed_at == 0:
-                raise
-            self._note_relist_failed(dir_inode.ino)
-            if isinstance(exc, StoreUnavailable):  # the breaker logs the outage once
-                level = logging.DEBUG if isinstance(exc, EndpointUnreachable) else logging.INFO
-                log.log(
-                    level,
-                    "re-listing %r failed, serving the cached listing: %s",
-                    dir_inode.name,
-                    exc,
-                )
-            else:
-                log.warning(
-                    "re-listing %r failed, serving the cached listing: %s", dir_inode.name, exc
-                )
-        except Exception:
-            # A defect, not the bucket: what the pages merged so far stays
-            # (each page is one transaction), nothing is swept, the listing
-            # stays expired; the traceback goes to the log.
-            if dir_inode.listed_at == 0:
-                raise
-            self._note_relist_failed(dir_inode.ino)
-            log.exception(
-                "re-listing of directory inode %d failed, serving the cached listing",
-                dir_inode.ino,
-            )
-        finally:
-            self._listing.pop(dir_inode.ino, None)
-            done.set()
-
-    async def _relist_in_background(self, ino: int, done: trio.Event) -> None:
-        """``_relist`` as a queued background task (``RELIST_CONCURRENCY``
-        at once): nothing may escape into the nursery."""
-        try:
-            async with self._relist_slots:
-                # Read now, not when queued: it may have moved or gone since.
-                dir_inode = self.meta.get_inode(ino)
-                if dir_inode is not None:
-                    await self._relist(dir_inode, done)
-        except StoreError as exc:  # its listing was dropped meanwhile (``_forget_vanished``)
-            log.warning("background listing of directory inode %d failed: %s", ino, exc)
-        except Exception:
-            log.exception("background re-listing of directory inode %d failed", ino)
-        finally:
-            self._relists_pending -= 1
-            if not done.is_set():  # removed while queued, or cancelled before it ran
-                self._listing.pop(ino, None)
-                done.set()
-
-    async def _list(self, dir_inode: Inode) -> None:
-        # Opened before the LIST is sent: a name whose delete completes
-        # after that is still in the answer, and must not come back.
-        with self.watch_deletes() as deleted:
-            await self._list_watched(dir_inode, deleted)
-
-    async def _list_watched(self, dir_inode: Inode, deleted: Callable[[str], bool]) -> None:
-        prefix = self.prefix_of(dir_inode)
-        gen = self.meta.begin_listing(dir_inode.ino)
-        pages = self.store.list_pages(prefix)
-        ident = self.identity
-        # Inode numbers only (8 bytes each): a huge first listing must not
-        # hold its names in memory.
-        unsettled = array("Q")
-        too_long: list[tuple[bytes, int]] = []
-        while True:
-            page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
-            if not self._still_at(dir_inode.ino, prefix):
-                # Renamed or removed while the page was on its way (a change
-                # does not wait for a re-listing): these names belong to the
-                # old key; the next listing uses the new one.
-                log.debug("listing of %r dropped: the directory moved", prefix)
-                return
-            if page is None:
-                break
-            entries = [e for e in (self._object_entry(prefix, o) for o in page.objects) if e]
-            entries += [e for e in (self._prefix_entry(prefix, p) for p in page.prefixes) if e]
-            result = self.meta.merge_listing(
-                dir_inode.ino,
-                gen,
-                entries,
-                prefix=prefix,
-                protects=self.protects,
-                skip_new=lambda name, is_dir: deleted(
-                    prefix + name.decode() + ("/" if is_dir else "")
-                ),
-                file_mode=ident.file_mode,
-                dir_mode=ident.dir_mode,
-                uid=ident.uid,
-                gid=ident.gid,
-                now=time.time(),
-            )
-            for name, ino in result.unsettled:
-                unsettled.append(ino)
-                if not self.shadow_fits(prefix + name.decode()):
-                    too_long.append((name, ino))
-            self._after_merge(prefix, result)
-        await self._settle_attrs(dir_inode.ino, prefix, unsettled, too_long)
-        if not self._still_at(dir_inode.ino, prefix):
-            log.debug("listing of %r not finished: the directory moved", prefix)
-            return
-        swept = self.meta.finish_listing(
-            dir_inode.ino, gen, time.time(), prefix=prefix, protects=self.protects
-        )
-        self._after_merge(prefix, swept)
-        self.listings_done += 1
-
-    async def _settle_attrs(
-        self,
-        dir_ino: int,
-        prefix: str,
-        unsettled: array[int],
-        too_long: list[tuple[bytes, int]],
-    ) -> None:
-        """Shadow listing, HEAD fallback for ``too_long`` names, then
-        ``MetaDB.settle_attrs``."""
-        seen = await self._list_shadow(prefix)
-        attrs = {name: combine(found) for name, found in seen.items()}
-        keep_provisional: set[int] = set()
-        for name, ino in too_long:
-            # Too long for a shadow entry: its object's metadata says.
-            inode = self.meta.get_inode(ino)
-            if inode is None:
-                continue
-            key = prefix + name.decode() + ("/" if inode.is_dir else "")
-            try:
-                info = await trio.to_thread.run_sync(self.store.head, key, limiter=self._limiter)
-            except ObjectNotFound:
-                continue  # an implied directory or a vanished object: defaults
-            except StoreError as exc:
-                log.warning("cannot read the attributes of %r, keeping it private: %s", key, exc)
-                keep_provisional.add(ino)
-                continue
-            found = attrs_from_metadata(info.metadata)
-            if found is not None:
-                attrs[name] = found
-        ident = self.identity
-        orphans = self.meta.settle_attrs(
-            dir_ino,
-            unsettled,
-            {name: (a.perm, a.uid, a.gid) for name, a in attrs.items() if a is not None},
-            {name: [(a.perm, a.uid, a.gid) for a in found] for name, found in seen.items()},
-            prefix=prefix,
-            keep_provisional=keep_provisional,
-            keeps_attrs=lambda ino: self.protects(ino) or self.attrs_owed(ino),
-            live_inode=self.live_inode,
-            file_mode=ident.file_mode,
-            dir_mode=ident.dir_mode,
-            uid=ident.uid,
-            gid=ident.gid,
-            now=time.time(),
-        )
-        if orphans:
-            self.orphan_shadows[dir_ino] = {name: seen[name] for name in orphans if name in seen}
-        else:
-            self.orphan_shadows.pop(dir_ino, None)
-
-    def is_provisional(self, inode: Inode) -> bool:
-        """Are ``inode``'s attributes not settled by a listing yet (its
-        in-memory copy, or LMDB's)?"""
-        return inode.validated_at == PROVISIONAL or self._provisional(inode.ino)
-
-    async def settle_provisional(self, inode: Inode, listed_key: str | None = None) -> None:
-        """Give a provisional inode now the attributes a listing would give
-        it: its shadow entries (one LIST of its directory's shadow prefix),
-        for a key too long for a shadow its object's metadata (one HEAD),
-        else ``file_mode``/``dir_mode`` and the mount's owner.
-
-        ``listed_key``: where a listing found it (a rename's pending copy
-        still reads from there); default its ``origin_key`` (files) or its
-        current key (directories).  Called before anything of the inode
-        leaves the node (``Sync``: upload, copy, metadata, marker) and
-        before a chmod or chown of it (``FileWrites.setattr``): provisional,
-        owner-only attributes must never become a shadow object or object
-        metadata (a write after a lookup whose ``_wait_listing`` ran out
-        once uploaded a 0600 shadow nobody asked for).  Raises the store's
-        error; the inode then stays provisional.
-        """
-        if not self.is_provisional(inode):
-            return
-        if listed_key is None:
-            listed_key = (
-                self.prefix_of(inode) if inode.is_dir or not inode.origin_key else inode.origin_key
-            )
-        key = listed_key.rstrip("/")
-        parent_key, _, name = key.rpartition("/")
-        dir_prefix = parent_key + "/" if parent_key else ""
-        seen: list[ShadowAttrs] = []
-        found: ShadowAttrs | None = None
-        if self.shadow_fits(key):
-            seen = (await self._list_shadow(dir_prefix)).get(name.encode(), [])
-            found = combine(seen)
-        else:
-            try:
-                info = await trio.to_thread.run_sync(
-                    self.store.head, listed_key, limiter=self._limiter
-                )
-                found = attrs_from_metadata(info.metadata)
-            except ObjectNotFound:
-                pass  # an implied directory or a vanished object: defaults
-        ident = self.identity
-        self.meta.settle_one(
-            inode.ino,
-            None if found is None else (found.perm, found.uid, found.gid),
-            [(key, a.perm, a.uid, a.gid) for a in seen],
-            file_mode=ident.file_mode,
-            dir_mode=ident.dir_mode,
-            uid=ident.uid,
-            gid=ident.gid,
-            now=time.time(),
-        )
-        # Settled now, or by a listing meanwhile: the copies in memory too.
-        current = self.meta.get_inode(inode.ino)
-        if current is None or current.validated_at == PROVISIONAL:
-            return
-        for copy in (inode, self.live_inode(inode.ino)):
-            if copy is not None:
-                copy.mode, copy.uid, copy.gid = current.mode, current.uid, current.gid
-                if copy.validated_at == PROVISIONAL:
-                    copy.validated_at = current.validated_at
-
-    async def _list_shadow(self, prefix: str) -> dict[bytes, list[ShadowAttrs]]:
-        """name -> shadow entries under the shadow prefix of a directory."""
-        shadow_prefix = shadow_dir_prefix(prefix)
-        if not self.shadow_fits(prefix + "x"):
-            return {}  # no child of this directory can have a shadow entry
-        seen: dict[bytes, list[ShadowAttrs]] = {}
-        pages = self.store.list_pages(shadow_prefix)
-        while True:
-            page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
-            if page is None:
-                return seen
-            for obj in page.objects:
-                parsed = parse_shadow_name(obj.key[len(shadow_prefix) :])
-                if parsed is None:
-                    self._warn_once(obj.key, f"ignoring {obj.key!r}: not an attribute entry")
-                    continue
-                name, found = parsed
-                seen.setdefault(name.encode(), []).append(found)
-
-    def _still_at(self, ino: int, prefix: str) -> bool:
-        """Is directory ``ino`` still linked at ``prefix``?"""
-        try:
-            return self.prefix_of(self.get(ino)) == prefix
-        except NotFound:
-            return False
-
-    def _after_merge(self, prefix: str, result: MergeResult) -> None:
-        for name in result.conflicts:
-            key = prefix + name.decode()
-            self._warn_once(
-                key,
-                f"both the object {key!r} and objects under {key + '/'!r} exist: "
-                "showing the directory, the object is hidden",
-            )
-        for name in result.dirty_overwritten:
-            key = prefix + name.decode()
-            self._warn_once(
-                "conflict:" + key,
-                f"object {key!r} changed in the bucket while the local copy has changes not yet "
-                "uploaded: the local version wins and will overwrite it",
-            )
-        for ino, tiers in result.changed:
-            self._dropped(ino, tiers, True)
-        for ino, tiers in result.removed:
-            self._dropped(ino, tiers, False)
-
-    def _object_entry(self, prefix: str, obj: ObjectInfo) -> ListedEntry | None:
-        name = obj.key[len(prefix) :]
-        if name == "":  # the directory's own marker object
-            return None
-        if prefix == "" and name == SHADOW_ROOT:
-            return None  # reserved for the attribute shadow
-        if not self._name_ok(obj.key, name):
-            return None
-        return ListedEntry(
-            name=name.encode(),
-            is_dir=False,
-            size=obj.size,
-            etag=obj.etag,
-            mtime_ns=int(obj.mtime * 1e9),
-        )
-
-    def _prefix_entry(self, prefix: str, common: str) -> ListedEntry | None:
-        name = common[len(prefix) : -1]
-        if prefix == "" and name == SHADOW_ROOT:
-            return None  # the attribute shadow, never a directory of the mount
-        problem = name_problem(name)
-        if problem is not None:
-            self._warn_once(
-                common,
-                f"skipping all keys under {common!r}: {name!r} cannot be a directory name "
-                f"({problem})",
-            )
-            return None
-        return ListedEntry(name=name.encode(), is_dir=True)
-
-    def _name_ok(self, key: str, name: str) -> bool:
-        problem = name_problem(name)
-        if problem is None:
-            return True
-        self._warn_once(key, f"skipping key {key!r}: it cannot be a file name ({problem})")
-        return False
-
-    def _warn_once(self, dedup_key: str, message: str) -> None:
-        """Log ``message`` once per mount for ``dedup_key`` (keys may hold any
-        character, so messages are built by the caller, never formatted)."""
-        if dedup_key not in self._warned:
-            self._warned.add(dedup_key)
-            log.warning("%s", message)
+                self.listings.list_ahead(child_inode)
 
     # --- revalidation ------------------------------------------------------------------
 
@@ -1137,7 +364,7 @@ class Namespace:
         if now - inode.validated_at < self.config.revalidate_ttl:
             return inode, False
         key = inode.origin_key
-        if self.endpoint_suspect():
+        if self.listings.endpoint_suspect():
             self.stale_opens += 1
             return inode, False
         info = None
@@ -1154,13 +381,13 @@ class Namespace:
             self.stale_opens += 1
             return inode, False
         if info is None:
-            self._waited_in_vain()
+            self.listings.waited_in_vain()
             self.stale_opens += 1
             return inode, False
         changed = info.etag != inode.etag
         if changed:
             tiers = self.meta.drop_blocks(inode.ino)
-            self._dropped(inode.ino, tiers, True)
+            self.listings.dropped(inode.ino, tiers, True)
             log.info("object %r changed in the bucket; dropped its cached blocks", key)
             inode.etag = info.etag
             inode.origin_size = info.size
@@ -1187,10 +414,6 @@ class Namespace:
         inode.validated_at = 0.0  # due now
         inode, changed = await self.revalidate(inode)
         return inode if changed else None
-
-    def _dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
-        for listener in self.drop_listeners:
-            listener(ino, tiers, still_exists)
 
     def _forget_vanished(self, inode: Inode) -> None:
         parent = self.get(inode.parent)

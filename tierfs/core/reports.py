@@ -212,7 +212,7 @@ class Reports:
                 "fetch_buffers_dropped_in_use": self.fetcher.buffers.dropped_in_use,
                 "evicted_files": self.space.evicted_files,
                 "evicted_bytes": self.space.evicted_bytes,
-                "listings": self.namespace.listings_done,
+                "listings": self.namespace.listings.listings_done,
                 "uploaded_bytes": self.sync.stats_uploaded_bytes,
                 "relocated_bytes": self.movement.relocated_bytes,
                 "stale_opens": self.namespace.stale_opens,

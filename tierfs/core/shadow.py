@@ -1,6 +1,6 @@
 """The attribute shadow: non-default mode, uid and gid where a LIST finds them.
 
-Why it exists (see also the ``namespace`` docstring): LIST returns no user
+Why it exists (see also the ``listings`` docstring): LIST returns no user
 metadata, so a name that only a LIST has seen would get ``file_mode`` and
 the daemon's identity, and the kernel checks permissions against those.  A
 HEAD per name (what s3fs does) would cost a HEAD per file on every cold read

@@ -41,7 +41,7 @@ So the bucket never shows a name wider than what its inode allows, and an
 upload whose attributes changed while it ran goes again, like one whose
 content changed.  Before either, an inode whose attributes are still
 provisional (a listing added it and has not settled them) gets the ones a
-listing would give it (``Namespace.settle_provisional``): owner-only
+listing would give it (``Listings.settle_provisional``): owner-only
 placeholders never become a shadow object or object metadata.
 
 Wrong bytes never reach the bucket: ``UploadSource`` checks every block
@@ -75,14 +75,14 @@ Cost per small file on the event loop.  Uploads of many small files are
 bound by the trio loop, not by the PUTs (those run in worker threads,
 through obstore).  py-spy of the daemon during ``tierfs flush`` of 2,000
 files of 4-128 KiB (the write bench), share of the loop thread's samples:
-inode records read and decoded from LMDB 18% (``Namespace.key_of`` walking
+inode records read and decoded from LMDB 18% (``InodeKeys.key_of`` walking
 the parent directories, for the scan's ``entry_keys``, the upload and the
 flush: 14%; the file's own record: 5%); the thread hop of the PUT 12-18%;
 marking clean in batches 12% (its LMDB write 8.5%); the event loop itself
 10%; the journal scan and ``entry_keys`` 5-9%; the upload source (the cache
 file opened on the loop) 3.5%; the shadow ledger read of ``_drop_shadows``
 3%; group commits 3%; the flush's wait 2%; metrics under 1%.  Since then
-the keys of directories are remembered (``Namespace.key_of``, dropped
+the keys of directories are remembered (``InodeKeys.key_of``, dropped
 with every rename or removal), a flush of the whole mount works out no keys, and a
 flush's wait is narrowed by the journal as entries end
 (``Journal.wait_done``).  Measured after: marking clean 17% (LMDB write
@@ -514,7 +514,7 @@ class Sync:
         entry["running_key"] = key
         cf = self.open_files.acquire(inode)
         try:
-            # Provisional attributes never go up (``Namespace.settle_provisional``).
+            # Provisional attributes never go up (``Listings.settle_provisional``).
             await self.namespace.settle_provisional(cf.inode, self.journal.read_origin(ino))
             version = cf.version
             attrs = (cf.inode.mode, cf.inode.uid, cf.inode.gid)

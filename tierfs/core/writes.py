@@ -244,7 +244,7 @@ class FileWrites:
         w.tx.put_inode(inode)
         self._touch_dir(parent)
         w.tx.link(parent, inode.name, inode.ino)
-        orphans = self.namespace.orphan_shadows.get(parent.ino, {}).pop(inode.name, None)
+        orphans = self.namespace.listings.orphan_shadows.get(parent.ino, {}).pop(inode.name, None)
         if orphans:
             key = child_key(self.namespace.key_of(parent), inode.name)
             w.tx.set_shadow_ledger(inode.ino, [(key, a.perm, a.uid, a.gid) for a in orphans])
