@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from tierfs import pin_sizes
 from tierfs.config import Config, check_file, load_config, load_policy
-from tierfs.control.client import Location, locate, request
+from tierfs.control.client import Location, by_mount, locate, per_path, request
 from tierfs.control.protocol import list_chunks
 from tierfs.errors import ConfigError, ControlError, TierfsError
 from tierfs.policy.rules import shadowed_rules
@@ -269,32 +269,6 @@ def _endpoint_line(endpoint: dict[str, Any]) -> str:
     )
 
 
-def _by_mount(paths: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """Group PATHs by the tierfs mount that holds them: mount root ->
-    (control socket, paths relative to the root)."""
-    groups: dict[str, tuple[str, list[str]]] = {}
-    for path in paths:
-        location = locate(path)
-        root = str(location.mount_root)
-        groups.setdefault(root, (location.socket_path, []))[1].append(location.relpath)
-    return groups
-
-
-def _per_path(
-    op: str, paths: list[str], extra: dict[str, Any] | None = None, timeout: float | None = 600.0
-) -> list[dict[str, Any]]:
-    """Run ``op`` on every PATH, one request per mount; each result's ``path``
-    is made absolute again."""
-    results: list[dict[str, Any]] = []
-    for root, (sock, relpaths) in _by_mount(paths).items():
-        for item in request(sock, op, {"paths": relpaths, **(extra or {})}, timeout=timeout):
-            item["path"] = os.path.join(root, item["path"]) if item["path"] else root
-            for skipped in item.get("skipped", []):
-                skipped["path"] = os.path.join(root, skipped["path"])
-            results.append(item)
-    return results
-
-
 def _report_errors(results: list[dict[str, Any]]) -> int:
     failed = [r for r in results if "error" in r]
     for item in failed:
@@ -303,7 +277,7 @@ def _report_errors(results: list[dict[str, Any]]) -> int:
 
 
 def cmd_where(args: argparse.Namespace) -> int:
-    results = _per_path("where", args.paths)
+    results = per_path("where", args.paths)
     if args.json:
         _print_json(results)
     else:
@@ -343,7 +317,7 @@ def _print_where(results: list[dict[str, Any]]) -> None:
 
 
 def cmd_flush(args: argparse.Namespace) -> int:
-    for sock, relpaths in _by_mount(args.paths).values():
+    for sock, relpaths in by_mount(args.paths).values():
         request(sock, "flush", {"paths": relpaths}, timeout=None)
     return 0
 
@@ -607,7 +581,7 @@ def _prefetch_line(prefetch: dict[str, Any]) -> str:
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
-    results = _per_path("evict", args.paths, {"tier": args.tier})
+    results = per_path("evict", args.paths, {"tier": args.tier})
     if args.json:
         _print_json(results)
     for item in results:
@@ -622,7 +596,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     # Pinning fetches the files to the tier: that may take long.
-    results = _per_path("pin", args.paths, {"tier": args.tier}, timeout=None)
+    results = per_path("pin", args.paths, {"tier": args.tier}, timeout=None)
     if args.json:
         _print_json(results)
     else:
@@ -636,7 +610,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
-    results = _per_path("unpin", args.paths)
+    results = per_path("unpin", args.paths)
     if args.json:
         _print_json(results)
     else:

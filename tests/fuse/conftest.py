@@ -265,9 +265,9 @@ class Mount:
     def where(self, *names: str) -> list[dict[str, Any]]:
         """What ``tierfs where --json NAMES...`` prints (over the control
         socket from this process); fails the test if a name has an error."""
-        from tierfs.cli import _per_path
+        from tierfs.control.client import per_path
 
-        result = _per_path("where", [str(self.path / n) for n in names], timeout=CLI_TIMEOUT)
+        result = per_path("where", [str(self.path / n) for n in names], timeout=CLI_TIMEOUT)
         failed = [item for item in result if "error" in item]
         assert not failed, f"tierfs where failed: {failed}"
         return result

@@ -133,3 +133,30 @@ def request(
                 errno=int(message.get("errno", errno.EIO)),
             )
     raise ControlError("the tierfs daemon closed the connection without an answer")
+
+
+def by_mount(paths: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """Group PATHs by the tierfs mount that holds them: mount root ->
+    (control socket, paths relative to the root)."""
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for path in paths:
+        location = locate(path)
+        root = str(location.mount_root)
+        groups.setdefault(root, (location.socket_path, []))[1].append(location.relpath)
+    return groups
+
+
+def per_path(
+    op: str, paths: list[str], extra: dict[str, Any] | None = None, timeout: float | None = 600.0
+) -> list[dict[str, Any]]:
+    """Run ``op`` (``where``, ``pin``, ``unpin``, ``evict``, ...) on every
+    PATH, one request per mount; each result's ``path`` is made absolute
+    again.  A path that fails has an ``error`` in its result."""
+    results: list[dict[str, Any]] = []
+    for root, (sock, relpaths) in by_mount(paths).items():
+        for item in request(sock, op, {"paths": relpaths, **(extra or {})}, timeout=timeout):
+            item["path"] = os.path.join(root, item["path"]) if item["path"] else root
+            for skipped in item.get("skipped", []):
+                skipped["path"] = os.path.join(root, skipped["path"])
+            results.append(item)
+    return results
