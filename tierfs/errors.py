@@ -180,7 +180,7 @@ class StoreRefused(StoreError):
     """The bucket refused the request with a client error (4xx) that asking
     again cannot fix: a key too long, an invalid argument, an object or its
     metadata too large.  The journal keeps such an entry without retrying it
-    (``tierfs.core.journal``, "Refused entries")."""
+    (``tierfs.core.write.journal``, "Refused entries")."""
 
     errno = _errno.EIO
 

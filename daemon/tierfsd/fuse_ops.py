@@ -125,7 +125,7 @@ other work, so CPU per item rather than rates):
   ``EntryAttributes`` 4%.  Now 4.0 us: dentries and inode records come in
   one transaction (``MetaDB.read_dir_records``); an inode whose record
   has the same bytes as last time gets the same ``Attributes``
-  (``tierfs.core.attrcache``, which says where invalidation happens) and
+  (``tierfs.core.names.attrcache``, which says where invalidation happens) and
   the same ``EntryAttributes`` (built once, ``entry_attributes``).  What
   is left is the two LMDB gets of each entry and its ``DirEntry``.
 * Cold reads by 8 threads: all 8 GETs are in flight at once (nothing on
@@ -151,7 +151,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from tierfs.core import Attributes, DirEntry, TierFS
-from tierfs.core.posix_attrs import Caller
+from tierfs.core.names.posix_attrs import Caller
 from tierfs.errors import EndpointUnreachable, NotFound, TierfsError
 from tierfs.metrics import LatencyTable, Metrics
 

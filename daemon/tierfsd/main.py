@@ -51,7 +51,7 @@ from tierfs.config import Config, load_config
 from tierfs.control.protocol import socket_path_for
 from tierfs.control.server import ControlServer
 from tierfs.core import TierFS
-from tierfs.core.sync import SMALL_UPLOAD_CONCURRENCY
+from tierfs.core.write.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer

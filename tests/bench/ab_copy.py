@@ -28,7 +28,7 @@ Variants (``--variants``):
   one buffer, xxh3 of each block, ``pwrite``), driven like the mover: up to
   ``--concurrency`` files at once, one thread call to open each pair and
   one per 8 MiB chunk.
-* ``tierfs``: ``tierfs.core.movement``'s copy of a whole file, as the
+* ``tierfs``: ``tierfs.core.tiering.movement``'s copy of a whole file, as the
   relocate calls it now, with the same concurrency.
 
 Each tierfs variant's digests are checked against an xxh3 of the source.
@@ -50,7 +50,7 @@ from pathlib import Path
 import trio
 import xxhash
 
-from tierfs.core import movement
+from tierfs.core.tiering import movement
 from tierfs.tiers import pwrite_all
 
 MiB = 1 << 20

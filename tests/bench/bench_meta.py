@@ -49,7 +49,7 @@ What one run does
    (the mount's root, the tree's root, each directory: ``ceil(keys /
    1000)``, at least 1; on s3rver a directory's marker is one of its keys),
    else FAIL.  tierfs also lists each directory's attribute shadow prefix
-   (``tierfs.core.namespace``, "Attributes of listed names"): one LIST more
+   (``tierfs.core.names.namespace``, "Attributes of listed names"): one LIST more
    per directory than the pages, which this check counts against it.
 
 ``--scenarios`` picks a subset (``warm,cold,ttl1s,threads,order``) while

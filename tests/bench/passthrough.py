@@ -127,7 +127,7 @@ class Passthrough(pyfuse3.Operations):
 
 
 def _write_only(flags: int) -> bool:
-    """tierfs replies ``direct_io`` to write-only opens (``tierfs.core.handles``)."""
+    """tierfs replies ``direct_io`` to write-only opens (``tierfs.core.read.handles``)."""
     return flags & os.O_ACCMODE == os.O_WRONLY
 
 

@@ -1,6 +1,6 @@
 """Stored attributes hold on a fresh node, from the first access, without a
-HEAD per file (tierfs.core.shadow, "Attributes of listed names" in
-tierfs.core.namespace).  TierFS over a real S3 server, no mount."""
+HEAD per file (tierfs.core.names.shadow, "Attributes of listed names" in
+tierfs.core.names.namespace).  TierFS over a real S3 server, no mount."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """An O_DIRECT writer beside buffered readers: after each
 write lands, and before it is answered, TierFS drops the file's kernel pages
 when a handle that reads through the page cache is open (see
-``tierfs.core.handles``).  The kernel side is faked by a recorder here; the
+``tierfs.core.read.handles``).  The kernel side is faked by a recorder here; the
 real race is in ``tests/fuse/test_posix_names_flush.py``."""
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import trio
 
-import tierfs.core.blockcache as blockcache
-import tierfs.core.blockwrites as blockwrites
-import tierfs.core.digests as digests
+import tierfs.core.read.blockcache as blockcache
+import tierfs.core.read.digests as digests
+import tierfs.core.write.blockwrites as blockwrites
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import WriteConfig
 from tierfs.errors import ObjectNotFound, StoreError, TierfsError

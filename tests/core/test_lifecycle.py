@@ -1,4 +1,4 @@
-"""The lifecycle part (``tierfs.core.lifecycle``) and one mover pass, over a
+"""The lifecycle part (``tierfs.core.tiering.lifecycle``) and one mover pass, over a
 real bucket (moto), no mount: placement follows renames, pins cover files
 created later, and a pass over a full tier demotes the files opened once
 before the file opened again, down to the low watermark."""
@@ -209,7 +209,7 @@ async def test_pin_of_a_file_open_for_writing_names_it_and_leaves_it(
     assert fs.meta.residency(ino) == {HDD: MiB}
     opened = await fs.open(ino, os.O_WRONLY)
     try:
-        caplog.set_level("INFO", logger="tierfs.core.lifecycle")
+        caplog.set_level("INFO", logger="tierfs.core.tiering.lifecycle")
         pinned = await fs.lifecycle.pin_path("ds", "nvme")
         assert pinned["files"] == 1 and fs.policies.pinned_tier(ino) == NVME
         assert fs.meta.residency(ino) == {HDD: MiB}

@@ -1,4 +1,4 @@
-"""The data-movement API (``tierfs.core.movement``) over a real bucket (moto),
+"""The data-movement API (``tierfs.core.tiering.movement``) over a real bucket (moto),
 no mount: check, fill, relocate and evict, with the per-tier accounting
 checked exactly after each, and the crash states of a relocate (copy done
 but not switched; switched but the old copy not deleted) taken through a
@@ -15,7 +15,7 @@ import trio
 
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import WriteConfig
-from tierfs.core.movement import BlockCopier, DataMovement
+from tierfs.core.tiering.movement import BlockCopier, DataMovement
 from tierfs.errors import Busy, NoSpace
 from tierfs.meta import SyncState
 

@@ -82,7 +82,7 @@ async def test_a_relisting_that_fails_by_a_defect_keeps_a_right_listing(
 
     monkeypatch.setattr(mount.fs.meta, "finish_listing", broken_finish)
     await trio.sleep(0.35)
-    with caplog.at_level(logging.ERROR, logger="tierfs.core.listings"):
+    with caplog.at_level(logging.ERROR, logger="tierfs.core.names.listings"):
         await mount.fs.lookup(ROOT_INO, b"kept.txt")  # starts the re-listing
         with trio.fail_after(10):
             while ROOT_INO in namespace.listings._listing:

@@ -20,8 +20,8 @@ import trio
 from tests.core.conftest import put
 from tests.faults import FaultProxy
 from tierfs.config import NamespaceConfig, WriteConfig
-from tierfs.core.namespace import REVALIDATE_WAIT
-from tierfs.core.sync import FLUSH_OUTAGE_WAIT
+from tierfs.core.names.namespace import REVALIDATE_WAIT
+from tierfs.core.write.sync import FLUSH_OUTAGE_WAIT
 from tierfs.errors import EndpointUnreachable, StoreUnavailable
 from tierfs.meta import ROOT_INO
 from tierfs.store.retry import RetryPolicy

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from tests.core.conftest import put
-from tierfs.core.shadow import shadow_dir_prefix
+from tierfs.core.names.shadow import shadow_dir_prefix
 
 READERS = 8
 KiB = 1024

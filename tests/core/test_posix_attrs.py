@@ -15,7 +15,7 @@ import trio
 
 from tests.core.conftest import CoreMount, put
 from tierfs.config import NamespaceConfig
-from tierfs.core.posix_attrs import RELATIME_WINDOW_NS, Caller, Privileges
+from tierfs.core.names.posix_attrs import RELATIME_WINDOW_NS, Caller, Privileges
 from tierfs.errors import NotFound
 from tierfs.meta import ROOT_INO
 

@@ -18,12 +18,12 @@ import trio
 
 from tests.core.conftest import CoreMount, put, wait_listed
 from tierfs.config import NamespaceConfig
-from tierfs.core import namespace
-from tierfs.core.dirhandles import DOT, DOTDOT
-from tierfs.core.listings import RELIST_CONCURRENCY
-from tierfs.core.namereads import READDIR_BATCH
+from tierfs.core.names import namespace
+from tierfs.core.names.dirhandles import DOT, DOTDOT
+from tierfs.core.names.listings import RELIST_CONCURRENCY
+from tierfs.core.names.namereads import READDIR_BATCH
+from tierfs.core.names.shadow import SHADOW_ROOT, shadow_dir_prefix
 from tierfs.core.results import Attributes, DirEntry
-from tierfs.core.shadow import SHADOW_ROOT, shadow_dir_prefix
 from tierfs.errors import NotFound, StoreError
 from tierfs.meta import PROVISIONAL, ROOT_INO
 

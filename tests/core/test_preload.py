@@ -15,9 +15,9 @@ import trio
 
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import FetchConfig
-from tierfs.core.fetcher import BACKGROUND_TRICKLE_BYTES
-from tierfs.core.listings import LIST_AHEAD
-from tierfs.core.namespace import WALK_PAGE
+from tierfs.core.names.listings import LIST_AHEAD
+from tierfs.core.names.namespace import WALK_PAGE
+from tierfs.core.read.fetcher import BACKGROUND_TRICKLE_BYTES
 from tierfs.errors import InvalidArgument, StoreAccessDenied
 from tierfs.workers.pathlists import normalize_path
 from tierfs.workers.preload import Preloader, PreloadJob

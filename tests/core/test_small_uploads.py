@@ -23,7 +23,7 @@ from tests.core.test_attrs_shadow import (
     wait_for,
 )
 from tierfs.config import WriteConfig
-from tierfs.core import sync as sync_module
+from tierfs.core.write import sync as sync_module
 from tierfs.meta import ROOT_INO, SyncState
 
 #: More single PUTs than the four multipart uploads the uploader may run.

@@ -5,7 +5,7 @@ one mount; a second mount of the same bucket with an empty state directory
 (a fresh node) is mounted with ``allow_other`` (tierfs always adds
 ``default_permissions``), and another user (``nobody``) must get EACCES,
 while the S3 calls of a cold read and a cold ``find`` stay LISTs and one
-GET, never a HEAD.  Contract: tierfs.core.shadow, tierfs.core.namespace
+GET, never a HEAD.  Contract: tierfs.core.names.shadow, tierfs.core.names.namespace
 ("Attributes of listed names").
 """
 
@@ -287,9 +287,9 @@ def test_a_private_file_fsynced_before_kill9_gets_its_shadow_after_remount(
 
 def bucket_view(m: Mount, name: str) -> tuple[int, int, int]:
     """(perm, uid, gid) a fresh node would show for the root-level ``name``,
-    from the shadow entries in the bucket (tierfs.core.shadow), or the
+    from the shadow entries in the bucket (tierfs.core.names.shadow), or the
     canonical attributes when there are none."""
-    from tierfs.core.shadow import combine, parse_shadow_name
+    from tierfs.core.names.shadow import combine, parse_shadow_name
 
     found = []
     for key in shadow_keys(m):

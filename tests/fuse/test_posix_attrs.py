@@ -1,7 +1,7 @@
 """POSIX attributes through a real mount (and files replaced under an
 open descriptor, setgid directories, setuid and
 setgid clearing, ctime on xattr changes).  The logic and its unit tests live
-in tierfs.core.posix_attrs (tests/core/test_posix_attrs.py); these check
+in tierfs.core.names.posix_attrs (tests/core/test_posix_attrs.py); these check
 what a process sees through the kernel."""
 
 from __future__ import annotations

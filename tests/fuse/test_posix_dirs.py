@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from tests.fuse.conftest import Mount, MountFactory, wait_until
-from tierfs.core.listings import RELIST_CONCURRENCY
-from tierfs.core.namereads import READDIR_BATCH
+from tierfs.core.names.listings import RELIST_CONCURRENCY
+from tierfs.core.names.namereads import READDIR_BATCH
 
 
 class Dirent(ctypes.Structure):

@@ -7,7 +7,7 @@ asynchronous direct write was on its way, so a buffered read after the
 write completed returned old bytes (about one write in twenty) while a
 direct read of the same range returned the new ones.  The daemon now
 invalidates the file's pages before it answers such a write
-(``tierfs.core.handles``); what these tests assert is what we guarantee: a
+(``tierfs.core.read.handles``); what these tests assert is what we guarantee: a
 buffered read issued after a direct write completed sees that write, for
 synchronous and asynchronous writers.  On a stale read they record what a
 direct read returns, so a failure tells the kernel's stale page cache

@@ -92,7 +92,7 @@ def test_written_files_are_plain_objects_with_metadata(mount: MountFactory) -> N
     # for them but not required.  Empty directories must have theirs.
     assert {"emptydir/", "x/emptysub/"} <= keys, keys
     files = {k for k in keys if not k.endswith("/")}
-    # small.txt is 0600: its attribute shadow entry goes with it (tierfs.core.shadow)
+    # small.txt is 0600: its attribute shadow entry goes with it (tierfs.core.names.shadow)
     assert files == set(bodies) | {".tierfs-attrs/small.txt@m0600,u0,g0"}, keys
     assert keys - files <= {"emptydir/", "x/", "x/emptysub/", "a/", "a/b/", "a/b/c/"}, keys
 

@@ -3,7 +3,7 @@ bounded."""
 
 from __future__ import annotations
 
-from tierfs.core.attrcache import AttributeCache
+from tierfs.core.names.attrcache import AttributeCache
 from tierfs.core.results import Attributes
 from tierfs.meta import Inode
 from tierfs.meta.records import encode_inode

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.core import clock as clock_module
-from tierfs.core.clock import Clock
+from tierfs.core.tiering import clock as clock_module
+from tierfs.core.tiering.clock import Clock
 
 
 def test_without_a_file_the_clock_is_the_real_one() -> None:

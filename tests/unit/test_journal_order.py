@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tierfs.core.journal import DeletedNames, Journal
+from tierfs.core.write.journal import DeletedNames, Journal
 from tierfs.meta import MetaDB
 
 

@@ -1,4 +1,4 @@
-"""POSIX attribute rules (tierfs.core.posix_attrs) and what MetaDB keeps for
+"""POSIX attribute rules (tierfs.core.names.posix_attrs) and what MetaDB keeps for
 them: atime and the subdirectory count in inode records, the schema 2 -> 3
 upgrade, the count across listing merges and sweeps."""
 
@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from tierfs.core.posix_attrs import (
+from tierfs.core.names.posix_attrs import (
     RELATIME_WINDOW_NS,
     AccessTimes,
     Caller,

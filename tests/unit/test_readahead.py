@@ -1,8 +1,8 @@
-"""The readahead window: ramp, probe, settle (tierfs.core.readahead), on a fake clock."""
+"""The readahead window: ramp, probe, settle (tierfs.core.read.readahead), on a fake clock."""
 
 from __future__ import annotations
 
-from tierfs.core.readahead import GAIN_TO_GROW, SETTLE_EPOCHS, ReadaheadWindow
+from tierfs.core.read.readahead import GAIN_TO_GROW, SETTLE_EPOCHS, ReadaheadWindow
 
 
 def read_blocks(w: ReadaheadWindow, clock: list[float], n: int, seconds_per_block: float) -> int:

@@ -1,4 +1,4 @@
-"""The attribute shadow's key encoding (tierfs.core.shadow): pure functions."""
+"""The attribute shadow's key encoding (tierfs.core.names.shadow): pure functions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from tierfs.core.shadow import (
+from tierfs.core.names.shadow import (
     LONGEST_SUFFIX,
     SHADOW_ROOT,
     ShadowAttrs,

@@ -1,4 +1,4 @@
-"""tierfs.core.thread_hop: results and errors come back to their tasks, the
+"""tierfs.core.read.thread_hop: results and errors come back to their tasks, the
 pool stays within its threads and ends them when idle, and jobs that finish
 while the loop is busy are handed back with one wake-up of the loop."""
 
@@ -10,8 +10,8 @@ import time
 import pytest
 import trio
 
-from tierfs.core import thread_hop
-from tierfs.core.thread_hop import ThreadHop
+from tierfs.core.read import thread_hop
+from tierfs.core.read.thread_hop import ThreadHop
 
 
 async def test_results_and_errors_reach_their_own_tasks() -> None:

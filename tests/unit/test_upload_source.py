@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.core.upload_source import UploadSource
+from tierfs.core.write.upload_source import UploadSource
 
 BLOCK = 4096
 

@@ -1,37 +1,22 @@
 """TierFS: POSIX semantics over tiers and a bucket, with no pyfuse3.
 
-How the files of this package relate, by job (``fs.TierFS`` builds the parts
-and wires them; the FUSE layer and the control server call ``TierFS``):
+``fs.TierFS`` builds the parts and wires them; the FUSE layer and the
+control server call ``TierFS``.  The parts are grouped by path:
 
-* The namespace: ``namespace`` (lookups, paths, walks, revalidation on
-  open; what a reader sees of other writers), ``listings`` (directories
-  listed lazily from the bucket into LMDB, re-listing, the attributes of
-  listed names), ``inodekeys`` (inodes and their object keys), ``shadow``
-  (non-default attributes in the bucket), ``namereads`` (what the kernel
-  reads of names: lookups, attributes, readdir) with ``attrcache`` and
-  ``dirhandles``, ``posix_attrs`` (permission and attribute rules).
-* The read side: ``handles`` (open handles), ``openfiles`` (the files in
-  use: ``CachedFile``, their fds, which blocks were checked),
-  ``blockcache`` (serving reads from the tiers, first-read checks,
-  readahead), ``fetcher`` (filling absent blocks from where they come
-  from: single-flight, priorities, the GET threads; ``Origin`` is the
-  seam), with ``fetch_slots`` (which GET may start), ``thread_hop`` (the
-  GET threads), ``buffers`` (block buffers and the recent blocks),
-  ``readahead`` (the window of one handle) and ``digests`` (block
-  checksums).
-* The write side: ``writes`` (create, write, truncate, unlink, rename),
-  ``blockwrites`` (the blocks of a write: write, truncate, seal, commit),
-  ``journal`` (the bucket's changes still owed, durable), ``sync`` (carrying
-  them out), ``upload_source`` (reading a file's bytes for an upload),
-  ``damage`` (a dirty block that failed its checksum).
-* Tiers and lifecycle: ``space`` (placement, the S3-FIFO trackers, the
-  emergency eviction), ``movement`` (fill, relocate, evict, check: the one
-  API that moves data on purpose), ``lifecycle`` (rules, pins, the plan of
-  moves), ``clock`` (the lifecycle's clock).
-* Plumbing: ``results`` (plain results), ``store_threads`` (background store
-  calls), ``supervisor`` (workers that restart on failure), ``upkeep``
-  (group commits, access times, orphaned cache files) and ``reports``
-  (``status``, ``where``, statfs).
+* ``names/``: the namespace: lookups, listings from the bucket, keys,
+  readdir, attributes.
+* ``read/``: the read path: handles, the files in use, serving reads from
+  the tiers, filling absent blocks (``read/fetcher.py``).
+* ``write/``: the write path: mutations, the blocks of writes, the journal
+  and carrying it to the bucket.
+* ``tiering/``: placement, the data-movement API, rules, pins and the
+  lifecycle's plan.
+* Here: ``fs`` (the composition), ``reports`` (``status``, ``where``,
+  statfs), ``upkeep`` (group commits, access times, orphaned cache files),
+  ``supervisor`` (workers that restart on failure), ``store_threads``
+  (background store calls) and ``results`` (plain results).
+
+Each subpackage's ``__init__`` names what each of its files does.
 """
 
 from tierfs.core.fs import Attributes, DirEntry, FsStats, OpenResult, TierFS

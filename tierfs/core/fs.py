@@ -63,31 +63,31 @@ from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
 from tierfs.tiers import Tier
 
-from .blockcache import BlockCache
-from .blockwrites import BlockWrites
-from .buffers import RecentBlocks
-from .clock import Clock
-from .damage import DamageLog
-from .fetcher import Fetcher, Origin
-from .handles import Handles
-from .inodekeys import InodeKeys
-from .journal import Entry, Journal
-from .lifecycle import Lifecycle
-from .listings import Identity, Listings
-from .movement import DataMovement
-from .namereads import NameReads
-from .namespace import Namespace
-from .openfiles import OpenFiles
-from .policies import FilePolicies
-from .posix_attrs import AccessTimes, Caller, UnlinkedInodes
+from .names.inodekeys import InodeKeys
+from .names.listings import Identity, Listings
+from .names.namereads import NameReads
+from .names.namespace import Namespace
+from .names.posix_attrs import AccessTimes, Caller, UnlinkedInodes
+from .read.blockcache import BlockCache
+from .read.buffers import RecentBlocks
+from .read.fetcher import Fetcher, Origin
+from .read.handles import Handles
+from .read.openfiles import OpenFiles
 from .reports import Reports
 from .results import Attributes, DirEntry, FsStats, OpenResult
-from .space import SpaceManager
 from .store_threads import StoreThreads
 from .supervisor import BackgroundTasks, Supervisor
-from .sync import Sync
+from .tiering.clock import Clock
+from .tiering.lifecycle import Lifecycle
+from .tiering.movement import DataMovement
+from .tiering.policies import FilePolicies
+from .tiering.space import SpaceManager
 from .upkeep import Upkeep
-from .writes import FileWrites
+from .write.blockwrites import BlockWrites
+from .write.damage import DamageLog
+from .write.journal import Entry, Journal
+from .write.sync import Sync
+from .write.writes import FileWrites
 
 log = logging.getLogger(__name__)
 

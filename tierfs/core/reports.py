@@ -23,19 +23,19 @@ from tierfs.meta import Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers import Tier
 
-from .damage import DamageLog
-from .fetcher import Fetcher
-from .journal import Journal
-from .lifecycle import Lifecycle
-from .movement import DataMovement
-from .namereads import NameReads
-from .namespace import Namespace
-from .openfiles import OpenFiles
-from .policies import FilePolicies
+from .names.namereads import NameReads
+from .names.namespace import Namespace
+from .read.fetcher import Fetcher
+from .read.openfiles import OpenFiles
 from .results import FsStats
-from .space import SpaceManager
 from .supervisor import Supervisor
-from .sync import Sync
+from .tiering.lifecycle import Lifecycle
+from .tiering.movement import DataMovement
+from .tiering.policies import FilePolicies
+from .tiering.space import SpaceManager
+from .write.damage import DamageLog
+from .write.journal import Journal
+from .write.sync import Sync
 
 
 class Reports:

@@ -21,11 +21,11 @@ import trio
 from tierfs.meta import MetaDB
 from tierfs.tiers import Tier
 
-from .buffers import BlockBuffers
-from .openfiles import OpenFiles
-from .posix_attrs import AccessTimes
-from .space import SpaceManager
+from .names.posix_attrs import AccessTimes
+from .read.buffers import BlockBuffers
+from .read.openfiles import OpenFiles
 from .supervisor import FatalWorkerError, Supervisor
+from .tiering.space import SpaceManager
 
 log = logging.getLogger(__name__)
 

@@ -864,7 +864,7 @@ class MetaDB:
             txn.delete(ino_key(ino), db=self._inodes)
             txn.delete(ino_key(ino), db=self._atimes)
             # Gone from the bucket: its shadow objects are another writer's
-            # business now (they are harmless orphans, see tierfs.core.shadow).
+            # business now (they are harmless orphans, see tierfs.core.names.shadow).
             txn.delete(ino_key(ino), db=self._shadows)
             txn.delete(ino_key(ino), db=self._failed)
             txn.delete(ino_key(ino), db=self._pins)

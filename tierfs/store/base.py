@@ -35,7 +35,7 @@ from typing import Protocol, runtime_checkable
 
 from tierfs.store.multipart import DEFAULT_CONCURRENCY, MAX_SINGLE_COPY_SIZE, ReadPart
 
-#: Top-level key prefix of the attribute shadow (``tierfs.core.shadow``).
+#: Top-level key prefix of the attribute shadow (``tierfs.core.names.shadow``).
 #: Stores treat it as an ordinary prefix; a store that reserves names of its
 #: own (the local store's ``.tierfs-*``) lets this one through as the first
 #: segment of a key.

@@ -118,7 +118,7 @@ on a loaded machine): obstore 0.83-1.01 client CPU s/GiB and 371-385
 MB/s, this path 0.61-0.90 and 399-575 MB/s.  So a native engine for bulk
 GETs would not unload the daemon, and the server's CPU per GiB is the
 same whichever engine asks (see "Does this pattern cost the S3 server
-more" in :mod:`tierfs.core.fetch_slots`).
+more" in :mod:`tierfs.core.read.fetch_slots`).
 Tried and left out: a receive low-water mark (SO_RCVLOWAT 256 KiB while
 more than that was left of the body, the first MiB read without it to
 learn the rate, the mark capped to an eighth of the read timeout at that

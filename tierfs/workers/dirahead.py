@@ -35,7 +35,7 @@ While ``streak >= START_STREAK`` the stream keeps the next
 entries past it are new work).  A scheduled entry that is a regular file
 with a bucket origin becomes one fill of its first block at AHEAD priority
 (``DataMovement.fill``, shared with demand reads, which always go first,
-see ``tierfs.core.fetch_slots``): a small file whole, a big one its first
+see ``tierfs.core.read.fetch_slots``): a small file whole, a big one its first
 block, the rest of it is the handle's readahead once opened.
 
 Bytes ahead.  What one stream keeps scheduled past ``high`` is bounded in
@@ -94,7 +94,7 @@ from dataclasses import dataclass, field
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.fetch_slots import FetchPriority
+from tierfs.core.read.fetch_slots import FetchPriority
 from tierfs.errors import TierfsError
 from tierfs.meta.records import raw_mode, raw_size
 

@@ -66,9 +66,9 @@ from dataclasses import dataclass, field
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.lifecycle import CurrentMove, Lifecycle
-from tierfs.core.movement import COPY_THREADS
-from tierfs.core.policies import Promotion
+from tierfs.core.tiering.lifecycle import CurrentMove, Lifecycle
+from tierfs.core.tiering.movement import COPY_THREADS
+from tierfs.core.tiering.policies import Promotion
 from tierfs.errors import Busy, NoSpace, TierfsError
 from tierfs.policy.planner import Move, MoveAdmission
 from tierfs.policy.watermarks import mark

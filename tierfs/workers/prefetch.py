@@ -7,13 +7,13 @@ position from their opens and keeps a bounded *window* of the next files
 resident ahead of them, through ``DataMovement.fill(..., priority=FetchPriority.AHEAD)``:
 demand reads go first and share in-flight fetches, but unlike preload the
 fills are not held to the background half of the fetch slots (see
-"Priority" in ``tierfs.core.fetcher``).  Why: the readers of an epoch
+"Priority" in ``tierfs.core.read.fetcher``).  Why: the readers of an epoch
 keep one GET each in flight (8 DataLoader workers, 8 GETs); the window is
 worth something only if it keeps more in flight than they do, so it runs
 up to ``tasks`` fills at once: all of ``fetch.concurrency`` (32 by
 default).  A reader's miss never waits behind queued prefetch work, only
 for the first running fetch to end (no AHEAD fetch starts while a demand
-fetch waits, ``tierfs.core.fetch_slots``).  Measured
+fetch waits, ``tierfs.core.read.fetch_slots``).  Measured
 (``tests/bench/run.sh preload --cases epoch --epoch-variants without,with
 --files 1000 --s3-delay 0.1``, 8 shuffled readers, one round each, the
 2-core machine busy with other work): three quarters of the slots (24
@@ -96,8 +96,8 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.fetch_slots import FetchPriority
-from tierfs.core.openfiles import CachedFile
+from tierfs.core.read.fetch_slots import FetchPriority
+from tierfs.core.read.openfiles import CachedFile
 from tierfs.errors import IsADirectory, TierfsError, describe
 from tierfs.meta import Inode
 

@@ -46,7 +46,7 @@ parallel (each range is a few ranged GETs of the block cache).  The GETs
 themselves are bounded by the block cache's fetch slots, where preload is
 BACKGROUND work: demand reads go first, and while they are active the
 preload shrinks to a trickle of one 8 MiB GET at a time (see
-:mod:`tierfs.core.fetch_slots`); its fetch tasks then wait in ``fill``, so
+:mod:`tierfs.core.read.fetch_slots`); its fetch tasks then wait in ``fill``, so
 no new file is started either (the channel fills, and the reader of the
 file spool waits).  A demand read of a block being preloaded shares its
 fetch.

@@ -37,7 +37,7 @@ writer collapsed to 42 files/s.  The loop thread serves both the FUSE
 requests and the upload bookkeeping, and interleaving them cost more of it
 than running them one after the other (5.3-6.0 against 4.6-4.9 CPU-s), while the S3 server took
 the other CPU from the writer.  So the hold stays; the flush is made cheap
-instead (``tierfs.core.sync``, "Cost per small file on the event loop").
+instead (``tierfs.core.write.sync``, "Cost per small file on the event loop").
 Measured again once the flush cost the loop about 0.55 ms per file (two
 rounds, the machine 55-65% busy with other work beforehand): with no hold
 and 4 uploads during the burst, the loop took 5.3-6.7 s (held: 2.6-4.1 s)
@@ -47,7 +47,7 @@ at about 9% of its samples: the writer is slowed by the two CPUs being
 shared with the S3 server and the PUT threads, not by upload bookkeeping.
 
 Measured a third time (on the code before the trim of the small-file
-write loop, ``tierfs.core.writes``, which saves a few microseconds
+write loop, ``tierfs.core.write.writes``, which saves a few microseconds
 per file and does not change the picture).  Same 2,000 files,
 ``upload_delay`` 1 s as in the bench, s3rver on the same 2 CPUs, four
 interleaved rounds on a machine whose load average was 7-11 from other

@@ -68,11 +68,11 @@ from tierfs.errors import NoSpace
 from tierfs.meta import BlockRecord, MetaTxn, SyncState
 from tierfs.tiers import DIRECT_ALIGN, pwrite_all
 
-from .blockcache import BlockCache
-from .digests import BlockHasher, read_and_hash
+from ..read.blockcache import BlockCache
+from ..read.digests import BlockHasher, read_and_hash
+from ..read.openfiles import CachedFile, OpenFiles
+from ..tiering.space import SpaceManager
 from .journal import Journal
-from .openfiles import CachedFile, OpenFiles
-from .space import SpaceManager
 from .upload_source import UploadSource
 
 #: Aligned writes at least this long skip the page cache (O_DIRECT, in a

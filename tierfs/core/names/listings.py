@@ -107,7 +107,7 @@ from the first access.  LIST carries no user metadata; the choices were:
 * one manifest object per directory: one GET per directory, but every
   change is a read-modify-write that two nodes can race on;
 * one empty *shadow object* per name with non-default attributes, whose key
-  carries them (``tierfs.core.shadow``), under ``.tierfs-attrs/<dir>/``:
+  carries them (``tierfs.core.names.shadow``), under ``.tierfs-attrs/<dir>/``:
   each change is a single PUT or DELETE that never races a neighbour's, and
   a directory's attributes cost one extra LIST of its shadow prefix (a page
   of only the names that have non-default attributes).  Chosen.  The shadow

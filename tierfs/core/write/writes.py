@@ -44,7 +44,7 @@ side of each change:
 * chmod/chown/utimens of a clean file: the object's metadata is rewritten
   in place (``setmeta``), without downloading it; chmod/chown of a
   directory puts its marker again with the new metadata (``mkdir``).
-* Attribute shadow (``tierfs.core.shadow``): the entries above keep it in
+* Attribute shadow (``tierfs.core.names.shadow``): the entries above keep it in
   step; every delete of a file's or directory's object carries
   ``shadow_ino`` so that its shadow entries go after it.  A name created
   where the last listing found orphaned shadow entries takes them into its
@@ -115,12 +115,8 @@ from tierfs.errors import (
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.tiers import Tier
 
-from .blockwrites import BlockWrites
-from .handles import Handle, Handles
-from .journal import Journal, JournalWriter, child_key
-from .namespace import NAME_MAX, Namespace
-from .openfiles import CachedFile, OpenFiles
-from .posix_attrs import (
+from ..names.namespace import NAME_MAX, Namespace
+from ..names.posix_attrs import (
     AccessTimes,
     Caller,
     UnlinkedInodes,
@@ -128,9 +124,13 @@ from .posix_attrs import (
     mode_after_chown,
     mode_after_write,
 )
-from .results import Attributes, OpenResult
-from .shadow import SHADOW_ROOT
-from .space import SpaceManager
+from ..names.shadow import SHADOW_ROOT
+from ..read.handles import Handle, Handles
+from ..read.openfiles import CachedFile, OpenFiles
+from ..results import Attributes, OpenResult
+from ..tiering.space import SpaceManager
+from .blockwrites import BlockWrites
+from .journal import Journal, JournalWriter, child_key
 from .sync import Sync
 
 RENAME_NOREPLACE = 1

@@ -32,7 +32,7 @@ Upload of a dirty file, step by step:
    (Known gap: a superseded multipart attempt's upload id is not recorded,
    so a crash during it leaves its parts for the bucket's lifecycle rules.)
 
-Attribute shadow (``tierfs.core.shadow``): upload, copy, setmeta and mkdir
+Attribute shadow (``tierfs.core.names.shadow``): upload, copy, setmeta and mkdir
 bracket their change with ``_put_shadow`` (before: the shadow object of the
 inode's attributes, recorded in its ledger first) and ``_drop_shadows``
 (after: the other shadow objects the ledger lists for that key); a delete
@@ -132,13 +132,13 @@ from tierfs.store import ObjectStore, abort_stale_uploads
 from tierfs.store.breaker import CircuitBreaker
 from tierfs.tiers import Tier
 
+from ..names.namespace import Namespace
+from ..names.shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
+from ..read.openfiles import CachedFile, OpenFiles
+from ..store_threads import StoreThreads
 from .blockwrites import BlockWrites
 from .damage import DamageLog
 from .journal import Entry, Journal
-from .namespace import Namespace
-from .openfiles import CachedFile, OpenFiles
-from .shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
-from .store_threads import StoreThreads
 
 log = logging.getLogger(__name__)
 
@@ -654,7 +654,7 @@ class Sync:
         shadow entry of its key is left; False if it changed meanwhile.
 
         Only once the object has these attributes may the other shadow
-        entries of the key go (``tierfs.core.shadow``, ordering), and they
+        entries of the key go (``tierfs.core.names.shadow``, ordering), and they
         go before the file is clean (no crash forgets them).  Most files
         have none: their batch's transaction reads the ledger and marks them
         clean at once; a file with some comes back here, drops them

@@ -37,12 +37,12 @@ from tierfs.errors import NotADirectory, NotFound
 from tierfs.meta import Inode, MetaDB
 from tierfs.meta.records import decode_inode
 
+from ..read.openfiles import OpenFiles
+from ..results import Attributes, DirEntry, attributes_of
 from .attrcache import AttributeCache
 from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
 from .namespace import Namespace
-from .openfiles import OpenFiles
 from .posix_attrs import AccessTimes, UnlinkedInodes
-from .results import Attributes, DirEntry, attributes_of
 
 #: Entries one readdir request reads from LMDB: about what fits in the
 #: kernel's one-page readdirplus reply, so a seek does not build entries
@@ -137,7 +137,7 @@ class NameReads:
         """Entries of open directory ``fh`` after readdir ``offset`` (0 is
         the start), ``.`` and ``..`` first; each entry's ``cookie`` is the
         offset to continue from.  An empty list is the end.  Offsets stay
-        valid while names come and go (``tierfs.core.dirhandles``)."""
+        valid while names come and go (``tierfs.core.names.dirhandles``)."""
         handle = self.dir_handles.get(fh)
         try:
             inode = self.namespace.get(handle.ino)
@@ -169,7 +169,7 @@ class NameReads:
         one request per buffer, as a passthrough does, instead of one per
         batch (a newer kernel's buffer takes a hundred entries and more);
         built in vain is at most one batch less one entry.  After a seek
-        (any other offset) one batch only (``tierfs.core.dirhandles``)."""
+        (any other offset) one batch only (``tierfs.core.names.dirhandles``)."""
         handle = self.dir_handles.get(fh)
         sequential = handle.continues(offset)
         taken: int | None = None  # the offset after the last entry the kernel took
@@ -201,7 +201,7 @@ class NameReads:
         ``attributes``."""
         # A first listing running now holds names whose attributes are not
         # settled yet: never hand those out.  Names a re-listing adds may go
-        # out provisional, owner-only (see tierfs.core.namespace).
+        # out provisional, owner-only (see tierfs.core.names.namespace).
         await self.namespace.wait_listing(ino)
         out: list[DirEntry] = []
         # Attributes from the cache (``AttributeCache``: kept with the inode

@@ -44,8 +44,8 @@ from tierfs.meta import ROOT_INO, Inode, MetaDB
 from tierfs.policy.rules import RuleMatch, RuleSet
 from tierfs.tiers import Tier
 
-from .journal import Journal
-from .namespace import Namespace
+from ..names.namespace import Namespace
+from ..write.journal import Journal
 
 #: Files waiting for promotion at most; more requests are dropped (the next
 #: read of the file asks again).

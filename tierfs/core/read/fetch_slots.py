@@ -42,7 +42,7 @@ The rule (``FetchSlots.take``):
    when demand starts give way: the block cache ends each after the block
    it is reading (``demand_present``, asked from the fetch thread) and
    fetches the rest later (see "Priority" in
-   :mod:`tierfs.core.fetcher`).  AHEAD fetches are
+   :mod:`tierfs.core.read.fetcher`).  AHEAD fetches are
    not held back by demand: they run exactly while a reader reads, for it.
    Once demand has been quiet for ``DEMAND_QUIET``, BACKGROUND work widens
    again to ``background_max``: a preload alone keeps its full throughput.

@@ -150,11 +150,11 @@ from tierfs.errors import (
 from tierfs.meta import BlockRecord, Inode, MetaDB
 from tierfs.tiers import Tier, pwrite_all
 
-from .digests import BlockHasher, block_digest
-from .fetch_slots import FetchPriority
-from .fetcher import Fetcher
-from .journal import Journal
-from .openfiles import CachedFile, OpenFiles
+from ..read.digests import BlockHasher, block_digest
+from ..read.fetch_slots import FetchPriority
+from ..read.fetcher import Fetcher
+from ..read.openfiles import CachedFile, OpenFiles
+from ..write.journal import Journal
 from .space import SpaceManager
 
 log = logging.getLogger(__name__)
@@ -435,7 +435,7 @@ class DataMovement:
         into ``tier`` (None: the normal placement; a tier without room also
         falls back to it, and with no room anywhere a block is not kept).
         ``priority``: BACKGROUND (preload, pins, promotion) or AHEAD (just
-        ahead of a reader), see :mod:`tierfs.core.fetch_slots`.
+        ahead of a reader), see :mod:`tierfs.core.read.fetch_slots`.
         Returns the bytes that became resident (fetched by this fill, or by
         a demand read it shared a fetch with).  Of a file with changes not
         uploaded yet, fetched blocks are recorded with the file's next

@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from tierfs.errors import InvalidArgument
 from tierfs.meta import BlockRecord, Inode
 
+from ..names.posix_attrs import Caller
+from ..results import OpenResult
+from ..supervisor import BackgroundTasks
+from ..tiering.space import SpaceManager
+from ..write.journal import Journal
 from .blockcache import BlockCache, ReadState
-from .journal import Journal
 from .openfiles import CachedFile, OpenFiles
-from .posix_attrs import Caller
-from .results import OpenResult
-from .space import SpaceManager
-from .supervisor import BackgroundTasks
 
 
 @dataclass(slots=True)

@@ -65,10 +65,10 @@ from tierfs.policy.rules import RuleSet, shadowed_rules
 from tierfs.policy.watermarks import TierUsage
 from tierfs.tiers import Tier
 
+from ..names.namespace import Namespace
+from ..write.journal import Journal
 from .clock import Clock
-from .journal import Journal
 from .movement import DataMovement
-from .namespace import Namespace
 from .policies import FilePolicies
 from .space import SpaceManager
 

@@ -50,7 +50,7 @@ Consistency a reader gets (docs/guarantees.md says the same):
   cached blocks.  Its own copy is the current one until the copy is done.
 - An open directory handle shows the names that were there at ``opendir``
   (or ``rewinddir``) and not yet removed; names linked later, by a listing
-  or a rename, are left to the next ``opendir`` (``tierfs.core.dirhandles``).
+  or a rename, are left to the next ``opendir`` (``tierfs.core.names.dirhandles``).
 
 Files are revalidated on open when their ETag was last confirmed more than
 ``revalidate_ttl`` ago: one HEAD.  A changed ETag drops the cached blocks.

@@ -23,7 +23,7 @@ Invariants:
   forgotten again), or while it is dirty with no digest yet or a write of
   it is in flight (``ready``).  The verified set outlives the CachedFile:
   a block is checked once per mount.
-* Recent blocks (``recent``, :class:`tierfs.core.buffers.RecentBlocks`)
+* Recent blocks (``recent``, :class:`tierfs.core.read.buffers.RecentBlocks`)
   hold the pooled buffers of blocks just fetched; a file's are given back
   when it closes or its content changes.
 
@@ -46,10 +46,10 @@ from tierfs.errors import StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.tiers import Tier
 
+from ..write.journal import Journal
 from .buffers import RecentBlocks
 from .digests import BlockHasher
 from .fetch_slots import FetchPriority
-from .journal import Journal
 
 
 class Flight:
@@ -62,7 +62,7 @@ class Flight:
         self.done = trio.Event()
         self.error: BaseException | None = None
         #: The most urgent of those waiting for it; it only rises
-        #: (see :mod:`tierfs.core.fetcher`, "Priority").
+        #: (see :mod:`tierfs.core.read.fetcher`, "Priority").
         self.priority = priority
 
 
@@ -89,7 +89,7 @@ class CachedFile:
     contended: set[int] = field(default_factory=set)
     #: A tier on which no new block of the file may be placed now: the one a
     #: relocate is copying the file to, or the one whose old copy it is
-    #: deleting (see ``tierfs.core.movement``).
+    #: deleting (see ``tierfs.core.tiering.movement``).
     fenced_tier: int | None = None
     #: A handle opened the file while this CachedFile lived: blocks stored
     #: now are that open's use, not a fetch nobody asked for yet

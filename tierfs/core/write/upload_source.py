@@ -17,7 +17,7 @@ import threading
 
 from tierfs.errors import BlockDamaged
 
-from .digests import block_digest
+from ..read.digests import block_digest
 
 
 class UploadSource:

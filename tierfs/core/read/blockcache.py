@@ -4,10 +4,10 @@ A file's bytes are cut into blocks of ``block_size``.  This module serves
 ``read`` from the blocks on the tiers (and the recent blocks in memory),
 checks each block once per mount before it is served, and reads ahead of
 sequential readers.  Absent blocks are filled by the fetcher
-(:mod:`tierfs.core.fetcher`); the state of the files in use is the
-open-file table (:mod:`tierfs.core.openfiles`); writes, truncates and
-their commit are :mod:`tierfs.core.blockwrites`; moving a file's blocks
-between tiers is :mod:`tierfs.core.movement`.
+(:mod:`tierfs.core.read.fetcher`); the state of the files in use is the
+open-file table (:mod:`tierfs.core.read.openfiles`); writes, truncates and
+their commit are :mod:`tierfs.core.write.blockwrites`; moving a file's blocks
+between tiers is :mod:`tierfs.core.tiering.movement`.
 
 Per block, what a read sees:
 
@@ -41,13 +41,13 @@ Concurrency rules:
 * One fetch or check per block at a time (``Flight``); other readers of
   the block wait for it and share its outcome.  A demand read that needs a
   block a lower-priority fetch is waiting for raises that fetch's priority
-  (:mod:`tierfs.core.fetcher`, "Priority").
+  (:mod:`tierfs.core.read.fetcher`, "Priority").
 
 Readahead: each open handle tracks its last read.  A read that continues
 the previous one is sequential; each time a sequential reader enters a new
 block the window may grow, from 1 block up to ``readahead_max``: it doubles
 up to two full-size GETs, and beyond that only while a wider window makes
-the reader faster (:mod:`tierfs.core.readahead`).  Blocks in the window
+the reader faster (:mod:`tierfs.core.read.readahead`).  Blocks in the window
 that are absent are fetched in the background (at DEMAND priority); cached
 ones are read ahead by the kernel (``POSIX_FADV_WILLNEED``) and checked.
 A sequential reader gives the buffers of blocks two behind it back to the
@@ -124,7 +124,7 @@ class BlockCache:
         self._nursery = nursery
 
     def new_read_state(self) -> ReadState:
-        """Readahead state for a new handle (see :mod:`tierfs.core.readahead`)."""
+        """Readahead state for a new handle (see :mod:`tierfs.core.read.readahead`)."""
         return ReadState(
             ReadaheadWindow(min_window=2 * self.fetcher.max_run_blocks, max_window=self.max_window)
         )
@@ -137,7 +137,7 @@ class BlockCache:
         """Bytes ``[offset, offset+size)`` of the file, clipped at its end.
 
         A memoryview is a loan of a recent block's buffer (see
-        :mod:`tierfs.core.buffers`): use it before the next ``await``."""
+        :mod:`tierfs.core.read.buffers`): use it before the next ``await``."""
         end = min(offset + size, cf.size)
         if offset >= end:
             return b""

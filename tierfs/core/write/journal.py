@@ -19,7 +19,7 @@ number):
 ``{"op": "setmeta", "ino": N, "key": K}``      rewrite the metadata of the clean object at K
 =============================================  ==========================================
 
-Attribute shadow (``tierfs.core.shadow``): the entries that put data or
+Attribute shadow (``tierfs.core.names.shadow``): the entries that put data or
 metadata at a key (upload, copy's ``dst``, setmeta, mkdir) first put the
 shadow object of the inode's attributes (if they are not canonical) and,
 once their change is in the bucket, delete the other shadow objects of that
