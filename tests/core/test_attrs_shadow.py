@@ -442,7 +442,7 @@ async def test_provisional_attributes_never_reach_the_bucket(
     inos["chmodded.bin"] = fs.meta.lookup(ROOT_INO, b"chmodded.bin")
     inos["moved.bin"] = fs.meta.lookup(ROOT_INO, b"moved.bin")
     for name, ino in inos.items():
-        assert ino is not None and fs.namespace.is_provisional(fs.namespace.get(ino)), name
+        assert ino is not None and fs.listings.is_provisional(fs.namespace.get(ino)), name
     failing.fail = False  # the bucket answers again; no listing has run since
     for name in ("private.bin", "plain.bin"):  # by inode, as the kernel does after readdirplus
         ino = inos[name]
@@ -479,5 +479,5 @@ async def test_provisional_attributes_never_reach_the_bucket(
         ino = inos[name]
         assert ino is not None
         inode = fs.namespace.get(ino)
-        assert not fs.namespace.is_provisional(inode), name
+        assert not fs.listings.is_provisional(inode), name
         assert (stat.S_IMODE(inode.mode), inode.uid, inode.gid) == (perm, uid, gid), name

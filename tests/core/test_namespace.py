@@ -94,7 +94,7 @@ async def test_a_relisting_that_fails_by_a_defect_keeps_a_right_listing(
     # (only a complete listing proves old.txt gone); still expired.
     assert await names(mount) == {"old.txt", "kept.txt", "new.txt"}
     assert namespace.get(ROOT_INO).listed_at == listed_at
-    assert namespace.expired(ROOT_INO)
+    assert namespace.listings.expired(ROOT_INO)
     monkeypatch.setattr(mount.fs.meta, "finish_listing", real_finish)
     await trio.sleep(0.35)  # a failed re-listing is not tried again within list_ttl
     done = namespace.listings.listings_done

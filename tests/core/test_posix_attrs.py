@@ -149,11 +149,11 @@ async def test_directory_nlink_of_listed_directories_follows_the_bucket(
     assert (await fs.getattr(d.ino)).nlink == 5
     s3_store.delete("d/y/2")
     await fs.opendir(d.ino)
-    await fs.namespace.wait_listing(d.ino)
+    await fs.listings.wait_listing(d.ino)
     with trio.fail_after(10):
         while (await fs.getattr(d.ino)).nlink != 4:
             await fs.opendir(d.ino)
-            await fs.namespace.wait_listing(d.ino)
+            await fs.listings.wait_listing(d.ino)
             await trio.sleep(0.05)
 
 

@@ -39,10 +39,11 @@ No part calls back into TierFS.  Two events climb up, and TierFS wires
 them to the parts that follow them at the end of ``__init__``: a file no
 longer in use (``OpenFiles.idle_listeners``: an unlinked file is deleted,
 ``FileWrites.file_idle``), and a file the bucket changed or removed
-(``Namespace.drop_listeners``: the space accounting, the open-file table
+(``Listings.drop_listeners``: the space accounting, the open-file table
 and the kernel's pages, ``Handles.content_dropped``).  The public async
 methods the FUSE layer, the control server and the workers call stay on
-TierFS and delegate to the parts.
+TierFS and delegate to the parts (the POSIX mutations are ``FileWrites``'
+own methods, bound in ``__init__``).
 """
 
 from __future__ import annotations
@@ -224,7 +225,13 @@ class TierFS:
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
         self.unlinked = UnlinkedInodes()
         self.names = NameReads(
-            config, meta, self.namespace, self.open_files, self.access_times, self.unlinked
+            config,
+            meta,
+            self.namespace,
+            self.listings,
+            self.open_files,
+            self.access_times,
+            self.unlinked,
         )
         self.sync = Sync(
             config,
@@ -233,6 +240,7 @@ class TierFS:
             tiers,
             self.journal,
             self.namespace,
+            self.listings,
             self.open_files,
             self.block_writes,
             self.damage,
@@ -247,6 +255,7 @@ class TierFS:
             tiers,
             self.journal,
             self.namespace,
+            self.listings,
             self.open_files,
             self.block_writes,
             self.space,
@@ -258,6 +267,22 @@ class TierFS:
             unlinked=self.unlinked,
             write_through=self.policies.write_through,
         )
+        # The POSIX mutations are FileWrites' own methods, bound here so
+        # that their arguments are declared once; only ``write`` adds a
+        # step of its own (a method below).
+        self.create = self.writes.create
+        self.mkdir = self.writes.mkdir
+        self.symlink = self.writes.symlink
+        self.mknod = self.writes.mknod
+        self.link = self.writes.link
+        self.unlink = self.writes.unlink
+        self.rmdir = self.writes.rmdir
+        self.rename = self.writes.rename
+        self.setattr = self.writes.setattr
+        self.setxattr = self.writes.setxattr
+        self.removexattr = self.writes.removexattr
+        self.fsync = self.writes.fsync
+        self.flush = self.writes.flush
         self.movement = DataMovement(
             meta,
             tiers,
@@ -286,12 +311,12 @@ class TierFS:
         )
 
         self.reports = Reports(
-            config,
-            store,
-            tiers,
-            meta,
-            self.journal,
-            self.supervisor,
+            config=config,
+            store=store,
+            tiers=tiers,
+            meta=meta,
+            journal=self.journal,
+            supervisor=self.supervisor,
             open_files=self.open_files,
             namespace=self.namespace,
             names=self.names,
@@ -308,7 +333,7 @@ class TierFS:
 
         # Events that climb up: each goes to the parts that follow it.
         self.open_files.idle_listeners.append(self.writes.file_idle)
-        self.namespace.drop_listeners += [
+        self.listings.drop_listeners += [
             self.space.content_dropped,
             self.open_files.content_dropped,
             self.handles.content_dropped,
@@ -425,7 +450,7 @@ class TierFS:
             if (
                 self.handles.writable_flags(flags)
                 or self.meta.residency(ino)
-                or self.namespace.expired(inode.parent)
+                or self.listings.expired(inode.parent)
             ):
                 inode, changed = await self.namespace.revalidate(inode)
                 blocks = None  # read again, after the await (they may have been dropped)
@@ -510,45 +535,7 @@ class TierFS:
         ``status_sections`` (the metrics collector reads those itself)."""
         return self.reports.status(sections=sections)
 
-    # --- mutations (``writes``) ------------------------------------------------------------
-
-    async def create(
-        self,
-        parent: int,
-        name: bytes,
-        mode: int,
-        flags: int,
-        uid: int,
-        gid: int,
-        *,
-        caller: Caller | None = None,
-    ) -> tuple[OpenResult, Attributes]:
-        return await self.writes.create(parent, name, mode, flags, uid, gid, caller=caller)
-
-    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
-        return await self.writes.mkdir(parent, name, mode, uid, gid)
-
-    async def symlink(
-        self, parent: int, name: bytes, target: bytes, uid: int, gid: int
-    ) -> Attributes:
-        return await self.writes.symlink(parent, name, target, uid, gid)
-
-    async def mknod(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
-        return await self.writes.mknod(parent, name, mode, uid, gid)
-
-    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
-        return await self.writes.link(ino, new_parent, new_name)
-
-    async def unlink(self, parent: int, name: bytes) -> None:
-        await self.writes.unlink(parent, name)
-
-    async def rmdir(self, parent: int, name: bytes) -> None:
-        await self.writes.rmdir(parent, name)
-
-    async def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
-    ) -> None:
-        await self.writes.rename(old_parent, old_name, new_parent, new_name, flags)
+    # --- mutations (``writes``; the others are bound in ``__init__``) -----------------------
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         written = await self.writes.write(fh, offset, data)
@@ -558,41 +545,6 @@ class TierFS:
             # way hold old bytes (see ``handles``): drop them before replying.
             await self.invalidate_kernel_cache(handle.cached.ino, True)
         return written
-
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        await self.writes.fsync(fh, datasync)
-
-    async def flush(self, fh: int) -> None:
-        await self.writes.flush(fh)
-
-    async def setattr(
-        self,
-        ino: int,
-        *,
-        mode: int | None = None,
-        uid: int | None = None,
-        gid: int | None = None,
-        size: int | None = None,
-        atime_ns: int | None = None,
-        mtime_ns: int | None = None,
-        caller: Caller | None = None,
-    ) -> Attributes:
-        return await self.writes.setattr(
-            ino,
-            mode=mode,
-            uid=uid,
-            gid=gid,
-            size=size,
-            atime_ns=atime_ns,
-            mtime_ns=mtime_ns,
-            caller=caller,
-        )
-
-    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        await self.writes.setxattr(ino, name, value)
-
-    async def removexattr(self, ino: int, name: bytes) -> None:
-        await self.writes.removexattr(ino, name)
 
     # --- the bucket side (``sync``) ---------------------------------------------------------
 

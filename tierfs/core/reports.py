@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tierfs.config import Config
 from tierfs.meta import Inode, MetaDB, SyncState
@@ -38,48 +39,29 @@ from .write.journal import Journal
 from .write.sync import Sync
 
 
+@dataclass(eq=False, kw_only=True)
 class Reports:
     """The status, ``where`` and statfs replies (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: Config,
-        store: ObjectStore,
-        tiers: list[Tier],
-        meta: MetaDB,
-        journal: Journal,
-        supervisor: Supervisor,
-        *,
-        open_files: OpenFiles,
-        namespace: Namespace,
-        names: NameReads,
-        damage: DamageLog,
-        policies: FilePolicies,
-        space: SpaceManager,
-        fetcher: Fetcher,
-        sync: Sync,
-        movement: DataMovement,
-        lifecycle: Lifecycle,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.tiers = tiers
-        self.meta = meta
-        self.journal = journal
-        self.supervisor = supervisor
-        self.open_files = open_files
-        self.namespace = namespace
-        self.names = names
-        self.damage = damage
-        self.policies = policies
-        self.space = space
-        self.fetcher = fetcher
-        self.sync = sync
-        self.movement = movement
-        self.lifecycle = lifecycle
-        #: Extra sections of ``status()``: name -> a function returning plain
-        #: JSON data, called on the trio loop at each ``status``.
-        self.status_sections: dict[str, Callable[[], object]] = {}
+    config: Config
+    store: ObjectStore
+    tiers: list[Tier]
+    meta: MetaDB
+    journal: Journal
+    supervisor: Supervisor
+    open_files: OpenFiles
+    namespace: Namespace
+    names: NameReads
+    damage: DamageLog
+    policies: FilePolicies
+    space: SpaceManager
+    fetcher: Fetcher
+    sync: Sync
+    movement: DataMovement
+    lifecycle: Lifecycle
+    #: Extra sections of ``status()``: name -> a function returning plain
+    #: JSON data, called on the trio loop at each ``status``.
+    status_sections: dict[str, Callable[[], object]] = field(default_factory=dict)
 
     def statfs(self) -> FsStats:
         total = free = 0

@@ -15,6 +15,7 @@ restarts the task, except the group commit's, which ends the daemon):
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import trio
 
@@ -36,24 +37,16 @@ COMMIT_INTERVAL = 0.2
 HOUSEKEEPING_INTERVAL = 5.0
 
 
+@dataclass(eq=False)
 class Upkeep:
     """The core's periodic tasks (see the module docstring)."""
 
-    def __init__(
-        self,
-        meta: MetaDB,
-        tiers: list[Tier],
-        open_files: OpenFiles,
-        space: SpaceManager,
-        access_times: AccessTimes,
-        fetch_buffers: BlockBuffers,
-    ) -> None:
-        self.meta = meta
-        self.tiers = tiers
-        self.open_files = open_files
-        self.space = space
-        self.access_times = access_times
-        self.fetch_buffers = fetch_buffers
+    meta: MetaDB
+    tiers: list[Tier]
+    open_files: OpenFiles
+    space: SpaceManager
+    access_times: AccessTimes
+    fetch_buffers: BlockBuffers
 
     def start(self, nursery: trio.Nursery, supervisor: Supervisor) -> None:
         supervisor.start_soon(nursery, "housekeeping", self._housekeep_periodically)

@@ -237,7 +237,15 @@ class TierUsage:
 
 
 class MetaDB:
-    """All persistent metadata of one mount's state directory."""
+    """All persistent metadata of one mount's state directory: the LMDB
+    schema above and every transaction on it.
+
+    One job, kept whole on purpose: the rules that decide what a listing
+    page may change (``merge_listing``, ``settle_attrs``, ``finish_listing``)
+    read and write inodes, dentries, blocks and residency in the one write
+    transaction that makes the page atomic, so they live beside the
+    records.  The namespace decides when to list (``core.names.listings``);
+    this class decides nothing about the bucket."""
 
     def __init__(
         self,

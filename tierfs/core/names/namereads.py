@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tierfs.config import Config
 from tierfs.errors import NotADirectory, NotFound
@@ -41,6 +42,7 @@ from ..read.openfiles import OpenFiles
 from ..results import Attributes, DirEntry, attributes_of
 from .attrcache import AttributeCache
 from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
+from .listings import Listings
 from .namespace import Namespace
 from .posix_attrs import AccessTimes, UnlinkedInodes
 
@@ -50,29 +52,26 @@ from .posix_attrs import AccessTimes, UnlinkedInodes
 READDIR_BATCH = 32
 
 
+@dataclass(eq=False)
 class NameReads:
     """Lookups, attributes and directory reads (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: Config,
-        meta: MetaDB,
-        namespace: Namespace,
-        open_files: OpenFiles,
-        access_times: AccessTimes,
-        unlinked: UnlinkedInodes,
-    ) -> None:
-        self.config = config
-        self.meta = meta
-        self.namespace = namespace
-        self.open_files = open_files
-        self.access_times = access_times
-        self.unlinked = unlinked
-        self.dir_handles = DirHandles()
-        #: Attributes readdir hands out, with the inode records they came from.
+    config: Config
+    meta: MetaDB
+    namespace: Namespace
+    listings: Listings
+    open_files: OpenFiles
+    access_times: AccessTimes
+    unlinked: UnlinkedInodes
+    dir_handles: DirHandles = field(init=False, default_factory=DirHandles)
+    #: Attributes readdir hands out, with the inode records they came from.
+    attribute_cache: AttributeCache = field(init=False)
+    #: Directory entries handed out by ``readdir_handle`` (``.``/``..`` too).
+    readdir_entries: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        config = self.config
         self.attribute_cache = AttributeCache(lambda inode: attributes_of(inode, config))
-        #: Directory entries handed out by ``readdir_handle`` (``.``/``..`` too).
-        self.readdir_entries = 0
 
     def attributes(self, inode: Inode, timeout: float | None = None) -> Attributes:
         """What the kernel sees of ``inode``; ``timeout`` (seconds it may
@@ -127,7 +126,7 @@ class NameReads:
         inode = self.namespace.get(ino)
         if not inode.is_dir:
             raise NotADirectory(f"inode {ino} is not a directory")
-        await self.namespace.ensure_listed(inode, stale_wait=0.0)
+        await self.listings.ensure_listed(inode, stale_wait=0.0)
         self.access_times.accessed(inode)  # reading a directory is an access
         return self.dir_handles.open(ino, self.namespace.get(ino).next_cookie)
 
@@ -147,7 +146,7 @@ class NameReads:
             handle.horizon = inode.next_cookie  # rewinddir: what is there now
         out: list[DirEntry] = []
         # From an expired listing the kernel may not keep entries (``lookup``).
-        timeout = 0.0 if self.namespace.listing_expired(inode) else None
+        timeout = 0.0 if self.listings.listing_expired(inode) else None
         if offset < DOT:
             out.append(DirEntry(DOT, b".", self.attributes(inode, timeout)))
         if offset < DOTDOT:
@@ -202,7 +201,7 @@ class NameReads:
         # A first listing running now holds names whose attributes are not
         # settled yet: never hand those out.  Names a re-listing adds may go
         # out provisional, owner-only (see tierfs.core.names.namespace).
-        await self.namespace.wait_listing(ino)
+        await self.listings.wait_listing(ino)
         out: list[DirEntry] = []
         # Attributes from the cache (``AttributeCache``: kept with the inode
         # record they were built from) unless the kernel must see what the

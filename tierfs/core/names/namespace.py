@@ -18,7 +18,7 @@ Consistency a reader gets (docs/guarantees.md says the same):
 - Within ``list_ttl`` of that listing: what it holds, as it held it.  The
   kernel keeps entries and attributes that long, and "no such name" (a
   negative entry) for what is left of the directory's ``list_ttl``, never
-  longer (``TierFS.negative_timeout``); names made through the mount
+  longer (``NameReads.negative_timeout``); names made through the mount
   replace a negative entry at once.
 - After ``list_ttl``, for the first access by name:
   * a name the old listing holds is answered at once from it (size,
@@ -74,7 +74,7 @@ import logging
 import stat
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -89,7 +89,6 @@ from .listings import (
     MISSING_NAME_WAIT,
     NAME_MAX,
     STALE_LISTING_WAIT,
-    DropCallback,
     Listings,
 )
 
@@ -114,35 +113,20 @@ class _WalkFrame:
     ahead: int = 0
 
 
+@dataclass(eq=False)
 class Namespace:
     """The mount's names: lookups, paths, walks and revalidation on open,
     over the directories ``Listings`` keeps (see the module docstring)."""
 
-    def __init__(
-        self,
-        meta: MetaDB,
-        store: ObjectStore,
-        config: NamespaceConfig,
-        keys: InodeKeys,
-        listings: Listings,
-        store_limiter: trio.CapacityLimiter,
-    ) -> None:
-        self.meta = meta
-        self.store = store
-        self.config = config
-        self.keys = keys
-        self.listings = listings
-        self._limiter = store_limiter
-        self.live_inode = keys.live_inode
-        self.protects = listings.protects
-        #: Told (ino, tiers that held its blocks, still_exists) whenever the
-        #: blocks of a file were dropped because the bucket changed it or it
-        #: vanished (the listings' list: a listing and a revalidation tell
-        #: the same listeners).
-        self.drop_listeners: list[DropCallback] = listings.drop_listeners
-        #: Revalidations that served the cached copy because the bucket did
-        #: not answer (stale-if-error).
-        self.stale_opens = 0
+    meta: MetaDB
+    store: ObjectStore
+    config: NamespaceConfig
+    keys: InodeKeys
+    listings: Listings
+    store_limiter: trio.CapacityLimiter
+    #: Revalidations that served the cached copy because the bucket did
+    #: not answer (stale-if-error).
+    stale_opens: int = field(init=False, default=0)
 
     # --- inodes and keys (``InodeKeys``) ----------------------------------------------
 
@@ -158,35 +142,6 @@ class Namespace:
 
     def prefix_of(self, dir_inode: Inode) -> str:
         return self.keys.prefix_of(dir_inode)
-
-    # --- listings (``Listings``) ------------------------------------------------------
-
-    async def ensure_listed(self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT) -> None:
-        await self.listings.ensure_listed(dir_inode, stale_wait)
-
-    async def wait_listing(self, ino: int) -> None:
-        await self.listings.wait_listing(ino)
-
-    def expired(self, dir_ino: int) -> bool:
-        return self.listings.expired(dir_ino)
-
-    def listing_fresh(self, dir_inode: Inode) -> bool:
-        return self.listings.listing_fresh(dir_inode)
-
-    def listing_expired(self, dir_inode: Inode) -> bool:
-        return self.listings.listing_expired(dir_inode)
-
-    def is_provisional(self, inode: Inode) -> bool:
-        return self.listings.is_provisional(inode)
-
-    async def settle_provisional(self, inode: Inode, listed_key: str | None = None) -> None:
-        await self.listings.settle_provisional(inode, listed_key)
-
-    def shadow_fits(self, key: str) -> bool:
-        return self.listings.shadow_fits(key)
-
-    def endpoint_down(self) -> bool:
-        return self.listings.endpoint_down()
 
     # --- lookup and walks -------------------------------------------------------------
 
@@ -216,7 +171,7 @@ class Namespace:
             # No such name can exist (listings skip them): say why, as POSIX does.
             raise NameTooLong(f"name longer than {NAME_MAX} bytes")
         if not fresh:
-            await self.ensure_listed(dir_inode, stale_wait=0.0)
+            await self.listings.ensure_listed(dir_inode, stale_wait=0.0)
         child, provisional = self._entry_inode(self.meta.lookup(parent, name))
         if child is None and not fresh and dir_inode.listed_at > 0:
             # Missing from an expired listing: another writer may have made
@@ -233,7 +188,7 @@ class Namespace:
             child, _provisional = self._entry_inode(self.meta.lookup(parent, name))
         if child is None:
             raise NotFound(name.decode(errors="replace"))
-        return child, (not fresh and self.expired(parent))
+        return child, (not fresh and self.listings.expired(parent))
 
     def _entry_inode(self, ino: int | None) -> tuple[Inode | None, bool]:
         """The inode a dentry names (the live one of an open file; None if
@@ -241,7 +196,7 @@ class Namespace:
         with one decode of its record when it is not open."""
         if ino is None:
             return None, False
-        live = self.live_inode(ino)
+        live = self.keys.live_inode(ino)
         if live is not None:
             return live, self.listings.provisional(ino)
         inode = self.meta.get_inode(ino)
@@ -307,7 +262,7 @@ class Namespace:
             descend: tuple[Inode, str] | None = None
             for index, (entry_cookie, name, child, record) in enumerate(page):
                 frame.cookie = entry_cookie
-                child_inode = self.live_inode(child) or decode_inode(child, record)
+                child_inode = self.keys.live_inode(child) or decode_inode(child, record)
                 text = name.decode(errors="surrogateescape")
                 child_path = f"{frame.path}/{text}" if frame.path else text
                 if child_inode.is_file:
@@ -338,7 +293,7 @@ class Namespace:
             if entry_cookie <= frame.ahead:
                 continue
             frame.ahead = entry_cookie
-            child_inode = self.live_inode(child)
+            child_inode = self.keys.live_inode(child)
             if child_inode is None:
                 if not stat.S_ISDIR(raw_mode(record)) or raw_listed_at(record) > 0:
                     continue
@@ -358,7 +313,7 @@ class Namespace:
         """
         if inode.state != SyncState.CLEAN or not inode.is_file:
             return inode, False
-        if self.protects(inode.ino):
+        if self.listings.protects(inode.ino):
             return inode, False  # the bucket does not have it at its key yet
         now = time.time()
         if now - inode.validated_at < self.config.revalidate_ttl:
@@ -371,7 +326,7 @@ class Namespace:
         try:
             with trio.move_on_after(REVALIDATE_WAIT):
                 info = await trio.to_thread.run_sync(
-                    self.store.head, key, limiter=self._limiter, abandon_on_cancel=True
+                    self.store.head, key, limiter=self.store_limiter, abandon_on_cancel=True
                 )
         except ObjectNotFound:
             self._forget_vanished(inode)

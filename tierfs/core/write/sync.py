@@ -132,6 +132,7 @@ from tierfs.store import ObjectStore, abort_stale_uploads
 from tierfs.store.breaker import CircuitBreaker
 from tierfs.tiers import Tier
 
+from ..names.listings import Listings
 from ..names.namespace import Namespace
 from ..names.shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
 from ..read.openfiles import CachedFile, OpenFiles
@@ -251,6 +252,7 @@ class Sync:
         tiers: list[Tier],
         journal: Journal,
         namespace: Namespace,
+        listings: Listings,
         open_files: OpenFiles,
         block_writes: BlockWrites,
         damage: DamageLog,
@@ -266,6 +268,7 @@ class Sync:
         self.tiers = tiers
         self.journal = journal
         self.namespace = namespace
+        self.listings = listings
         self.open_files = open_files
         self.block_writes = block_writes
         self.damage = damage
@@ -388,7 +391,7 @@ class Sync:
     def linked_inode(self, ino: int) -> Inode | None:
         if ino in self._orphans:
             return None
-        live = self.namespace.live_inode(ino)
+        live = self.open_files.live_inode(ino)
         return live if live is not None else self.meta.get_inode(ino)
 
     async def run_entry(self, seq: int) -> None:
@@ -458,7 +461,7 @@ class Sync:
         """The shadow entry the object at ``key`` needs for ``inode``'s attributes."""
         if inode is None or not needs_shadow(inode.mode, inode.uid, inode.gid):
             return None
-        if not self.namespace.shadow_fits(key.rstrip("/")):
+        if not self.listings.shadow_fits(key.rstrip("/")):
             return None  # readers HEAD such names instead
         return attrs_of(inode.mode, inode.uid, inode.gid)
 
@@ -515,7 +518,7 @@ class Sync:
         cf = self.open_files.acquire(inode)
         try:
             # Provisional attributes never go up (``Listings.settle_provisional``).
-            await self.namespace.settle_provisional(cf.inode, self.journal.read_origin(ino))
+            await self.listings.settle_provisional(cf.inode, self.journal.read_origin(ino))
             version = cf.version
             attrs = (cf.inode.mode, cf.inode.uid, cf.inode.gid)
             shadow = await self._put_shadow(ino, key, cf.inode)
@@ -748,7 +751,7 @@ class Sync:
     async def _run_copy(self, seq: int, entry: Entry) -> None:
         moved = self.linked_inode(entry["ino"])
         if moved is not None:  # provisional attributes never go up
-            await self.namespace.settle_provisional(moved, entry["src"])
+            await self.listings.settle_provisional(moved, entry["src"])
         shadow = await self._put_shadow(entry["ino"], entry["dst"], moved)
         try:
             etag = await self._store_call(self.store.copy, entry["src"], entry["dst"])
@@ -774,7 +777,7 @@ class Sync:
     async def _run_mkdir(self, seq: int, entry: Entry) -> None:
         inode = self.linked_inode(entry["ino"])
         if inode is not None:  # provisional attributes never go up
-            await self.namespace.settle_provisional(inode, entry["key"])
+            await self.listings.settle_provisional(inode, entry["key"])
         metadata = object_metadata(inode) if inode is not None else None
         shadow = await self._put_shadow(entry["ino"], entry["key"], inode)
         await self._store_call(self.store.put, entry["key"], b"", metadata)
@@ -801,7 +804,7 @@ class Sync:
             self._finish(seq)  # gone, or an upload carries the metadata instead
             return
         key = entry["key"]
-        await self.namespace.settle_provisional(inode, key)  # provisional attributes never go up
+        await self.listings.settle_provisional(inode, key)  # provisional attributes never go up
         shadow = await self._put_shadow(inode.ino, key, inode)
         try:
             etag = await self._store_call(self.store.copy, key, key, object_metadata(inode))

@@ -115,7 +115,8 @@ from tierfs.errors import (
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
 from tierfs.tiers import Tier
 
-from ..names.namespace import NAME_MAX, Namespace
+from ..names.listings import NAME_MAX, Listings
+from ..names.namespace import Namespace
 from ..names.posix_attrs import (
     AccessTimes,
     Caller,
@@ -163,6 +164,7 @@ class FileWrites:
         tiers: list[Tier],
         journal: Journal,
         namespace: Namespace,
+        listings: Listings,
         open_files: OpenFiles,
         block_writes: BlockWrites,
         space: SpaceManager,
@@ -185,6 +187,7 @@ class FileWrites:
         self.tiers = tiers
         self.journal = journal
         self.namespace = namespace
+        self.listings = listings
         self.open_files = open_files
         self.block_writes = block_writes
         self.space = space
@@ -211,12 +214,12 @@ class FileWrites:
         inode = self.namespace.get(parent)
         if not inode.is_dir:
             raise NotADirectory(f"inode {parent} is not a directory")
-        if self.namespace.listing_fresh(inode):
+        if self.listings.listing_fresh(inode):
             return inode
         # A listing this node has is good enough for a change (the kernel's
         # lookup just before waited for a fresh one, within its bound): a
         # change lands locally at once, also while the bucket is away.
-        await self.namespace.ensure_listed(inode, stale_wait=0.0)
+        await self.listings.ensure_listed(inode, stale_wait=0.0)
         return self.namespace.get(parent)  # the listing may have rewritten it
 
     def _new_inode(self, parent: Inode, name: bytes, mode: int, uid: int, gid: int) -> Inode:
@@ -244,7 +247,7 @@ class FileWrites:
         w.tx.put_inode(inode)
         self._touch_dir(parent)
         w.tx.link(parent, inode.name, inode.ino)
-        orphans = self.namespace.listings.orphan_shadows.get(parent.ino, {}).pop(inode.name, None)
+        orphans = self.listings.orphan_shadows.get(parent.ino, {}).pop(inode.name, None)
         if orphans:
             key = child_key(self.namespace.key_of(parent), inode.name)
             w.tx.set_shadow_ledger(inode.ino, [(key, a.perm, a.uid, a.gid) for a in orphans])
@@ -280,6 +283,21 @@ class FileWrites:
 
     # --- creating ----------------------------------------------------------------------------
 
+    async def _new_child(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int
+    ) -> tuple[Inode, Inode, str]:
+        """Checks and makes a new name in ``parent``, not linked yet: the
+        directory's record, the new inode (type and permissions in
+        ``mode``) and its key.  Raises if the name is bad, reserved or
+        taken."""
+        check_name(name)
+        check_not_reserved(parent, name)
+        dir_inode = await self._parent_for_change(parent)
+        if self.meta.lookup(parent, name) is not None:
+            raise Exists(name.decode(errors="replace"))
+        key = self._new_key(dir_inode, name, is_dir=stat.S_ISDIR(mode))
+        return dir_inode, self._new_inode(dir_inode, name, mode, uid, gid), key
+
     async def create(
         self,
         parent: int,
@@ -291,13 +309,9 @@ class FileWrites:
         *,
         caller: Caller | None = None,
     ) -> tuple[OpenResult, Attributes]:
-        check_name(name)
-        check_not_reserved(parent, name)
-        dir_inode = await self._parent_for_change(parent)
-        if self.meta.lookup(parent, name) is not None:
-            raise Exists(name.decode(errors="replace"))
-        self._new_key(dir_inode, name)
-        inode = self._new_inode(dir_inode, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        dir_inode, inode, _key = await self._new_child(
+            parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid
+        )
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.ensure_upload(inode.ino)
@@ -305,13 +319,9 @@ class FileWrites:
         return opened, self.attributes(self.namespace.get(inode.ino))
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
-        check_name(name)
-        check_not_reserved(parent, name)
-        dir_inode = await self._parent_for_change(parent)
-        if self.meta.lookup(parent, name) is not None:
-            raise Exists(name.decode(errors="replace"))
-        key = self._new_key(dir_inode, name, is_dir=True)
-        inode = self._new_inode(dir_inode, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        dir_inode, inode, key = await self._new_child(
+            parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid
+        )
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.append({"op": "mkdir", "key": key + "/", "ino": inode.ino})
@@ -320,13 +330,7 @@ class FileWrites:
     async def symlink(
         self, parent: int, name: bytes, target: bytes, uid: int, gid: int
     ) -> Attributes:
-        check_name(name)
-        check_not_reserved(parent, name)
-        dir_inode = await self._parent_for_change(parent)
-        if self.meta.lookup(parent, name) is not None:
-            raise Exists(name.decode(errors="replace"))
-        self._new_key(dir_inode, name)
-        inode = self._new_inode(dir_inode, name, stat.S_IFLNK | 0o777, uid, gid)
+        dir_inode, inode, _key = await self._new_child(parent, name, stat.S_IFLNK | 0o777, uid, gid)
         inode.symlink_target = target
         inode.size = len(target)
         with self.journal.write() as w:
@@ -343,13 +347,9 @@ class FileWrites:
         kind = stat.S_IFMT(mode)
         if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK):
             raise NotPermitted("tierfs does not store device nodes")
-        check_name(name)
-        check_not_reserved(parent, name)
-        dir_inode = await self._parent_for_change(parent)
-        if self.meta.lookup(parent, name) is not None:
-            raise Exists(name.decode(errors="replace"))
-        self._new_key(dir_inode, name)
-        inode = self._new_inode(dir_inode, name, kind | (mode & 0o7777), uid, gid)
+        dir_inode, inode, _key = await self._new_child(
+            parent, name, kind | (mode & 0o7777), uid, gid
+        )
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.ensure_upload(inode.ino)
@@ -361,6 +361,15 @@ class FileWrites:
 
     # --- removing -------------------------------------------------------------------------------
 
+    def _unlink_name(self, w: JournalWriter, parent: int, name: bytes) -> None:
+        """Remove ``name`` from directory ``parent`` in the transaction
+        ``w``, and touch the directory (mtime, ctime)."""
+        parent_inode = w.tx.get_inode(parent)
+        assert parent_inode is not None
+        self._touch_dir(parent_inode)
+        w.tx.put_inode(parent_inode)
+        w.tx.unlink(parent, name)
+
     async def unlink(self, parent: int, name: bytes) -> None:
         dir_inode = await self._parent_for_change(parent)
         inode = self._existing_child(parent, name)
@@ -370,11 +379,7 @@ class FileWrites:
         busy = self.open_files.is_busy(inode.ino)
         tiers: list[int] = []
         with self.journal.reshaping() as w:
-            parent_inode = w.tx.get_inode(parent)
-            assert parent_inode is not None
-            self._touch_dir(parent_inode)
-            w.tx.put_inode(parent_inode)
-            w.tx.unlink(parent, name)
+            self._unlink_name(w, parent, name)
             self._queue_removal(w, inode, key)
             if busy:
                 w.tx.keep_unlinked(inode.ino)
@@ -421,16 +426,12 @@ class FileWrites:
         inode = self._existing_child(parent, name)
         if not inode.is_dir:
             raise NotADirectory(name.decode(errors="replace"))
-        await self.namespace.ensure_listed(inode, stale_wait=0.0)
+        await self.listings.ensure_listed(inode, stale_wait=0.0)
         if self.meta.count_children(inode.ino):
             raise DirectoryNotEmpty(name.decode(errors="replace"))
         key = child_key(self.namespace.key_of(dir_inode), name)
         with self.journal.reshaping() as w:
-            parent_inode = w.tx.get_inode(parent)
-            assert parent_inode is not None
-            self._touch_dir(parent_inode)
-            w.tx.put_inode(parent_inode)
-            w.tx.unlink(parent, name)
+            self._unlink_name(w, parent, name)
             w.tx.delete_inode(inode.ino)
             w.append({"op": "delete", "key": key + "/", "shadow_ino": inode.ino})
         self.unlinked.add(inode)
@@ -459,7 +460,7 @@ class FileWrites:
             if not inode.is_dir and target.is_dir:
                 raise IsADirectory(new_name.decode(errors="replace"))
             if target.is_dir:
-                await self.namespace.ensure_listed(target, stale_wait=0.0)
+                await self.listings.ensure_listed(target, stale_wait=0.0)
                 if self.meta.count_children(target.ino):
                     raise DirectoryNotEmpty(new_name.decode(errors="replace"))
         new_key = self._new_key(dst_dir, new_name, is_dir=inode.is_dir)
@@ -529,7 +530,7 @@ class FileWrites:
             inode, rel = pending.pop()
             # Every key must be known: wait for a re-listing as a lookup
             # does (bounded, and not at all while the endpoint is out).
-            await self.namespace.ensure_listed(inode)
+            await self.listings.ensure_listed(inode)
             for _cookie, name, child in self.meta.read_dir(inode.ino, 0, 1 << 30):
                 child_inode = self.namespace.get(child)
                 child_rel = rel + name.decode() + ("/" if child_inode.is_dir else "")
@@ -658,7 +659,7 @@ class FileWrites:
         inode = self.namespace.get(ino)
         if self._write_through(inode):
             self.journal.schedule(ino, 0.0)
-            if self.namespace.endpoint_down():
+            if self.listings.endpoint_down():
                 raise EndpointUnreachable(
                     f"{self.namespace.key_of(inode)}: written locally, not yet in the bucket "
                     "(the endpoint is unreachable); it goes up when the endpoint answers"
@@ -688,11 +689,11 @@ class FileWrites:
         without CAP_FSETID, and any chown of a non-directory, clear
         setuid/setgid by the kernel's rules (``posix_attrs``)."""
         inode = self.namespace.get(ino)
-        if (mode, uid, gid) != (None, None, None) and self.namespace.is_provisional(inode):
+        if (mode, uid, gid) != (None, None, None) and self.listings.is_provisional(inode):
             # A chmod or chown changes the attributes a listing gives the
             # name, not its provisional owner-only ones, which the next
             # listing would otherwise put back over it.
-            await self.namespace.settle_provisional(inode, self.journal.read_origin(ino))
+            await self.listings.settle_provisional(inode, self.journal.read_origin(ino))
         if size is not None and size != inode.size:
             await self.truncate(inode, size)
             inode = self.namespace.get(ino)
