@@ -29,6 +29,11 @@ Function scope:
   take the endpoint away (``refuse()``, ``black_hole()``) and bring it back
   (``restore()``).  Closed at teardown.
 
+- ``seaweed``: a ``tests.seaweed_cluster.SeaweedCluster`` (a master, two
+  volume servers, a filer and the S3 gateway, separate processes on
+  loopback), started once per session for the shared-tier tests and
+  stopped by PID at the end.
+
 Helpers: ``start_moto(log_path, extra_env=None)`` starts another moto server
 (for example one that enforces credentials) and returns ``(process,
 endpoint)``; ``stop_process(process)`` stops it by PID.
@@ -177,6 +182,18 @@ def moto_server(aws_test_env: None, tmp_path_factory: pytest.TempPathFactory) ->
         yield endpoint
     finally:
         stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def seaweed(aws_test_env: None) -> Iterator[Any]:
+    """A SeaweedFS cluster on loopback for the session (``tests.seaweed_cluster``)."""
+    from tests.seaweed_cluster import SeaweedCluster
+
+    cluster = SeaweedCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def make_s3_client(endpoint: str) -> Any:
