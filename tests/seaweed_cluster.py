@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ACCESS_KEY = "tierfs-shared"
-SECRET_KEY = "tierfs-shared-secret"
+#: The same fake keys as the tests' moto server: one credential chain serves both.
+ACCESS_KEY = "testing"
+SECRET_KEY = "testing"
 REGION = "us-east-1"
 #: Seconds the whole cluster may take to answer an S3 request.
 START_TIMEOUT = 60.0

@@ -542,6 +542,7 @@ def _status_families(status: dict[str, Any]) -> Iterator[Metric]:
         "1 while the bucket's endpoint answers, else 0",
         1 if endpoint.get("state") == "reachable" else 0,
     )
+    yield from _shared_tier_families(status.get("shared_tier"))
     requests = CounterMetricFamily(
         "tierfs_s3_requests",
         "S3 requests sent, by operation (retries included)",
@@ -550,6 +551,29 @@ def _status_families(status: dict[str, Any]) -> Iterator[Metric]:
     for operation, count in sorted((status.get("store_calls") or {}).items()):
         requests.add_metric([operation], count)
     yield requests
+
+
+def _shared_tier_families(shared: dict[str, Any] | None) -> Iterator[Metric]:
+    """The shared tier's figures (``SharedTier.status``), when there is one."""
+    if not shared:
+        return
+    for key, doc in (
+        ("hits", "Blocks read from the shared tier"),
+        ("misses", "Blocks the shared tier did not hold"),
+        ("corrupt", "Shared blocks ignored for a wrong length or checksum"),
+        ("errors", "Shared-tier requests that failed (the bucket served them)"),
+        ("bytes_read", "Bytes read from the shared tier"),
+        ("bytes_put", "Bytes put into the shared tier"),
+        ("puts_dropped", "Blocks not put into the shared tier: its backlog was full"),
+        ("bucket_bytes", "Bytes of fetches the bucket served while a shared tier was set"),
+    ):
+        yield _counter(f"tierfs_shared_{key}", doc, shared[key])
+    endpoint: dict[str, Any] = shared.get("endpoint") or {}
+    yield _gauge(
+        "tierfs_shared_reachable",
+        "1 while the shared tier's endpoint answers, else 0",
+        1 if endpoint.get("state") == "reachable" else 0,
+    )
 
 
 class MetricsServer:

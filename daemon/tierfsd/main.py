@@ -55,7 +55,7 @@ from tierfs.core.write.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer
-from tierfs.store import open_store
+from tierfs.store import open_shared_tier, open_store
 from tierfs.tiers import Tier
 from tierfs.workers.dirahead import DirectoryReadahead
 from tierfs.workers.mover import Mover
@@ -265,6 +265,9 @@ class Daemon:
             self.tiers,
             control_socket=str(sock_path),
             invalidate_kernel_cache=self._invalidate,
+            # The shared tier is not checked at mount: a node mounts and
+            # reads from the bucket while the shared tier is away.
+            shared=open_shared_tier(config.shared_tier) if config.shared_tier else None,
         )
         self.metrics.watch(self.fs)
         self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)

@@ -33,7 +33,7 @@ from tierfs.config import (
 from tierfs.core import TierFS
 from tierfs.errors import NotFound
 from tierfs.meta import MetaDB
-from tierfs.store import ListPage, ObjectInfo
+from tierfs.store import ListPage, ObjectInfo, open_shared_tier
 from tierfs.tiers import Tier
 from tierfs.workers.uploader import run_uploader
 
@@ -157,6 +157,13 @@ class CoreMount:
 
 
 def make_config(tmp_path: Path, store_url: str, **overrides: Any) -> Config:
+    """A config with two tiers under ``tmp_path``; ``node="name"`` puts
+    the node's state and tiers under ``tmp_path / name`` (several nodes in
+    one test), ``shared_tier`` adds a shared tier."""
+    node = overrides.pop("node", "")
+    if node:
+        tmp_path = tmp_path / node
+        tmp_path.mkdir(exist_ok=True)
     nvme, hdd = overrides.pop("capacities", (8 * MiB, 16 * MiB))
     low = overrides.pop("low_watermark", 0.8)
     tiers = (
@@ -178,6 +185,7 @@ def make_config(tmp_path: Path, store_url: str, **overrides: Any) -> Config:
             "write", WriteConfig(mode="back", upload_delay=0.05, part_size=8 * MiB)
         ),
         rules=tuple(overrides.pop("rules", ())),
+        shared_tier=overrides.pop("shared_tier", None),
     )
 
 
@@ -186,7 +194,8 @@ async def _start(
 ) -> CoreMount:
     meta = MetaDB(config.state.dir / "meta", store.url)
     tiers = [Tier(i, t) for i, t in enumerate(config.tiers)]
-    fs = TierFS(config, meta, store, tiers)
+    shared = open_shared_tier(config.shared_tier) if config.shared_tier else None
+    fs = TierFS(config, meta, store, tiers, shared=shared)
     cancel = trio.CancelScope()
     stopped = trio.Event()
 

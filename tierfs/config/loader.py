@@ -33,6 +33,7 @@ from .schema import (
     MetricsConfig,
     RuleConfig,
     Section,
+    SharedTierConfig,
     StateConfig,
     TierConfig,
     default_of,
@@ -339,7 +340,9 @@ def _state(report: _Report, doc: _Doc, check_paths: bool) -> StateConfig | None:
     return StateConfig(dir=directory)
 
 
-def _tiers(report: _Report, doc: _Doc, check_paths: bool) -> list[TierConfig]:
+def _tiers(
+    report: _Report, doc: _Doc, check_paths: bool
+) -> tuple[list[TierConfig], SharedTierConfig | None]:
     section = SECTION["tiers"]
     entries = _array_of_tables(report, doc, doc.data, "tiers")
     if not entries and "tiers" not in doc.data:
@@ -349,19 +352,28 @@ def _tiers(report: _Report, doc: _Doc, check_paths: bool) -> list[TierConfig]:
     tiers: list[TierConfig] = []
     names: dict[str, int] = {}
     paths: dict[Path, tuple[str, int]] = {}
+    shared: SharedTierConfig | None = None
+    shared_line = 0
     for path, table in entries:
+        if "url" in table:
+            shared_line = _shared_tier_entry(report, doc, path, table, names, shared_line)
+            if shared is None and shared_line:
+                given = {k: v for k, v in table.items() if k != "path"}  # said once
+                values, good = _keys(report, doc, given, path, SharedTierConfig, doc.path.parent)
+                if good:
+                    shared = SharedTierConfig(**values)
+            continue
+        if shared_line:
+            report.add(
+                doc,
+                (*path, "path"),
+                f"a local tier after the shared tier (line {shared_line}); "
+                "the shared tier comes after the local tiers",
+            )
         values, good = _keys(report, doc, table, path, TierConfig, doc.path.parent)
         name = values["name"] or ""
         if name:
-            if name in names:
-                report.add(
-                    doc,
-                    (*path, "name"),
-                    f"the tier name {quote(name)} is already used by the tier at line "
-                    f"{names[name]}; tier names must be unique",
-                )
-            else:
-                names[name] = doc.line((*path, "name"))
+            _unique_tier_name(report, doc, path, name, names)
         tier_path = values["path"]
         if tier_path is not None:
             problem = _dir_problem(tier_path, "the tier path") if check_paths else None
@@ -380,7 +392,57 @@ def _tiers(report: _Report, doc: _Doc, check_paths: bool) -> list[TierConfig]:
                 f"low_watermark {low_text} must be below high_watermark {high_text}",
             )
         tiers.append(TierConfig(**{**values, "name": name, "path": tier_path or Path()}))
-    return tiers
+    if shared_line and not tiers:
+        report.add_at(
+            doc.file, shared_line, "a shared tier needs at least one local tier before it"
+        )
+    return tiers, shared
+
+
+def _unique_tier_name(
+    report: _Report, doc: _Doc, path: KeyPath, name: str, names: dict[str, int]
+) -> None:
+    """Report ``name`` if a tier before it has it; else remember its line."""
+    if name in names:
+        report.add(
+            doc,
+            (*path, "name"),
+            f"the tier name {quote(name)} is already used by the tier at line "
+            f"{names[name]}; tier names must be unique",
+        )
+    else:
+        names[name] = doc.line((*path, "name"))
+
+
+def _shared_tier_entry(
+    report: _Report,
+    doc: _Doc,
+    path: KeyPath,
+    table: dict[str, Any],
+    names: dict[str, int],
+    shared_line: int,
+) -> int:
+    """Checks of a ``[[tiers]]`` entry with ``url`` (the shared tier) that
+    span entries; its line, or the earlier shared tier's when it is a
+    second one (an error)."""
+    line = doc.line((*path, "url"))
+    if "path" in table:
+        report.add(
+            doc,
+            (*path, "path"),
+            "a tier has a path (a local tier) or a url (the shared tier), not both",
+        )
+    if shared_line:
+        report.add(
+            doc,
+            (*path, "url"),
+            f"a second shared tier; there is one at line {shared_line}, and at most one is allowed",
+        )
+        return shared_line
+    name = table.get("name")
+    if isinstance(name, str) and name:
+        _unique_tier_name(report, doc, path, name, names)
+    return line
 
 
 def _check_overlap(
@@ -620,7 +682,7 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
     _check_keys(report, doc, doc.data, (), TOP_KEYS, "the config file")
     backing = _backing(report, doc)
     state = _state(report, doc, check_paths)
-    tiers = _tiers(report, doc, check_paths)
+    tiers, shared_tier = _tiers(report, doc, check_paths)
     if state is not None and tiers:
         state_key = _same_key(state.dir, check_paths)
         for tier in tiers:
@@ -646,6 +708,7 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
         backing=backing,
         state=state,
         tiers=tuple(tiers),
+        shared_tier=shared_tier,
         fetch=fetch,
         namespace=namespace,
         write=write,

@@ -36,6 +36,18 @@ def _shown(value: Any, kind: str) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _key_rows(cls: type) -> list[str]:
+    rows = []
+    for f, spec in keys_of(cls):
+        default = (
+            "required"
+            if spec.required
+            else (spec.shown_default or _shown(default_of(f), spec.kind))
+        )
+        rows.append(f"| `{f.name}` | {spec.kind} | {default} | {spec.doc} |")
+    return rows
+
+
 def keys_table() -> str:
     """One Markdown table: every key of every table, with its default."""
     rows = [
@@ -45,13 +57,12 @@ def keys_table() -> str:
     for section in SECTIONS:
         header = f"[[{section.name}]]" if section.array else f"[{section.name}]"
         rows.append(f"| **`{header}`** | | | {section.doc} |")
-        for f, spec in keys_of(section.cls):
-            default = (
-                "required"
-                if spec.required
-                else (spec.shown_default or _shown(default_of(f), spec.kind))
+        rows += _key_rows(section.cls)
+        if section.variant is not None:
+            rows.append(
+                f"| **`{header}` with `{section.variant_key}`** | | | {section.variant_doc} |"
             )
-            rows.append(f"| `{f.name}` | {spec.kind} | {default} | {spec.doc} |")
+            rows += _key_rows(section.variant)
     rows.append(
         "| **`policy_files`** | paths | none | files of more `[[rules]]`, "
         "relative to the config file |"

@@ -38,8 +38,10 @@ from .values import (
     conv_path,
     conv_positive_duration,
     conv_positive_size,
+    conv_profile,
     conv_rate,
     conv_region,
+    conv_shared_url,
     conv_size,
     conv_str,
     conv_tier_name,
@@ -137,6 +139,29 @@ class TierConfig:
     )
     low_watermark: float = key(
         DEFAULT_LOW_WATERMARK, conv_watermark, "fraction", "...down to this share"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SharedTierConfig:
+    """A ``[[tiers]]`` entry with ``url`` instead of ``path``: the shared tier."""
+
+    name: str = required_key(conv_tier_name, "name", "unique among the tiers")
+    url: str = required_key(
+        conv_shared_url, "URL", '"s3://bucket/prefix" on a cluster near the nodes, shared by all'
+    )
+    endpoint_url: str | None = key(
+        None, conv_endpoint, "URL", "its S3-compatible endpoint, http(s)://host[:port]"
+    )
+    region: str | None = key(None, conv_region, "string", "the region to sign requests for")
+    profile: str | None = key(
+        None, conv_profile, "string", "the ~/.aws profile of its credentials (default chain)"
+    )
+    timeout: float = key(
+        2.0,
+        conv_duration,
+        "duration",
+        "to connect and between bytes; a slower tier is skipped for the bucket",
     )
 
 
@@ -289,6 +314,8 @@ class Config:
     backing: BackingConfig
     state: StateConfig
     tiers: tuple[TierConfig, ...]
+    #: The ``[[tiers]]`` entry with a ``url`` (after the local tiers, at most one).
+    shared_tier: SharedTierConfig | None = None
     fetch: FetchConfig = field(default_factory=FetchConfig)
     namespace: NamespaceConfig = field(default_factory=NamespaceConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
@@ -310,6 +337,11 @@ class Section:
     example: str
     #: An array of tables (``[[tiers]]``).
     array: bool = False
+    #: Entries of the array that have this key are of ``variant`` instead
+    #: (a ``[[tiers]]`` entry with ``url`` is the shared tier).
+    variant_key: str = ""
+    variant: type | None = None
+    variant_doc: str = ""
     #: The message when the file lacks it ("" when it may).
     missing: str = ""
 
@@ -335,6 +367,9 @@ SECTIONS = (
         "local tiers, fastest first",
         "[[tiers]]",
         array=True,
+        variant_key="url",
+        variant=SharedTierConfig,
+        variant_doc="the shared tier: a bucket near the nodes, after the local tiers, at most one",
         missing="no tiers are configured; add at least one [[tiers]] with a name and a path",
     ),
     Section("fetch", FetchConfig, "reads from the bucket", "[fetch]"),

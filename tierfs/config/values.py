@@ -323,3 +323,23 @@ def conv_backing_url(value: Any) -> str:
     text = conv_str(value)
     parse_backing_url(text)
     return text
+
+
+def conv_shared_url(value: Any) -> str:
+    """The shared tier's bucket: s3:// only (a local directory is a tier
+    with a ``path``, and a node's own)."""
+    text = conv_str(value)
+    if not text.startswith("s3://"):
+        raise ValueError(
+            f"{quote(text)} is not an s3:// URL; a shared tier is a bucket: "
+            'url = "s3://bucket/prefix" (a local tier has a path instead)'
+        )
+    parse_backing_url(text)
+    return text
+
+
+def conv_profile(value: Any) -> str:
+    text = conv_str(value)
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"{quote(text)} is not a profile name of ~/.aws/config")
+    return text

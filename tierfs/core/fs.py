@@ -54,6 +54,7 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -74,6 +75,7 @@ from .read.buffers import RecentBlocks
 from .read.fetcher import Fetcher, Origin
 from .read.handles import Handles
 from .read.openfiles import OpenFiles
+from .read.sharedtier import SharedOrigin, SharedTier
 from .reports import Reports
 from .results import Attributes, DirEntry, FsStats, OpenResult
 from .store_threads import StoreThreads
@@ -89,6 +91,9 @@ from .write.damage import DamageLog
 from .write.journal import Entry, Journal
 from .write.sync import Sync
 from .write.writes import FileWrites
+
+if TYPE_CHECKING:
+    from tierfs.store.shared import SharedBucket
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,10 @@ class TierFS:
         *,
         control_socket: str = "",
         invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
+        shared: SharedBucket | None = None,
     ) -> None:
+        """``shared``: the client of the shared tier's bucket, when the
+        config has a shared tier (``tierfs.store.open_shared_tier``)."""
         self.config = config
         self.meta = meta
         self.store = store
@@ -187,9 +195,17 @@ class TierFS:
             placement=self.policies.store_tier,
             on_tier_full=self.policies.wake_mover,
         )
+        #: Blocks fetched by any node, for every node (None: no shared tier).
+        self.shared_tier: SharedTier | None = None
+        origin = Origin(store, self.journal.read_origin)
+        if shared is not None and config.shared_tier is not None:
+            self.shared_tier = SharedTier(
+                config.shared_tier.name, shared, store.url, config.fetch.block_size
+            )
+            origin = SharedOrigin(store, self.journal.read_origin, self.shared_tier)
         self.fetcher = Fetcher(
             self.open_files,
-            Origin(store, self.journal.read_origin),
+            origin,
             self.space,
             block_size=config.fetch.block_size,
             fetch_concurrency=config.fetch.concurrency,
@@ -327,6 +343,7 @@ class TierFS:
             sync=self.sync,
             movement=self.movement,
             lifecycle=self.lifecycle,
+            shared_tier=self.shared_tier,
         )
         #: Extra sections of ``status()`` (``Reports``).
         self.status_sections = self.reports.status_sections
@@ -391,6 +408,8 @@ class TierFS:
 
     def close(self) -> None:
         self.upkeep.flush()
+        if self.shared_tier is not None:
+            self.shared_tier.close()
 
     # --- names: lookups, attributes, directories (``names``) ---------------------------
 

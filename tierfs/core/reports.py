@@ -28,6 +28,7 @@ from .names.namereads import NameReads
 from .names.namespace import Namespace
 from .read.fetcher import Fetcher
 from .read.openfiles import OpenFiles
+from .read.sharedtier import SharedTier
 from .results import FsStats
 from .supervisor import Supervisor
 from .tiering.lifecycle import Lifecycle
@@ -59,6 +60,7 @@ class Reports:
     sync: Sync
     movement: DataMovement
     lifecycle: Lifecycle
+    shared_tier: SharedTier | None = None
     #: Extra sections of ``status()``: name -> a function returning plain
     #: JSON data, called on the trio loop at each ``status``.
     status_sections: dict[str, Callable[[], object]] = field(default_factory=dict)
@@ -178,6 +180,7 @@ class Reports:
             "worker_restarts": self.supervisor.restarts,
             "workers": self.supervisor.status(),
             "mover": self.lifecycle.status.as_dict(),
+            "shared_tier": self.shared_tier.status() if self.shared_tier is not None else None,
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.open_files.files),
             "queues": self._queue_depths(),

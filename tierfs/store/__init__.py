@@ -22,7 +22,8 @@ from tierfs.store.base import (
 )
 
 if TYPE_CHECKING:
-    from tierfs.config import BackingConfig
+    from tierfs.config import BackingConfig, SharedTierConfig
+    from tierfs.store.shared import SharedBucket
 
 __all__ = [
     "SHADOW_ROOT",
@@ -32,6 +33,7 @@ __all__ = [
     "RequestObserver",
     "UploadInfo",
     "abort_stale_uploads",
+    "open_shared_tier",
     "open_store",
 ]
 
@@ -92,3 +94,11 @@ def open_store(
             )
         ]
     )
+
+
+def open_shared_tier(shared: SharedTierConfig) -> SharedBucket:
+    """The client of the shared tier's bucket (``tierfs.store.shared``).
+    Does no I/O."""
+    from tierfs.store.shared import SharedBucket
+
+    return SharedBucket(shared)

@@ -350,6 +350,30 @@ def _shared_loader() -> Any:
         return _loader
 
 
+def client_config(
+    *,
+    connect_timeout: float,
+    read_timeout: float,
+    max_pool_connections: int,
+    endpoint_url: str | None,
+    user_agent: str = "tierfs",
+) -> Config:
+    """The botocore settings of tierfs's S3 clients: one attempt per call
+    (retries are the caller's policy), path-style addressing for a custom
+    endpoint, checksums only where S3 requires them, TCP keepalive."""
+    return Config(
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=max_pool_connections,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        s3={"addressing_style": "path"} if endpoint_url else None,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        tcp_keepalive=True,
+        user_agent_extra=user_agent,
+    )
+
+
 def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix/")``.
 
@@ -583,16 +607,11 @@ class S3Store:
         self._pool_lock = threading.Lock()
         self._closed = False
         self._active: set[str] = set()  # upload ids this store started and still runs
-        config = Config(
+        config = client_config(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_pool_connections=max_pool_connections,
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            s3={"addressing_style": "path"} if endpoint_url else None,
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            tcp_keepalive=True,
-            user_agent_extra="tierfs",
+            endpoint_url=endpoint_url,
         )
         session = botocore.session.get_session()
         session.register_component("data_loader", _shared_loader())

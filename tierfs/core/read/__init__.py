@@ -8,5 +8,7 @@
 * ``fetcher``: filling absent blocks from where they come from (``Origin``
   is the seam): single flight, priorities (``fetch_slots``), the GET
   threads (``thread_hop``), storing and checksumming (``digests``).
+* ``sharedtier``: the shared tier as an ``Origin``: blocks other nodes
+  fetched, read before the bucket, and what the bucket served put there.
 * ``buffers``: block buffers and the recent blocks.
 """

@@ -11,7 +11,7 @@ Where a block comes from is one seam: ``Origin`` names the object (and
 the ETag for If-Match) a file's bytes are read from right now and reads a
 range of it into buffers.  Today that is the file's object in the bucket,
 or the object it is being moved from (a rename in the journal); a tier
-shared by several nodes plugs in here, by answering ``get_range_into``
+shared by several nodes plugs in here (``sharedtier.SharedOrigin``), by answering ``get_range_into``
 before the bucket does.
 
 Per block, what a fetch does:
@@ -144,7 +144,7 @@ _TRANSIENT_BLOCKS = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _RangedGet:
+class RangedGet:
     """One ranged GET of a fetch and where its blocks go (``_get_and_store``)."""
 
     key: str
@@ -183,16 +183,12 @@ class Origin:
         return inode.origin_key, inode.etag
 
     def get_range_into(
-        self,
-        key: str,
-        offset: int,
-        views: list[memoryview],
-        etag: str | None,
-        stop: Callable[[], bool] | None,
+        self, get: RangedGet, views: list[memoryview], stop: Callable[[], bool] | None
     ) -> int:
-        """Thread: bytes of ``key`` from ``offset`` into ``views`` (see
-        ``ObjectStore.get_range_into``); how many arrived."""
-        return self.store.get_range_into(key, offset, views, etag, stop=stop)
+        """Thread: the bytes of ``get`` (its key from its offset) into
+        ``views``, one per block (see ``ObjectStore.get_range_into``); how
+        many arrived.  ``stop``: asked between two blocks, ends the GET."""
+        return self.store.get_range_into(get.key, get.offset, views, get.etag or None, stop=stop)
 
 
 class _CacheFiles:
@@ -372,7 +368,7 @@ class Fetcher:
             self.open_files.close_if_idle(cf)
 
     async def _get_in_thread(
-        self, flight: Flight | None, get: _RangedGet
+        self, flight: Flight | None, get: RangedGet
     ) -> list[tuple[int, bytes, mmap.mmap | None]]:
         """``_get_and_store`` in a thread, holding a fetch slot meanwhile
         (taken at the priority of ``flight``; None: DEMAND).  At debug
@@ -424,7 +420,7 @@ class Fetcher:
         return flight.priority is FetchPriority.BACKGROUND and self.slots.demand_present()
 
     def _timed_get_and_store(
-        self, get: _RangedGet
+        self, get: RangedGet
     ) -> tuple[list[tuple[int, bytes, mmap.mmap | None]], float]:
         """Thread: ``_get_and_store``, and when it ended."""
         results = self._get_and_store(get)
@@ -484,7 +480,7 @@ class Fetcher:
             try:
                 key, etag = self.origin.locate(cf.inode)
                 results = await self._get_in_thread(
-                    flight, _RangedGet(key, etag, offset, from_origin, lengths, files)
+                    flight, RangedGet(key, etag, offset, from_origin, lengths, files)
                 )
             except OSError as exc:
                 self._release_all(tiers, lengths)
@@ -605,7 +601,7 @@ class Fetcher:
             cf.ino, tier, nbytes if len(cf.blocks) == 1 else None, used=cf.opened
         )
 
-    def _get_and_store(self, get: _RangedGet) -> list[tuple[int, bytes, mmap.mmap | None]]:
+    def _get_and_store(self, get: RangedGet) -> list[tuple[int, bytes, mmap.mmap | None]]:
         """Thread: one ranged GET of ``length`` bytes, straight into one
         pooled buffer per block, zero-padded to the blocks' total; each block
         written to its cache file with its digest (or returned as bytes,
@@ -637,9 +633,7 @@ class Fetcher:
                 stopped = stop is not None and stop()
                 return stopped
 
-            got = self.origin.get_range_into(
-                key, offset, views, get.etag or None, None if stop is None else stop_here
-            )
+            got = self.origin.get_range_into(get, views, None if stop is None else stop_here)
             count = len(bufs)
             if stopped and got < length:  # whole blocks only: the first ``count``
                 ends = list(itertools.accumulate(len(view) for view in views))

@@ -1,0 +1,147 @@
+"""The shared tier in the read path, without a mount: several nodes (each
+its own state and local tiers) over one backing bucket (moto) and one
+shared bucket on a SeaweedFS cluster (``tests.seaweed_cluster``)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from tests.core.conftest import CoreMount, MiB, put
+from tests.core.test_metrics import scrape, value
+from tests.seaweed_cluster import SeaweedCluster
+from tierfs.config import SharedTierConfig
+from tierfs.core.read.sharedtier import CHECKSUM_META
+from tierfs.metrics import Metrics
+
+
+def shared_config(seaweed: SeaweedCluster, **extra: Any) -> SharedTierConfig:
+    bucket = f"shared-{uuid.uuid4().hex[:10]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    return SharedTierConfig(
+        name="cluster",
+        url=f"s3://{bucket}/tierfs",
+        endpoint_url=seaweed.endpoint,
+        region="us-east-1",
+        **extra,
+    )
+
+
+async def wait_puts(mount: CoreMount, count: int, timeout: float = 20.0) -> None:
+    shared = mount.fs.shared_tier
+    assert shared is not None
+    with trio.fail_after(timeout):
+        while shared.stats["puts"] + shared.stats["puts_failed"] < count:
+            await trio.sleep(0.02)
+    assert shared.stats["puts_failed"] == 0
+
+
+def bucket_bytes(mount: CoreMount, key: str, before: int = 0) -> int:
+    return sum(length for k, _start, length in mount.store.gets[before:] if k == key)
+
+
+async def test_a_block_fetched_by_one_node_is_read_by_the_next_from_the_shared_tier(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    data = os.urandom(3 * MiB + 4321)  # three whole blocks and a short one
+    put(s3_store, "ckpt/model.pt", data)
+    tier = shared_config(seaweed)
+    first = await make_fs(node="a", shared_tier=tier)
+    assert await first.read_file("ckpt/model.pt") == data
+    assert bucket_bytes(first, "ckpt/model.pt") == len(data)
+    await wait_puts(first, 4)
+    status = first.fs.status()["shared_tier"]
+    assert status["name"] == "cluster" and status["bytes_put"] == len(data)
+    assert status["bucket_bytes"] == len(data) and status["hits"] == 0
+
+    gets_before = len(first.store.gets)  # the nodes share one counting store
+    second = await make_fs(node="b", shared_tier=tier)
+    assert await second.read_file("ckpt/model.pt") == data
+    assert bucket_bytes(second, "ckpt/model.pt", gets_before) == 0
+    shared = second.fs.shared_tier
+    assert shared is not None
+    assert (shared.stats["hits"], shared.stats["bytes_read"]) == (4, len(data))
+    assert shared.stats["bucket_bytes"] == 0
+    metrics = Metrics()
+    metrics.watch(second.fs)
+    samples = scrape(metrics)
+    assert value(samples, "tierfs_shared_hits_total") == 4
+    assert value(samples, "tierfs_shared_bytes_read_total") == len(data)
+    assert value(samples, "tierfs_shared_bucket_bytes_total") == 0
+    assert value(samples, "tierfs_shared_reachable") == 1
+
+
+async def test_a_changed_object_is_never_served_from_its_old_shared_blocks(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    old, new = os.urandom(MiB), os.urandom(MiB)
+    put(s3_store, "w.bin", old)
+    tier = shared_config(seaweed)
+    first = await make_fs(node="a", shared_tier=tier)
+    assert await first.read_file("w.bin") == old
+    await wait_puts(first, 1)
+    put(s3_store, "w.bin", new)  # another writer: a new ETag
+    second = await make_fs(node="b", shared_tier=tier)
+    assert await second.read_file("w.bin") == new
+    shared = second.fs.shared_tier
+    assert shared is not None and shared.stats["hits"] == 0
+
+
+async def test_a_damaged_shared_block_is_detected_read_from_the_bucket_and_replaced(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    data = os.urandom(2 * MiB)
+    put(s3_store, "d.bin", data)
+    tier = shared_config(seaweed)
+    first = await make_fs(node="a", shared_tier=tier)
+    assert await first.read_file("d.bin") == data
+    await wait_puts(first, 2)
+    shared = first.fs.shared_tier
+    assert shared is not None
+    etag = (await first.fs.namespace.resolve("d.bin")).etag
+    key = shared.block_key("d.bin", etag, 1)
+    assert key is not None
+    client, bucket = seaweed.client(), tier.url.removeprefix("s3://").split("/")[0]
+    good = client.get_object(Bucket=bucket, Key="tierfs/" + key)
+    damaged = bytearray(data[MiB:])
+    damaged[1000] ^= 0xFF  # one flipped byte, the checksum kept
+    client.put_object(
+        Bucket=bucket, Key="tierfs/" + key, Body=bytes(damaged), Metadata=good["Metadata"]
+    )
+    client.put_object(  # and a short one for block 0
+        Bucket=bucket,
+        Key="tierfs/" + str(shared.block_key("d.bin", etag, 0)),
+        Body=b"short",
+        Metadata={CHECKSUM_META: "0"},
+    )
+    second = await make_fs(node="b", shared_tier=tier)
+    assert await second.read_file("d.bin") == data
+    stats = second.fs.shared_tier.stats if second.fs.shared_tier else None
+    assert stats is not None and stats["corrupt"] == 2 and stats["hits"] == 0
+    await wait_puts(second, 2)
+    third = await make_fs(node="c", shared_tier=tier)
+    assert await third.read_file("d.bin") == data
+    assert third.fs.shared_tier is not None and third.fs.shared_tier.stats["hits"] == 2
+
+
+async def test_reads_go_on_from_the_bucket_when_the_shared_tier_is_gone(
+    make_fs: Any, s3_store: Any
+) -> None:
+    """Nothing listens at the shared tier's endpoint: every read is served
+    by the bucket, and the breaker soon stops asking the shared tier."""
+    data = os.urandom(4 * MiB)
+    put(s3_store, "f.bin", data)
+    gone = SharedTierConfig(
+        name="cluster", url="s3://shared/x", endpoint_url="http://127.0.0.1:9", timeout=0.5
+    )
+    mount = await make_fs(node="a", shared_tier=gone)
+    started = time.monotonic()
+    assert await mount.read_file("f.bin") == data
+    assert time.monotonic() - started < 5.0
+    shared = mount.fs.shared_tier
+    assert shared is not None and shared.stats["errors"] >= 1 and shared.stats["hits"] == 0
+    assert shared.stats["bucket_bytes"] == len(data)

@@ -1,0 +1,66 @@
+"""The shared tier through real mounts: two nodes on one machine (each its
+own state and tiers) over one backing bucket (moto) and one shared bucket
+on a SeaweedFS cluster.  The second node reads what the first fetched from
+the shared tier, not from the bucket."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.fuse.conftest import MountFactory, run_tierfs
+from tests.seaweed_cluster import SeaweedCluster
+
+pytestmark = pytest.mark.fuse
+
+MiB = 1024 * 1024
+
+
+def shared_toml(seaweed: SeaweedCluster) -> str:
+    bucket = f"shared-{uuid.uuid4().hex[:10]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    return (
+        "\n[[tiers]]\n"
+        'name = "cluster"\n'
+        f'url = "s3://{bucket}/nodes"\n'
+        f'endpoint_url = "{seaweed.endpoint}"\n'
+        'region = "us-east-1"\n'
+    )
+
+
+def shared_status(m: Any) -> dict[str, Any]:
+    section: dict[str, Any] = m.status()["shared_tier"]
+    return section
+
+
+def test_a_second_node_reads_a_checkpoint_from_the_shared_tier(
+    mount: MountFactory, seaweed: SeaweedCluster
+) -> None:
+    data = os.urandom(6 * MiB + 777)
+    extra = shared_toml(seaweed)
+    first = mount({"ckpt/step-100/model.pt": data}, extra_config=extra)
+    with open(first.path / "ckpt/step-100/model.pt", "rb") as f:
+        assert f.read() == data
+    deadline = time.monotonic() + 30
+    while shared_status(first)["puts"] < 7:
+        assert time.monotonic() < deadline, shared_status(first)
+        time.sleep(0.1)
+    assert shared_status(first)["bucket_bytes"] == len(data)
+    assert first.status()["store_calls"].get("GetObject", 0) > 0  # what the check below counts
+
+    second = mount(extra_config=extra)
+    with open(second.path / "ckpt/step-100/model.pt", "rb") as f:
+        assert f.read() == data
+    status = shared_status(second)
+    assert status["name"] == "cluster"
+    assert status["bucket_bytes"] == 0, status
+    assert status["bytes_read"] == len(data) and status["hits"] == 7
+    shown = run_tierfs("status", str(second.path))
+    assert shown.returncode == 0, shown.stderr
+    assert "shared:   cluster s3://" in shown.stdout and "7 hits" in shown.stdout, shown.stdout
+    calls = second.status()["store_calls"]
+    assert calls.get("GetObject", 0) == 0 and calls, calls  # no GET reached the bucket

@@ -1,0 +1,133 @@
+"""The shared tier's bucket: blocks kept on an S3-compatible cluster near
+the nodes, for every node.
+
+``SharedBucket`` is a small client of that bucket, separate from the
+backing's ``S3Store`` on purpose: its own connection pool, short timeouts
+(the tier's ``timeout`` to connect and between bytes, one attempt, no
+retries) and its own circuit breaker.  A shared tier that is slow or gone
+must cost a read at most one short timeout, after which the breaker sends
+every request straight to the bucket until a probe gets an answer again
+(``tierfs.store.breaker``).  Nothing here retries: a block the shared tier
+cannot give is read from the bucket, which is always right.
+
+What it stores is decided by ``tierfs.core.read.sharedtier``: one object
+per block, whose key names the backing object, its ETag and the block, and
+whose user metadata carries the block's xxh3.  This module only moves
+bytes: ``get`` (the body and the user metadata, in one GET), ``put`` and
+``claim`` (a PUT with ``If-None-Match: *``: exactly one of many racing
+nodes gets it).
+
+Thread-safe: the fetch threads call it concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import botocore.exceptions
+
+from tierfs.errors import StoreError, StoreUnavailable
+
+from .breaker import CircuitBreaker
+from .s3 import client_config, parse_s3_url
+
+if TYPE_CHECKING:
+    from tierfs.config import SharedTierConfig
+
+log = logging.getLogger(__name__)
+
+#: Connections kept to the shared tier (as many as fetches may run).
+MAX_CONNECTIONS = 64
+
+_TRANSPORT_ERRORS = (
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+)
+
+
+class SharedBucket:
+    """Blocks in the shared tier's bucket (see the module docstring)."""
+
+    def __init__(self, config: SharedTierConfig) -> None:
+        """Does no I/O: a node mounts, and reads from the bucket, while its
+        shared tier is away."""
+        self.url = config.url
+        self.bucket, self.prefix = parse_s3_url(config.url)
+        session = boto3.session.Session(profile_name=config.profile)
+        self._client: Any = session.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            region_name=config.region,
+            config=client_config(
+                connect_timeout=config.timeout,
+                read_timeout=config.timeout,
+                max_pool_connections=MAX_CONNECTIONS,
+                endpoint_url=config.endpoint_url,
+                user_agent="tierfs-shared",
+            ),
+        )
+        self.endpoint = config.endpoint_url or config.url
+        self.breaker = CircuitBreaker(self.endpoint, self._probe)
+
+    def close(self) -> None:
+        self.breaker.close()
+
+    def _probe(self) -> None:
+        self._client.head_bucket(Bucket=self.bucket)
+
+    def _call(self, op: str, key: str, **kwargs: Any) -> Any:
+        """One request, through the breaker; StoreUnavailable when the
+        shared tier gave no answer (or the breaker is open)."""
+        self.breaker.before_attempt(op, key)
+        try:
+            result = getattr(self._client, op)(Bucket=self.bucket, Key=self.prefix + key, **kwargs)
+        except botocore.exceptions.ClientError:
+            self.breaker.record_success()  # an answer: the tier is there
+            raise
+        except _TRANSPORT_ERRORS as exc:
+            timed_out = isinstance(
+                exc,
+                (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError),
+            )
+            self.breaker.record_failure(type(exc).__name__, timed_out=timed_out)
+            raise StoreUnavailable(f"shared tier {self.endpoint}: {exc}") from exc
+        self.breaker.record_success()
+        return result
+
+    def get(self, key: str) -> tuple[bytes, dict[str, str]] | None:
+        """The object's bytes and user metadata; None if there is none.
+        Raises StoreError when the tier cannot answer."""
+        try:
+            answer = self._call("get_object", key)
+            return answer["Body"].read(), answer.get("Metadata", {})
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StoreError(f"shared tier GET {key}: {_code(exc)}") from exc
+        except _TRANSPORT_ERRORS as exc:  # the body broke off
+            raise StoreUnavailable(f"shared tier GET {key}: {exc}") from exc
+
+    def put(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+        try:
+            self._call("put_object", key, Body=data, Metadata=metadata)
+        except botocore.exceptions.ClientError as exc:
+            raise StoreError(f"shared tier PUT {key}: {_code(exc)}") from exc
+
+    def claim(self, key: str, owner: str) -> bool:
+        """Create ``key`` if no object is there (``If-None-Match: *``):
+        True for the one caller that made it, False if it was there."""
+        try:
+            self._call("put_object", key, Body=owner.encode(), IfNoneMatch="*")
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise StoreError(f"shared tier claim {key}: {_code(exc)}") from exc
+        return True
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "unknown"))
