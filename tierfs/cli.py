@@ -228,11 +228,16 @@ def _shared_line(shared: dict[str, Any]) -> str:
         f"{shared['name']} {shared['url']} {'reachable' if state == 'reachable' else 'UNREACHABLE'}"
         f"; {shared['hits']} hits, {shared['misses']} misses, "
         f"read {format_size(shared['bytes_read'])}, put {format_size(shared['bytes_put'])}, "
-        f"bucket served {format_size(shared['bucket_bytes'])}"
+        f"bucket served {format_size(shared['bucket_bytes'])}, "
+        f"{shared.get('claims', 0)} claimed, {shared.get('waits', 0)} waited for"
     )
     problems = [
         f"{shared[k]} {label}"
-        for k, label in (("errors", "errors"), ("corrupt", "damaged blocks"))
+        for k, label in (
+            ("errors", "errors"),
+            ("corrupt", "damaged blocks"),
+            ("wait_timeouts", "waits timed out"),
+        )
         if shared.get(k)
     ]
     return text + (f" ({', '.join(problems)})" if problems else "")

@@ -566,6 +566,10 @@ def _shared_tier_families(shared: dict[str, Any] | None) -> Iterator[Metric]:
         ("bytes_put", "Bytes put into the shared tier"),
         ("puts_dropped", "Blocks not put into the shared tier: its backlog was full"),
         ("bucket_bytes", "Bytes of fetches the bucket served while a shared tier was set"),
+        ("claims", "Blocks this node claimed, to fetch them from the bucket for all nodes"),
+        ("claims_held", "Blocks another node had claimed when this one missed them"),
+        ("waits", "Blocks another node claimed, read here once it put them"),
+        ("wait_timeouts", "Claimed blocks not put in time: this node read them from the bucket"),
     ):
         yield _counter(f"tierfs_shared_{key}", doc, shared[key])
     endpoint: dict[str, Any] = shared.get("endpoint") or {}

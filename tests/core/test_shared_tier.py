@@ -15,7 +15,8 @@ from tests.core.conftest import CoreMount, MiB, put
 from tests.core.test_metrics import scrape, value
 from tests.seaweed_cluster import SeaweedCluster
 from tierfs.config import SharedTierConfig
-from tierfs.core.read.sharedtier import CHECKSUM_META
+from tierfs.core.read import sharedtier
+from tierfs.core.read.sharedtier import CHECKSUM_META, CLAIM_WAIT, CLAIMS
 from tierfs.metrics import Metrics
 
 
@@ -145,3 +146,87 @@ async def test_reads_go_on_from_the_bucket_when_the_shared_tier_is_gone(
     shared = mount.fs.shared_tier
     assert shared is not None and shared.stats["errors"] >= 1 and shared.stats["hits"] == 0
     assert shared.stats["bucket_bytes"] == len(data)
+
+
+async def test_nodes_reading_the_same_cold_file_at_once_fetch_it_from_the_bucket_about_once(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    """The fan-out: four nodes start reading one cold file together; each
+    block is claimed by one node, fetched by it and read by the others
+    from the shared tier."""
+    data = os.urandom(24 * MiB + 12345)
+    put(s3_store, "ckpt/step-100.pt", data)
+    tier = shared_config(seaweed)
+    nodes = [await make_fs(node=name, shared_tier=tier) for name in "abcd"]
+    results: dict[str, bytes] = {}
+
+    async def read(name: str, node: CoreMount) -> None:
+        results[name] = await node.read_file("ckpt/step-100.pt")
+
+    async with trio.open_nursery() as nursery:
+        for name, node in zip("abcd", nodes, strict=True):
+            nursery.start_soon(read, name, node)
+    assert all(got == data for got in results.values())
+    from_bucket = bucket_bytes(nodes[0], "ckpt/step-100.pt")
+    assert from_bucket <= 1.25 * len(data), f"the bucket served {from_bucket / len(data):.2f}x"
+    stats = [node.fs.shared_tier.stats for node in nodes if node.fs.shared_tier is not None]
+    blocks = -(-len(data) // MiB)
+    assert sum(s["claims"] for s in stats) >= blocks - sum(s["claims_stale"] for s in stats)
+    assert sum(s["waits"] + s["hits"] for s in stats) >= 3 * blocks * 0.75
+    assert all(s["puts_failed"] == 0 and s["errors"] == 0 for s in stats)
+
+
+async def test_a_block_claimed_by_a_node_that_died_is_read_from_the_bucket_within_the_budget(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    """A claim whose node died before putting the block: the next node
+    waits for it at most ``CLAIM_WAIT`` (under the foreground budget),
+    then reads it from the bucket and puts it for the others."""
+    data = os.urandom(MiB)
+    put(s3_store, "dead.bin", data)
+    tier = shared_config(seaweed)
+    node = await make_fs(node="a", shared_tier=tier)
+    shared = node.fs.shared_tier
+    assert shared is not None
+    etag = (await node.fs.namespace.resolve("dead.bin")).etag
+    key = shared.block_key("dead.bin", etag, 0)
+    assert key is not None
+    assert shared.bucket.put_if_absent(CLAIMS + key, b"a node that died")
+    started = time.monotonic()
+    assert await node.read_file("dead.bin") == data
+    waited = time.monotonic() - started
+    assert CLAIM_WAIT * 0.9 <= waited < 5.0
+    assert (shared.stats["claims_held"], shared.stats["wait_timeouts"]) == (1, 1)
+    await wait_puts(node, 1)
+    other = await make_fs(node="b", shared_tier=tier)
+    started = time.monotonic()
+    assert await other.read_file("dead.bin") == data
+    assert time.monotonic() - started < 1.0
+    assert other.fs.shared_tier is not None and other.fs.shared_tier.stats["hits"] == 1
+
+
+async def test_a_stale_claim_is_not_waited_for(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster, monkeypatch: Any
+) -> None:
+    """A claim older than ``CLAIM_STALE`` (by the cluster's clock) is dead:
+    the block is fetched at once.  (The default of 60 s is shortened to
+    0 here; the wait for a fresh claim is tested above with defaults.)"""
+    monkeypatch.setattr(sharedtier, "CLAIM_STALE", 0.0)
+    data = os.urandom(MiB)
+    put(s3_store, "stale.bin", data)
+    tier = shared_config(seaweed)
+    node = await make_fs(node="a", shared_tier=tier)
+    shared = node.fs.shared_tier
+    assert shared is not None
+    etag = (await node.fs.namespace.resolve("stale.bin")).etag
+    key = shared.block_key("stale.bin", etag, 0)
+    assert key is not None
+    assert shared.bucket.put_if_absent(CLAIMS + key, b"long ago")
+    assert not shared.bucket.put_if_absent(CLAIMS + key, b"again")
+    age = shared.bucket.age(CLAIMS + key)
+    assert age is not None and 0 <= age < 30
+    await trio.sleep(1.1)  # Last-Modified counts whole seconds
+    started = time.monotonic()
+    assert await node.read_file("stale.bin") == data
+    assert time.monotonic() - started < 1.5
+    assert (shared.stats["claims_stale"], shared.stats["wait_timeouts"]) == (1, 0)

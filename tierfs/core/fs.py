@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -200,7 +201,11 @@ class TierFS:
         origin = Origin(store, self.journal.read_origin)
         if shared is not None and config.shared_tier is not None:
             self.shared_tier = SharedTier(
-                config.shared_tier.name, shared, store.url, config.fetch.block_size
+                config.shared_tier.name,
+                shared,
+                store.url,
+                config.fetch.block_size,
+                node=f"{socket.gethostname()}:{os.getpid()}",
             )
             origin = SharedOrigin(store, self.journal.read_origin, self.shared_tier)
         self.fetcher = Fetcher(

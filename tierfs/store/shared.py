@@ -13,13 +13,19 @@ cannot give is read from the bucket, which is always right.
 What it stores is decided by ``tierfs.core.read.sharedtier``: one object
 per block, whose key names the backing object, its ETag and the block, and
 whose user metadata carries the block's xxh3.  This module only moves
-bytes: ``get`` (the body and the user metadata, in one GET) and ``put``.
+bytes: ``get`` (the body and the user metadata, in one GET), ``put``,
+``put_if_absent`` (a PUT with ``If-None-Match: *``: exactly one of many
+racing nodes creates the object; a node's claim of a block) and ``age``
+(how long ago an object was written, by the cluster's own clock: the
+``Date`` of the answer minus the object's ``Last-Modified``, so the
+nodes' clocks do not matter).
 
 Thread-safe: the fetch threads call it concurrently.
 """
 
 from __future__ import annotations
 
+import email.utils
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +120,42 @@ class SharedBucket:
             self._call("put_object", key, Body=data, Metadata=metadata)
         except botocore.exceptions.ClientError as exc:
             raise StoreError(f"shared tier PUT {key}: {_code(exc)}") from exc
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` unless an object is there (``If-None-Match: *``):
+        True for the one caller that created it, False if it was there."""
+        try:
+            self._call("put_object", key, Body=data, IfNoneMatch="*")
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in _ALREADY_THERE:
+                return False
+            raise StoreError(f"shared tier conditional PUT {key}: {_code(exc)}") from exc
+        return True
+
+    def age(self, key: str) -> float | None:
+        """Seconds since ``key`` was written, by the cluster's clock; None if
+        there is no such object."""
+        try:
+            answer = self._call("head_object", key)
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StoreError(f"shared tier HEAD {key}: {_code(exc)}") from exc
+        written = answer.get("LastModified")
+        sent = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        if written is None or not sent:
+            return 0.0  # no clock to tell by: taken as just written
+        try:
+            now = email.utils.parsedate_to_datetime(sent)
+        except (TypeError, ValueError):
+            return 0.0
+        return max(0.0, (now - written).total_seconds())
+
+
+#: Error codes of a conditional PUT that found the object there (S3 says
+#: 412 PreconditionFailed; 409 ConditionalRequestConflict while another
+#: conditional PUT of the key is in flight).
+_ALREADY_THERE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 
 
 def _code(exc: botocore.exceptions.ClientError) -> str:

@@ -17,13 +17,32 @@ returned with the GET: a block whose length or checksum is wrong is
 ignored (counted as ``corrupt``), read from the bucket and put again.
 
 Per fetch (``SharedOrigin.get_range_into``, in a fetch thread), for the
-blocks in order:
+blocks in order; a block is first *asked for* (GET), and once one was
+absent, the next ones are *claimed* first (the run is probably cold):
 
-    in the shared tier, right length and checksum --> served from it (hit)
-    first block that is not (absent, wrong, the tier fails) -->
-        that block and every later one of the run from the bucket, with one
-        ranged GET; each block received whole is then put into the shared
-        tier by a background thread (never on the reader's path)
+    asked, in the shared tier, right length and checksum --> served (hit)
+    asked, absent --> claimed (a PUT of ``claims/<block key>`` with
+        If-None-Match: *; exactly one node creates it):
+      won   --> this node fetches it; the next blocks it wins join one
+                ranged GET of the bucket, and each block of it is put into
+                the shared tier at once by a background thread
+      held  --> another node fetches it: ``wait_for`` polls the block (10 ms
+                growing to 200 ms, jittered) and serves it when it appears;
+                from the bucket instead after ``CLAIM_WAIT`` (4 s, under
+                the 5 s foreground budget), or at once if the claim is older
+                than ``CLAIM_STALE`` (60 s, by the cluster's clock: its node
+                died or gave up)
+    damaged, or the tier fails --> that block and the rest of the run from
+        the bucket with one ranged GET, put in the background
+
+So when many nodes read the same cold blocks at once (a checkpoint at a
+job's start), each block is fetched from the bucket by about one node, and
+the others read it from the shared tier a moment later.  A duplicate fetch
+(a slow claimer, a stale claim) costs bucket bytes, never correctness: a
+block is only ever served after its length and xxh3 were checked, and a
+block's key names the object's ETag.  Claims are never deleted (the tier's
+own expiry removes them with the blocks); a node never waits on one that
+is older than ``CLAIM_STALE``.
 
 A fetch without a known ETag (the object is being renamed in the journal)
 skips the shared tier.  The shared tier never fails a read the bucket can
@@ -31,16 +50,21 @@ serve: any error of it is a miss (counted as ``errors``), its requests
 have short timeouts and its own circuit breaker (``SharedBucket``).
 
 Puts waiting for the background thread hold their bytes: at most
-``PUT_BACKLOG_BYTES``; a put beyond is dropped (``puts_dropped``), the next
-node that misses the block puts it.
+``PUT_BACKLOG_BYTES`` of unclaimed blocks; a put beyond is dropped
+(``puts_dropped``), the next node that misses the block puts it.  Claimed
+blocks are always queued (other nodes wait for them); their bytes are
+bounded by the fetches in flight.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
+import random
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +90,18 @@ PUT_THREADS = 4
 #: The user-metadata name of a block's checksum.
 CHECKSUM_META = "xxh3"
 
+#: Claims are kept beside the blocks: ``<prefix>claims/blocks/...``.
+CLAIMS = "claims/"
+#: A node waits this long, at most, for a block another node claimed, then
+#: fetches it from the bucket itself (under the foreground budget of 5 s).
+CLAIM_WAIT = 4.0
+#: A claim older than this is taken as dead (its node died or gave up): the
+#: block is fetched from the bucket at once, without waiting.
+CLAIM_STALE = 60.0
+#: The first and the longest pause between two polls of a claimed block.
+FIRST_POLL = 0.01
+LAST_POLL = 0.2
+
 _ETAG_SAFE = re.compile(r"[A-Za-z0-9-]{1,128}")
 
 
@@ -85,14 +121,41 @@ STAT_NAMES = (
     "puts_failed",
     "puts_dropped",
     "bucket_bytes",
+    "claims",
+    "claims_held",
+    "claims_stale",
+    "waits",
+    "wait_timeouts",
 )
+
+
+class Lookup(enum.Enum):
+    """What the shared tier said of a block (``SharedTier.read_block``)."""
+
+    HIT = "hit"
+    MISS = "miss"
+    DAMAGED = "damaged"
+    FAILED = "failed"
+
+
+class Claim(enum.Enum):
+    """The outcome of claiming a block (``SharedTier.claim``)."""
+
+    WON = "won"
+    HELD = "held"
+    FAILED = "failed"
 
 
 class SharedTier:
     """Block objects in the shared tier (see the module docstring)."""
 
-    def __init__(self, name: str, bucket: SharedBucket, backing_url: str, block_size: int) -> None:
+    def __init__(
+        self, name: str, bucket: SharedBucket, backing_url: str, block_size: int, node: str = ""
+    ) -> None:
+        """``node``: this node's name, written into its claims (for people
+        looking into the shared tier)."""
         self.name = name
+        self.node = node
         self.bucket = bucket
         self.backing_url = backing_url
         self.block_size = block_size
@@ -115,31 +178,82 @@ class SharedTier:
         tag = etag if _ETAG_SAFE.fullmatch(etag) else xxhash.xxh3_64_hexdigest(etag.encode())
         return f"blocks/{name}/{tag}/{self.block_size}/{blockno}"
 
-    def read_block(self, shared_key: str, into: memoryview) -> bool:
-        """Thread: the block into ``into`` (its length is the block's);
-        False if the shared tier does not hold it whole and right."""
+    def read_block(self, shared_key: str, into: memoryview) -> Lookup:
+        """Thread: the block into ``into`` (its length is the block's) if
+        the shared tier holds it whole and right."""
         try:
             found = self.bucket.get(shared_key)
         except StoreError as exc:
             self.count(errors=1)
             log.debug("shared tier: %s: %s", shared_key, exc)
-            return False
+            return Lookup.FAILED
         if found is None:
             self.count(misses=1)
-            return False
+            return Lookup.MISS
         data, metadata = found
         if len(data) != len(into) or metadata.get(CHECKSUM_META) != f"{block_digest(data):016x}":
             self.count(corrupt=1)
             log.warning("shared tier: block %s is damaged; reading it from the bucket", shared_key)
-            return False
+            return Lookup.DAMAGED
         into[:] = data
         self.count(hits=1, bytes_read=len(data))
-        return True
+        return Lookup.HIT
 
-    def put_later(self, shared_key: str, data: bytes) -> None:
-        """Thread: put the block into the shared tier in the background."""
+    def claim(self, shared_key: str) -> Claim:
+        """Thread: claim the block before fetching it from the bucket.  WON:
+        this node fetches and puts it; HELD: another node claimed it
+        (``wait_for`` it); FAILED: the tier did not answer."""
+        try:
+            won = self.bucket.put_if_absent(CLAIMS + shared_key, self.node.encode())
+        except StoreError as exc:
+            self.count(errors=1)
+            log.debug("shared tier: claim of %s: %s", shared_key, exc)
+            return Claim.FAILED
+        self.count(**{"claims" if won else "claims_held": 1})
+        return Claim.WON if won else Claim.HELD
+
+    def wait_for(
+        self, shared_key: str, into: memoryview, stop: Callable[[], bool] | None = None
+    ) -> bool:
+        """Thread: wait for a block another node claimed, polling with
+        growing, jittered pauses, and read it into ``into``.  False, to
+        fetch it from the bucket instead, once ``CLAIM_WAIT`` passed, when
+        the claim is older than ``CLAIM_STALE`` (its node died or gave up),
+        when the block is damaged or the tier fails, or when ``stop`` says
+        to give way."""
+        deadline = time.monotonic() + CLAIM_WAIT
+        pause = FIRST_POLL
+        polls = 0
+        while True:
+            found = self.read_block(shared_key, into)
+            if found is Lookup.HIT:
+                self.count(waits=1)
+                return True
+            if found is not Lookup.MISS:
+                return False
+            polls += 1
+            if polls == 1:  # not there yet: is the claim alive?
+                try:
+                    age = self.bucket.age(CLAIMS + shared_key)
+                except StoreError:
+                    self.count(errors=1)
+                    return False
+                if age is None or age > CLAIM_STALE:
+                    self.count(claims_stale=1)
+                    return False
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop()):
+                self.count(wait_timeouts=1)
+                return False
+            time.sleep(min(left, pause * random.uniform(0.5, 1.5)))
+            pause = min(pause * 2, LAST_POLL)
+
+    def put_later(self, shared_key: str, data: bytes, *, claimed: bool = False) -> None:
+        """Thread: put the block into the shared tier in the background.
+        A block this node ``claimed`` is always queued (other nodes wait for
+        it); another is dropped when the backlog is full."""
         with self._lock:
-            if self._backlog + len(data) > PUT_BACKLOG_BYTES:
+            if not claimed and self._backlog + len(data) > PUT_BACKLOG_BYTES:
                 self.stats["puts_dropped"] += 1
                 return
             self._backlog += len(data)
@@ -179,7 +293,9 @@ class SharedTier:
 
 class SharedOrigin(Origin):
     """An ``Origin`` that serves blocks from the shared tier before the
-    bucket, and puts what the bucket served into it (module docstring)."""
+    bucket, claims the blocks it fetches from the bucket, waits for blocks
+    another node claimed, and puts what the bucket served into the shared
+    tier (module docstring)."""
 
     def __init__(
         self,
@@ -194,33 +310,95 @@ class SharedOrigin(Origin):
         self, get: RangedGet, views: list[memoryview], stop: Callable[[], bool] | None
     ) -> int:
         shared = self.shared
-        block_size = shared.block_size
-        if not get.etag or get.offset % block_size:
-            got = super().get_range_into(get, views, stop)
-            shared.count(bucket_bytes=got)
-            return got
-        first = get.offset // block_size
+        count = sum(1 for view in views if view)  # empty views: past the origin's end
+        if not get.etag or get.offset % shared.block_size:
+            return self._from_bucket(get, views, 0, count, stop)
         served = 0
+        mine: int | None = None  # first block of the run this node claimed
+        cold = False  # a block was absent: claim the next ones before asking for them
         index = 0
-        for index, view in enumerate(views):
-            if not view:
+        while index < count:
+            if stop is not None and index and stop():
+                break  # give way; blocks claimed are fetched all the same
+            shared_key = self._key(get, index)
+            if not cold:
+                found = shared.read_block(shared_key, views[index])
+                if found is Lookup.HIT:
+                    served += len(views[index])
+                    index += 1
+                    continue
+                if found is not Lookup.MISS:
+                    return served + self._rest(get, views, mine, index, count, stop)
+                cold = True
+            claim = shared.claim(shared_key)
+            if claim is Claim.WON:
+                mine = index if mine is None else mine
+                index += 1
                 continue
-            shared_key = shared.block_key(get.key, get.etag, first + index)
-            if shared_key is None or not shared.read_block(shared_key, view):
-                break
-            served += len(view)
-        else:
-            return served
-        rest = views[index:]
-        tail = dataclasses.replace(get, offset=get.offset + served)
-        got = super().get_range_into(tail, rest, stop)
+            if claim is Claim.FAILED:
+                return served + self._rest(get, views, mine, index, count, stop)
+            if mine is not None:  # another node's block ends this node's run
+                got = self._from_bucket(get, views, mine, index, None, claimed=index)
+                served += got
+                if got < sum(len(view) for view in views[mine:index]):
+                    return served
+                mine = None
+            if not shared.wait_for(shared_key, views[index], stop):
+                return served + self._rest(get, views, mine, index, count, stop)
+            served += len(views[index])
+            index += 1
+        if mine is not None:
+            served += self._from_bucket(get, views, mine, index, None, claimed=index)
+        return served
+
+    def _key(self, get: RangedGet, index: int) -> str:
+        key = self.shared.block_key(get.key, get.etag, get.offset // self.shared.block_size + index)
+        assert key is not None  # the ETag is known
+        return key
+
+    def _rest(
+        self,
+        get: RangedGet,
+        views: list[memoryview],
+        mine: int | None,
+        index: int,
+        count: int,
+        stop: Callable[[], bool] | None,
+    ) -> int:
+        """The blocks from this node's claimed run (or ``index``) to the
+        end, from the bucket: the shared tier cannot give ``index``."""
+        if mine is None:
+            return self._from_bucket(get, views, index, count, stop)
+        return self._from_bucket(get, views, mine, count, stop, claimed=index)
+
+    def _from_bucket(
+        self,
+        get: RangedGet,
+        views: list[memoryview],
+        start: int,
+        end: int,
+        stop: Callable[[], bool] | None,
+        *,
+        claimed: int = 0,
+    ) -> int:
+        """Blocks ``start`` to ``end`` (indexes into ``views``) from the
+        bucket with one ranged GET; each block received whole is put into
+        the shared tier: at once those before ``claimed`` (this node claimed
+        them: other nodes wait for them), the others when the put backlog
+        has room.  How many bytes arrived."""
+        shared = self.shared
+        blocks = views[start:end]
+        if not blocks:
+            return 0
+        offset = get.offset + sum(len(view) for view in views[:start])
+        got = super().get_range_into(dataclasses.replace(get, offset=offset), blocks, stop)
         shared.count(bucket_bytes=got)
+        if not get.etag or get.offset % shared.block_size:
+            return got
         left = got
-        for number, view in enumerate(rest, start=first + index):
-            if left < len(view) or not view:
+        for index, view in enumerate(blocks, start=start):
+            if left < len(view):
                 break
             left -= len(view)
-            shared_key = shared.block_key(get.key, get.etag, number)
-            if shared_key is not None:
-                shared.put_later(shared_key, bytes(view))
-        return served + got
+            shared.put_later(self._key(get, index), bytes(view), claimed=index < claimed)
+        return got
