@@ -7,6 +7,9 @@ Use it between an S3 client and a loopback S3 server::
     proxy.reset_next(2)      # the next 2 responses with a body: RST mid-body
     proxy.truncate_next(1)   # the next response with a body: FIN mid-body
     proxy.delay = 0.05       # seconds before each response is forwarded
+    proxy.rate = 100e6       # bytes per second through the proxy, both ways
+                             # together, shared by every connection (0: no cap)
+    proxy.bytes_down         # response-body bytes forwarded so far
     # the next 2 requests whose request line contains "partNumber=": RST
     # while their body is being sent (the server never gets all of it)
     proxy.fail_requests(2, kind="reset", match="partNumber=")
@@ -123,12 +126,51 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class _Reader:
-    """Buffered reads from a socket."""
+class _Link:
+    """A shared link of ``rate`` bytes per second (0: unlimited): each chunk
+    is sent once the chunks before it, on any connection, went through."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self) -> None:
+        self.rate = 0.0
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def pace(self, nbytes: int) -> None:
+        rate = self.rate
+        if rate <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(now, self._free_at) + nbytes / rate
+            until = self._free_at
+        wait = until - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+
+class _Count:
+    """A byte count updated by several threads."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
+class _Reader:
+    """Buffered reads from a socket; ``forward`` paces what it sends on
+    ``link`` and counts it in ``counted``."""
+
+    def __init__(
+        self, sock: socket.socket, link: _Link | None = None, counted: _Count | None = None
+    ) -> None:
         self.sock = sock
         self.buf = b""
+        self.link = link
+        self.counted = counted
 
     def _fill(self) -> None:
         chunk = self.sock.recv(65536)
@@ -151,7 +193,11 @@ class _Reader:
             if not self.buf:
                 self._fill()
             chunk, self.buf = self.buf[:n], self.buf[n:]
+            if self.link is not None:
+                self.link.pace(len(chunk))
             dst.sendall(chunk)
+            if self.counted is not None:
+                self.counted.add(len(chunk))
             n -= len(chunk)
 
     def discard(self, n: int) -> None:
@@ -254,6 +300,9 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.cut_fraction = cut_fraction
         self.delay = 0.0
+        self._link = _Link()
+        self._down = _Count()
+        self._up = _Count()
         self.faults_injected = 0
         self.connections = 0
         self._resets = 0
@@ -279,6 +328,26 @@ class FaultProxy:
         #: The proxy's URL, for an S3 client's ``endpoint_url``.
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._start_accepting()
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second through the proxy, both ways, all connections
+        together (0: no cap)."""
+        return self._link.rate
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        self._link.rate = value
+
+    @property
+    def bytes_down(self) -> int:
+        """Response-body bytes forwarded so far (chunked or unparsed ones not counted)."""
+        return self._down.value
+
+    @property
+    def bytes_up(self) -> int:
+        """Request-body bytes forwarded so far."""
+        return self._up.value
 
     def _start_accepting(self) -> None:
         thread = threading.Thread(
@@ -587,7 +656,7 @@ class FaultProxy:
         upstream: socket.socket,
         methods: collections.deque[tuple[str, str]],
     ) -> None:
-        reader = _Reader(client)
+        reader = _Reader(client, self._link, self._up)
         try:
             while True:
                 head = reader.head()
@@ -653,7 +722,7 @@ class FaultProxy:
         upstream: socket.socket,
         methods: collections.deque[tuple[str, str]],
     ) -> None:
-        reader = _Reader(upstream)
+        reader = _Reader(upstream, self._link, self._down)
         try:
             while True:
                 head = reader.head()

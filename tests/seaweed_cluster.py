@@ -115,6 +115,9 @@ class SeaweedCluster:
     """See the module docstring."""
 
     volumes: int = 2
+    #: The size a volume grows to before the master opens a new one (MB):
+    #: small by default, so a test's data spreads over both servers.
+    volume_size_mb: int = VOLUME_SIZE_LIMIT_MB
     #: The directory everything lives under (a new temporary one by default;
     #: removed by ``stop`` only when this made it).
     root: Path | None = None
@@ -170,7 +173,7 @@ class SeaweedCluster:
             [
                 *(weed, *common, "master", *loopback, f"-mdir={root / 'master'}"),
                 *(f"-port={master_port}", f"-port.grpc={master_grpc}"),
-                *(f"-volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}", "-defaultReplication=000"),
+                *(f"-volumeSizeLimitMB={self.volume_size_mb}", "-defaultReplication=000"),
             ],
         )
         for index in range(self.volumes):

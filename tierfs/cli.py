@@ -854,7 +854,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tier",
         metavar="NAME",
         help="tier to fetch absent blocks to (default: the normal placement, usually the "
-        "first tier); blocks already on another tier stay there",
+        "first tier); blocks already on another tier stay there. The shared tier's name "
+        "warms the shared tier once for every node, and fills no local tier",
     )
     p.add_argument(
         "--ready-fraction",

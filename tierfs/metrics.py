@@ -570,6 +570,7 @@ def _shared_tier_families(shared: dict[str, Any] | None) -> Iterator[Metric]:
         ("claims_held", "Blocks another node had claimed when this one missed them"),
         ("waits", "Blocks another node claimed, read here once it put them"),
         ("wait_timeouts", "Claimed blocks not put in time: this node read them from the bucket"),
+        ("files_shared", "Files this node uploaded and then copied into the shared tier"),
     ):
         yield _counter(f"tierfs_shared_{key}", doc, shared[key])
     endpoint: dict[str, Any] = shared.get("endpoint") or {}

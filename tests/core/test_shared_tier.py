@@ -9,15 +9,19 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 import trio
 
 from tests.core.conftest import CoreMount, MiB, put
 from tests.core.test_metrics import scrape, value
+from tests.core.test_preload import run_preload
 from tests.seaweed_cluster import SeaweedCluster
-from tierfs.config import SharedTierConfig
+from tierfs.config import RuleConfig, SharedTierConfig
 from tierfs.core.read import sharedtier
 from tierfs.core.read.sharedtier import CHECKSUM_META, CLAIM_WAIT, CLAIMS
+from tierfs.errors import InvalidArgument
 from tierfs.metrics import Metrics
+from tierfs.workers.preload import Preloader
 
 
 def shared_config(seaweed: SeaweedCluster, **extra: Any) -> SharedTierConfig:
@@ -230,3 +234,96 @@ async def test_a_stale_claim_is_not_waited_for(
     assert await node.read_file("stale.bin") == data
     assert time.monotonic() - started < 1.5
     assert (shared.stats["claims_stale"], shared.stats["wait_timeouts"]) == (1, 0)
+
+
+async def wait_shared_files(mount: CoreMount, count: int, timeout: float = 30.0) -> None:
+    shared = mount.fs.shared_tier
+    assert shared is not None
+    with trio.fail_after(timeout):
+        while shared.stats["files_shared"] < count:
+            await trio.sleep(0.02)
+
+
+async def test_a_file_written_on_one_node_is_read_by_the_others_from_the_shared_tier(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    """The write path: once its upload completed, a checkpoint is copied
+    from the writer's own copy into the shared tier under the new ETag;
+    the other nodes read it from there, not from the bucket."""
+    data = os.urandom(5 * MiB + 777)
+    tier = shared_config(seaweed)
+    writer = await make_fs(node="w", shared_tier=tier)
+    await writer.fs.mkdir(1, b"ckpt", 0o755, 0, 0)
+    await writer.write_file("ckpt/step-7.pt", data)
+    await writer.flush()
+    await wait_shared_files(writer, 1)
+    shared = writer.fs.shared_tier
+    assert shared is not None and shared.stats["bytes_put"] == len(data)
+    gets_before = len(writer.store.gets)
+    for name in "xyz":
+        reader = await make_fs(node=name, shared_tier=tier)
+        assert await reader.read_file("ckpt/step-7.pt") == data
+        stats = reader.fs.shared_tier.stats if reader.fs.shared_tier else None
+        assert stats is not None and stats["hits"] == 6 and stats["bucket_bytes"] == 0
+    assert bucket_bytes(writer, "ckpt/step-7.pt", gets_before) == 0
+
+
+async def test_a_share_false_rule_keeps_written_files_out_of_the_shared_tier(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    data = os.urandom(2 * MiB)
+    tier = shared_config(seaweed)
+    rules = [RuleConfig(match="private/**", share=False)]
+    writer = await make_fs(node="w", shared_tier=tier, rules=rules)
+    for name in ("private", "public"):
+        await writer.fs.mkdir(1, name.encode(), 0o755, 0, 0)
+        await writer.write_file(f"{name}/f.bin", data)
+    await writer.flush()
+    await wait_shared_files(writer, 1)  # public/f.bin
+    await trio.sleep(0.5)  # private/f.bin would have been queued before it
+    shared = writer.fs.shared_tier
+    assert shared is not None
+    assert (shared.stats["files_shared"], shared.stats["bytes_put"]) == (1, len(data))
+    reader = await make_fs(node="r", shared_tier=tier)
+    assert await reader.read_file("private/f.bin") == data
+    assert reader.fs.shared_tier is not None and reader.fs.shared_tier.stats["hits"] == 0
+
+
+async def test_a_preload_into_the_shared_tier_warms_it_for_every_node_and_fills_no_local_tier(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster, nursery: trio.Nursery
+) -> None:
+    files = {f"ds/shard-{i:02d}.bin": os.urandom(i * 300_000 + 10) for i in range(12)}
+    files["ds/big.bin"] = os.urandom(20 * MiB + 5)
+    for key, data in files.items():
+        put(s3_store, key, data)
+    total = sum(map(len, files.values()))
+    tier = shared_config(seaweed)
+    admin = await make_fs(node="admin", shared_tier=tier)
+    job = await run_preload(nursery, admin, ["ds"], "cluster")
+    snapshot = job.snapshot()
+    assert (job.state, job.files_failed, job.files_done) == ("done", 0, len(files)), snapshot
+    assert (job.bytes_fetched, snapshot["tier"]) == (total, "cluster")
+    assert sum(admin.fs.space.used(t) for t in range(len(admin.fs.tiers))) == 0
+    assert bucket_bytes(admin, "ds/big.bin") == len(files["ds/big.bin"])
+
+    again = await run_preload(nursery, admin, ["ds"], "cluster")  # all there: nothing fetched
+    assert (again.bytes_fetched, again.bytes_resident) == (0, total)
+
+    gets_before = len(admin.store.gets)
+    reader = await make_fs(node="r", shared_tier=tier)
+    for key, data in files.items():
+        assert await reader.read_file(key) == data
+    assert len(admin.store.gets) == gets_before  # every block from the shared tier
+
+
+async def test_a_preload_into_an_unknown_tier_names_the_shared_tier_among_the_choices(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster, nursery: trio.Nursery
+) -> None:
+    put(s3_store, "x.bin", b"x")
+    node = await make_fs(node="a", shared_tier=shared_config(seaweed))
+    preloader = Preloader(node.fs)
+    await nursery.start(preloader.run)
+    spool = preloader.new_spool()
+    spool.add("x.bin")
+    with pytest.raises(InvalidArgument, match=r"no tier named 'tape'.*shared tier cluster"):
+        preloader.start(spool, ["x.bin"], "tape")

@@ -64,3 +64,38 @@ def test_a_second_node_reads_a_checkpoint_from_the_shared_tier(
     assert "shared:   cluster s3://" in shown.stdout and "7 hits" in shown.stdout, shown.stdout
     calls = second.status()["store_calls"]
     assert calls.get("GetObject", 0) == 0 and calls, calls  # no GET reached the bucket
+
+
+def test_a_checkpoint_written_on_one_node_is_read_by_another_from_the_shared_tier(
+    mount: MountFactory, seaweed: SeaweedCluster
+) -> None:
+    """Written, closed and flushed on one mount; copied into the shared tier
+    after its upload; read on a fresh mount with no GET of the bucket.  And
+    ``tierfs preload --tier cluster`` warms the shared tier for a file the
+    node never read, filling none of its own tiers."""
+    data = os.urandom(9 * MiB + 5)
+    extra = shared_toml(seaweed)
+    writer = mount({"data/shard.bin": os.urandom(3 * MiB)}, extra_config=extra)
+    (writer.path / "ckpt").mkdir()
+    with open(writer.path / "ckpt/step-7.pt", "wb") as f:
+        f.write(data)
+    flushed = run_tierfs("flush", str(writer.path / "ckpt/step-7.pt"))
+    assert flushed.returncode == 0, flushed.stderr
+    deadline = time.monotonic() + 30
+    while shared_status(writer)["files_shared"] < 1:
+        assert time.monotonic() < deadline, shared_status(writer)
+        time.sleep(0.1)
+    preloaded = run_tierfs("preload", "--tier", "cluster", str(writer.path / "data"))
+    assert preloaded.returncode == 0, preloaded.stderr + preloaded.stdout
+    where = run_tierfs("where", "--json", str(writer.path / "data/shard.bin"))
+    assert where.returncode == 0 and '"cached_bytes": 0' in where.stdout, where.stdout
+
+    reader = mount(extra_config=extra)
+    with open(reader.path / "ckpt/step-7.pt", "rb") as f:
+        assert f.read() == data
+    with open(reader.path / "data/shard.bin", "rb") as f:
+        assert len(f.read()) == 3 * MiB
+    status = shared_status(reader)
+    assert status["bucket_bytes"] == 0 and status["hits"] == 10 + 3, status
+    calls = reader.status()["store_calls"]
+    assert calls.get("GetObject", 0) == 0, calls

@@ -750,7 +750,7 @@ def test_unknown_keys_everywhere(write: Write, tmp_path: Path) -> None:
         (
             22,
             'unknown key "zzz" in [[rules]]; valid keys are match, place, keep_newest, '
-            "demote_after, evict_after, write, pin, promote, cache",
+            "demote_after, evict_after, write, pin, promote, cache, share",
         ),
         (25, 'unknown key "evict_afer" in [[rules]]; did you mean "evict_after"?'),
         (27, 'unknown key "bandwith" in [mover]; did you mean "bandwidth"?'),

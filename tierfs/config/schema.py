@@ -273,6 +273,13 @@ class RuleConfig:
     cache: bool | None = key(
         None, conv_bool, "boolean", "false: reads stream, nothing is kept", shown="true"
     )
+    share: bool | None = key(
+        None,
+        conv_bool,
+        "boolean",
+        "false: files written here are not copied into the shared tier after their upload",
+        shown="true",
+    )
 
 
 @dataclass(frozen=True, slots=True)

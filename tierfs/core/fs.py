@@ -90,6 +90,7 @@ from .upkeep import Upkeep
 from .write.blockwrites import BlockWrites
 from .write.damage import DamageLog
 from .write.journal import Entry, Journal
+from .write.sharewrites import SharedWrites
 from .write.sync import Sync
 from .write.writes import FileWrites
 
@@ -245,6 +246,12 @@ class TierFS:
         self.access_times = AccessTimes(meta)
         #: Removed inodes the kernel may still hold: getattr shows nlink 0.
         self.unlinked = UnlinkedInodes()
+        #: Copies files this node uploaded into the shared tier.
+        self.shared_writes: SharedWrites | None = None
+        if self.shared_tier is not None:
+            self.shared_writes = SharedWrites(
+                self.shared_tier, meta, self.open_files, self.block_writes, self.policies
+            )
         self.names = NameReads(
             config,
             meta,
@@ -269,6 +276,7 @@ class TierFS:
             store_limiter=self.store_limiter,
             upload_limiter=self.upload_limiter,
             endpoint=self.endpoint,
+            shared_writes=self.shared_writes,
         )
         self.writes = FileWrites(
             config,
@@ -383,6 +391,8 @@ class TierFS:
             self.blocks.start(nursery)
             self.movement.start(nursery)
             self.upkeep.start(nursery, self.supervisor)
+            if self.shared_writes is not None:
+                await self.supervisor.start(nursery, "shared-writes", self.shared_writes.run)
             task_status.started()
 
     @contextlib.contextmanager

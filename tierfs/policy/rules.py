@@ -172,6 +172,8 @@ class CompiledRule:
     evict_after: float | None  # seconds
     promote: str  # "on_access" | "never"
     cache: bool
+    #: Files written here are copied into the shared tier after their upload.
+    share: bool
     write: str  # "back" | "through"
     regex: re.Pattern[str] = field(repr=False, compare=False)
     exact: re.Pattern[str] = field(repr=False, compare=False)
@@ -190,6 +192,7 @@ class CompiledRule:
             evict_after=rule.evict_after,
             promote=rule.promote or "on_access",
             cache=rule.cache is not False,
+            share=rule.share is not False,
             write=rule.write or default_write,
             regex=re.compile(f"(?:{body})(?=/|$)", re.DOTALL),
             exact=re.compile(body, re.DOTALL),

@@ -221,6 +221,8 @@ class PreloadJob:
     roots: list[str]
     tier: int | None
     tier_name: str | None
+    #: Into the shared tier (``--tier`` named it): no local tier is filled.
+    shared: bool = False
     state: str = "scanning"
     files_total: int = 0
     files_done: int = 0
@@ -379,22 +381,30 @@ class Preloader:
         if self._nursery is None:
             spool.close()
             raise InvalidArgument("the preload worker is not running")
+        shared = self.fs.shared_tier
+        into_shared = shared is not None and tier_name == shared.name
         try:
-            tier = self.fs.policies.tier_named(tier_name)
-        except TierfsError:
+            tier = None if into_shared else self.fs.policies.tier_named(tier_name)
+        except TierfsError as exc:
             spool.close()
+            if shared is not None:
+                raise InvalidArgument(f"{exc}, and the shared tier {shared.name}") from exc
             raise
         job = PreloadJob(
             id=f"p{os.getpid()}-{next(self._ids)}",
             roots=roots[:8],
             tier=tier,
-            tier_name=self.fs.tiers[tier].name if tier is not None else None,
+            tier_name=tier_name if into_shared else self._tier_name(tier),
+            shared=into_shared,
             bandwidth=bandwidth,
         )
         self._forget_finished()
         self.jobs[job.id] = job
         self._nursery.start_soon(self._run_job, job, spool)
         return job
+
+    def _tier_name(self, tier: int | None) -> str | None:
+        return self.fs.tiers[tier].name if tier is not None else None
 
     def cancel(self, job: PreloadJob) -> None:
         job.cancel_scope.cancel()
@@ -458,7 +468,11 @@ class Preloader:
             try:
                 async for inode, path in self.fs.namespace.walk(relpath):
                     size = inode.size
-                    resident = min(size, sum(self.fs.meta.residency(inode.ino).values()))
+                    resident = (
+                        0  # the shared tier is asked per block, by the fetch pass
+                        if job.shared
+                        else min(size, sum(self.fs.meta.residency(inode.ino).values()))
+                    )
                     origin_blocks = -(-min(size, inode.origin_size) // self.block_size)
                     files.add(f"{inode.ino} {resident} {origin_blocks} {path}")
                     scanned.notify()
@@ -481,6 +495,8 @@ class Preloader:
         all stay resident (each warning once): while the fetch pass has
         fetched less than the scan found, so before the job filled the
         tier.  ``room``: the tier's free bytes when the job started."""
+        if job.shared:
+            return  # the shared tier's capacity is its engine's (expiry, quota)
         missing = job.bytes_total - job.bytes_resident
         everywhere = sum(t.capacity for t in self.fs.tiers)
         warning = None
@@ -563,6 +579,20 @@ class Preloader:
             if scanned_blocks <= self.range_blocks:
                 progress = in_flight[ino] = _FileProgress(1)
                 return [(_FileWork(ino, path, None), progress)]
+        if job.shared:  # every range: the shared tier says per block what it holds
+            running = in_flight.get(ino)
+            if running is not None:
+                running.duplicates.append(path)
+                return []
+            starts = range(0, scanned_blocks, self.range_blocks)
+            progress = in_flight[ino] = _FileProgress(len(starts))
+            return [
+                (
+                    _FileWork(ino, path, range(b, min(b + self.range_blocks, scanned_blocks))),
+                    progress,
+                )
+                for b in starts
+            ]
         try:
             residency = self.movement.check(ino)
         except TierfsError as exc:
@@ -599,8 +629,12 @@ class Preloader:
             async for work, progress in receive:
                 if not progress.failed:
                     try:
-                        outcome = await self.movement.fill_range(
-                            work.ino, job.tier, blocks=work.blocks
+                        outcome = (
+                            await self.movement.fill_shared(work.ino, work.blocks)
+                            if job.shared
+                            else await self.movement.fill_range(
+                                work.ino, job.tier, blocks=work.blocks
+                            )
                         )
                     except TierfsError as exc:
                         progress.failed = True
@@ -608,7 +642,7 @@ class Preloader:
                     else:
                         job.bytes_fetched += outcome.nbytes
                         progress.incomplete |= not outcome.complete
-                        if work.blocks is None:  # the scan saw none of it resident
+                        if work.blocks is None or job.shared:  # the scan saw none resident
                             job.bytes_resident += outcome.present
                             progress.was_resident = outcome.complete and not outcome.nbytes
                         await self.throttle(outcome.nbytes)
@@ -624,7 +658,7 @@ class Preloader:
         its fill left complete is (no second look at LMDB per small file);
         one of several ranges is checked again, as a later range may have
         pushed an earlier one out of a full tier."""
-        recheck = progress.incomplete or progress.ranges > 1
+        recheck = (progress.incomplete or progress.ranges > 1) and not job.shared
         reason = self._not_resident_reason(work) if recheck and not progress.failed else None
         if progress.failed or reason is not None:
             if reason is not None:

@@ -76,7 +76,7 @@ from tierfs.errors import StoreError
 from tierfs.store import ObjectStore
 
 from .digests import block_digest
-from .fetcher import Origin, RangedGet
+from .fetcher import FETCH_RUN_BYTES, Origin, RangedGet
 
 if TYPE_CHECKING:
     from tierfs.store.shared import SharedBucket
@@ -126,6 +126,8 @@ STAT_NAMES = (
     "claims_stale",
     "waits",
     "wait_timeouts",
+    "files_shared",
+    "share_skipped",
 )
 
 
@@ -212,6 +214,20 @@ class SharedTier:
         self.count(**{"claims" if won else "claims_held": 1})
         return Claim.WON if won else Claim.HELD
 
+    def holds(self, shared_key: str) -> bool:
+        """Thread: is the block in the shared tier (a HEAD; not checked)?
+        Raises StoreError when the tier does not answer."""
+        return self.bucket.age(shared_key) is not None
+
+    def claim_is_stale(self, shared_key: str) -> bool:
+        """Thread: is the claim of the block gone or older than
+        ``CLAIM_STALE`` (its node died or gave up)?"""
+        age = self.bucket.age(CLAIMS + shared_key)
+        if age is None or age > CLAIM_STALE:
+            self.count(claims_stale=1)
+            return True
+        return False
+
     def wait_for(
         self, shared_key: str, into: memoryview, stop: Callable[[], bool] | None = None
     ) -> bool:
@@ -234,12 +250,10 @@ class SharedTier:
             polls += 1
             if polls == 1:  # not there yet: is the claim alive?
                 try:
-                    age = self.bucket.age(CLAIMS + shared_key)
+                    if self.claim_is_stale(shared_key):
+                        return False
                 except StoreError:
                     self.count(errors=1)
-                    return False
-                if age is None or age > CLAIM_STALE:
-                    self.count(claims_stale=1)
                     return False
             left = deadline - time.monotonic()
             if left <= 0 or (stop is not None and stop()):
@@ -258,22 +272,29 @@ class SharedTier:
                 return
             self._backlog += len(data)
         try:
-            self._puts.submit(self._put, shared_key, data)
+            self._puts.submit(self._put_queued, shared_key, data)
         except RuntimeError:  # shut down
             with self._lock:
                 self._backlog -= len(data)
 
-    def _put(self, shared_key: str, data: bytes) -> None:
+    def _put_queued(self, shared_key: str, data: bytes) -> None:
+        try:
+            self.put_now(shared_key, data)
+        finally:
+            with self._lock:
+                self._backlog -= len(data)
+
+    def put_now(self, shared_key: str, data: bytes) -> bool:
+        """Thread: put the block into the shared tier now, with its xxh3;
+        False if that failed (counted, never raised: a cache fill)."""
         try:
             self.bucket.put(shared_key, data, {CHECKSUM_META: f"{block_digest(data):016x}"})
         except Exception as exc:
             self.count(puts_failed=1)
             log.debug("shared tier: putting %s failed: %s", shared_key, exc)
-        else:
-            self.count(puts=1, bytes_put=len(data))
-        finally:
-            with self._lock:
-                self._backlog -= len(data)
+            return False
+        self.count(puts=1, bytes_put=len(data))
+        return True
 
     def count(self, **deltas: int) -> None:
         with self._lock:
@@ -402,3 +423,53 @@ class SharedOrigin(Origin):
             left -= len(view)
             shared.put_later(self._key(get, index), bytes(view), claimed=index < claimed)
         return got
+
+    def warm(self, key: str, etag: str, origin_size: int, blocks: range) -> tuple[int, int]:
+        """Thread (``tierfs preload --tier SHARED``): make ``blocks`` of the
+        object ``key`` at ``etag`` present in the shared tier, without
+        filling any local tier.  A block already there (a HEAD), or claimed
+        by another node that puts it, is counted as present; the others are
+        claimed, fetched from the bucket in runs of up to 16 MiB and put
+        before this returns.  Returns (bytes fetched from the bucket and
+        put, bytes present already).  Raises StoreError when the shared
+        tier fails (nothing could be warmed) or a put failed."""
+        shared = self.shared
+        size = shared.block_size
+        fetched = present = 0
+        run: list[int] = []
+
+        def fetch_run() -> int:
+            if not run:
+                return 0
+            views = [memoryview(bytearray(min(size, origin_size - b * size))) for b in run]
+            get = RangedGet(key, etag, run[0] * size, sum(map(len, views)), [], [])
+            got = Origin.get_range_into(self, get, views, None)
+            shared.count(bucket_bytes=got)
+            if got != get.length:
+                raise StoreError(f"{key}: expected {get.length} bytes from the bucket, got {got}")
+            for blockno, view in zip(run, views, strict=True):
+                if not shared.put_now(self._key(get, blockno - run[0]), bytes(view)):
+                    raise StoreError(f"shared tier: putting block {blockno} of {key} failed")
+            run.clear()
+            return got
+
+        for blockno in blocks:
+            nbytes = min(size, origin_size - blockno * size)
+            shared_key = shared.block_key(key, etag, blockno)
+            if nbytes <= 0 or shared_key is None:
+                continue
+            if shared.holds(shared_key):
+                present += nbytes
+                fetched += fetch_run()
+                continue
+            claim = shared.claim(shared_key)
+            if claim is Claim.FAILED:
+                raise StoreError(f"shared tier {shared.bucket.url}: it did not answer")
+            if claim is Claim.HELD and not shared.claim_is_stale(shared_key):
+                present += nbytes  # the claiming node puts it
+                fetched += fetch_run()
+                continue
+            run.append(blockno)
+            if len(run) * size >= FETCH_RUN_BYTES:
+                fetched += fetch_run()
+        return fetched + fetch_run(), present

@@ -146,6 +146,7 @@ from tierfs.errors import (
     IsADirectory,
     NoSpace,
     NotFound,
+    StoreError,
 )
 from tierfs.meta import BlockRecord, Inode, MetaDB
 from tierfs.tiers import Tier, pwrite_all
@@ -154,6 +155,7 @@ from ..read.digests import BlockHasher, block_digest
 from ..read.fetch_slots import FetchPriority
 from ..read.fetcher import Fetcher
 from ..read.openfiles import CachedFile, OpenFiles
+from ..read.sharedtier import SharedOrigin
 from ..write.journal import Journal
 from .space import SpaceManager
 
@@ -311,6 +313,10 @@ class BlockCopier:
             if fd is not None:
                 os.close(fd)
         self.src_fd = self.dst_fd = None
+
+
+def _background() -> FetchPriority:
+    return FetchPriority.BACKGROUND
 
 
 class DataMovement:
@@ -474,6 +480,34 @@ class DataMovement:
             )
         finally:
             self.open_files.release(cf)
+
+    async def fill_shared(self, ino: int, blocks: range | None = None) -> FillOutcome:
+        """Make the file's blocks (all, or those in ``blocks``) present in
+        the shared tier, filling no local tier (``SharedOrigin.warm``): a
+        BACKGROUND fetch, which waits for a fetch slot as preload does.
+        ``nbytes``: bytes fetched from the bucket and put; ``present``: bytes
+        the shared tier held (or another node was putting) already."""
+        origin = self.fetcher.origin
+        if not isinstance(origin, SharedOrigin):
+            raise InvalidArgument("this mount has no shared tier")
+        inode = self._file(ino)
+        key, etag = origin.locate(inode)
+        if not etag:
+            raise StoreError(f"{key}: its ETag is not known yet (a rename is on its way)")
+        nblocks = self._nblocks(inode.origin_size)
+        wanted = (
+            range(nblocks)
+            if blocks is None
+            else range(max(0, blocks.start), min(nblocks, blocks.stop))
+        )
+        taken = await self.fetcher.slots.take(_background)
+        try:
+            fetched, present = await trio.to_thread.run_sync(
+                origin.warm, key, etag, inode.origin_size, wanted
+            )
+        finally:
+            self.fetcher.slots.give(taken)
+        return FillOutcome(nbytes=fetched, complete=True, present=present)
 
     # --- evict ---------------------------------------------------------------------------
 

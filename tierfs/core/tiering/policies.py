@@ -8,6 +8,8 @@ and it answers from memory:
   (fetched blocks are served from memory and never stored);
 * ``write_through(ino)``: does a close or fsync wait for the bucket (the
   rule's ``write``, else ``[write] mode``);
+* ``share_writes(ino)``: is the file copied into the shared tier once it
+  is uploaded (no ``share = false`` rule);
 * ``pinned_tier(ino)``: the tier the file must stay on (``tierfs pin`` of
   it or of a directory above it, or a ``pin = true`` rule);
 * ``slow_tier_read(ino, tier)``: a read was served from a tier slower than
@@ -161,6 +163,12 @@ class FilePolicies:
         if match is None:
             return self.write_mode == "through"
         return match.rule.write == "through"
+
+    def share_writes(self, ino: int) -> bool:
+        """Is the file, once uploaded, copied into the shared tier (no
+        ``share = false`` rule)?"""
+        match = self.policy_of(ino).match
+        return match is None or match.rule.share
 
     def pinned_tier(self, ino: int) -> int | None:
         """The tier the file must stay on (``tierfs pin`` or a ``pin`` rule)."""

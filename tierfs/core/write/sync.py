@@ -140,6 +140,7 @@ from ..store_threads import StoreThreads
 from .blockwrites import BlockWrites
 from .damage import DamageLog
 from .journal import Entry, Journal
+from .sharewrites import SharedWrites
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +262,10 @@ class Sync:
         store_limiter: trio.CapacityLimiter,
         upload_limiter: trio.CapacityLimiter,
         endpoint: CircuitBreaker | None,
+        shared_writes: SharedWrites | None = None,
     ) -> None:
+        """``shared_writes``: told of each file uploaded, to copy it into the
+        shared tier (None: no shared tier)."""
         self.config = config
         self.meta = meta
         self.store = store
@@ -278,6 +282,7 @@ class Sync:
         #: Single-PUT uploads (see the module docstring, step 3).
         self.small_upload_limiter = trio.CapacityLimiter(SMALL_UPLOAD_CONCURRENCY)
         self.endpoint = endpoint
+        self.shared_writes = shared_writes
         # Parts of one multipart upload in flight.  Four keep a loopback
         # server busy: with eight, s3rver spent about 13% more CPU per
         # uploaded GiB than with four (and than s5cmd's five), and the
@@ -581,6 +586,8 @@ class Sync:
                 if ino not in self.journal.held:
                     self._retry_changed(seq)
                 return
+            if self.shared_writes is not None and not stat.S_ISLNK(cf.inode.mode):
+                self.shared_writes.uploaded(ino, key, etag)
         finally:
             self.open_files.release(cf)
 
