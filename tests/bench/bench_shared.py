@@ -27,6 +27,9 @@ of every file of the tree with 16 readers) and the bytes the bucket served
 - ``tree-alone``: one mount, no shared tier, reads the tree;
 - ``tree``: ``tierfs preload --tier cluster`` of the tree on one mount, then
   ``--mounts`` fresh mounts read it at once;
+- ``one-fresh`` / ``tree-one``: after wave1 / tree, one fresh mount reads the
+  file / the tree with the machine to itself: a node's own speed (the
+  waves' mounts share this machine's 2 cores, real nodes do not);
 - ``write``: a file of ``--size`` written on one mount and flushed (its copy
   into the shared tier waited for), then ``--mounts`` - 1 fresh mounts read it.
 
@@ -61,12 +64,15 @@ sys.path.insert(0, str(ROOT))
 
 from tests.bench.common import (  # noqa: E402
     BenchError,
+    cpu_seconds,
     drop_caches,
     fmt_size,
     fusermount_unmount,
     is_mounted,
     log,
     parse_size,
+    py_spy,
+    system_cpu_ticks,
     table,
     wait_pid_gone,
 )
@@ -78,6 +84,8 @@ FILE_KEY = "ckpt/model.pt"
 WRITTEN = "ckpt/written.pt"
 TREE = "dataset"
 SHARED_NAME = "cluster"
+#: The shared tier's counts summed over a case's mounts (``tierfs status``).
+SHARED_COUNTS = ("hits", "misses", "claims", "claims_held", "waits", "wait_timeouts", "errors")
 
 
 @dataclass
@@ -106,6 +114,8 @@ class SharedBench:
         )
         self.cases: list[Case] = []
         self._mounts = 0
+        #: Daemon PIDs of the mounts up now.
+        self.pids: list[int] = []
         self.cluster: SeaweedCluster | None = None
         self.proxy: FaultProxy | None = None
         self.shared_prefix = ""
@@ -202,6 +212,7 @@ class SharedBench:
                 if done.returncode != 0:
                     raise BenchError(f"tierfs mount failed: {done.stderr.strip()}")
                 points.append((mp, int(self.status(mp)["pid"])))
+                self.pids.append(points[-1][1])
             yield [mp for mp, _pid in points]
         finally:
             for mp, pid in points:
@@ -212,6 +223,7 @@ class SharedBench:
                 fusermount_unmount(mp)
                 if pid is not None:
                     wait_pid_gone(pid, "tierfsd")
+                    self.pids.remove(pid)
 
     def status(self, mp: Path) -> dict[str, Any]:
         done = subprocess.run(
@@ -264,16 +276,51 @@ class SharedBench:
     def measure(
         self, name: str, points: list[Path], reader: Callable[[Path], None], data: int
     ) -> Case:
-        assert self.proxy is not None
+        assert self.proxy is not None and self.cluster is not None
         before = self.proxy.bytes_down
-        times = self.read_all(points, reader)
+        cpu_before = self.cpu()
+        busy_before = system_cpu_ticks()
+        spied = self.pids[-len(points)] if self.args.py_spy and points else None
+        with py_spy(self.args.py_spy, spied, f"tierfsd-{name}"):
+            times = self.read_all(points, reader)
+        busy_after = system_cpu_ticks()
+        cpu = {k: v - cpu_before.get(k, 0.0) for k, v in self.cpu().items()}
         case = Case(name, times, self.proxy.bytes_down - before, data)
+        case.notes["cpu_s"] = {k: round(v, 1) for k, v in cpu.items()}
+        case.notes["machine_busy"] = round(
+            (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1]), 2
+        )
+        counts: dict[str, int] = {}
+        for mp in points:
+            for key, value in (self.status(mp).get("shared_tier") or {}).items():
+                if isinstance(value, int) and key in SHARED_COUNTS:
+                    counts[key] = counts.get(key, 0) + value
+        case.notes["shared"] = counts
         self.cases.append(case)
         log(
             f"{name}: {', '.join(f'{t:.1f}s' for t in times)}; bucket served "
-            f"{case.bucket_bytes / data:.3f}x the data"
+            f"{case.bucket_bytes / data:.3f}x the data; machine "
+            f"{100 * case.notes['machine_busy']:.0f}% busy; CPU s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in case.notes["cpu_s"].items())
+            + (f"; shared tier: {counts}" if counts else "")
         )
         return case
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far: the mounted daemons, SeaweedFS, this process
+        (the far bucket's proxy) and finished children (dd, cat)."""
+        assert self.cluster is not None
+        import resource
+
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        weed = [p.proc.pid for p in self.cluster._processes.values() if p.proc is not None]
+        return {
+            "tierfsd": sum(cpu_seconds(pid) for pid in self.pids),
+            "seaweedfs": sum(cpu_seconds(pid) for pid in weed),
+            "proxy": me.ru_utime + me.ru_stime,
+            "readers": kids.ru_utime + kids.ru_stime,
+        }
 
     def new_shared_prefix(self) -> None:
         self.shared_prefix = f"run{time.monotonic_ns()}"
@@ -299,6 +346,20 @@ class SharedBench:
             raise BenchError("wave2 needs wave1 before it")
         with self.mounts(self.args.mounts, shared=True) as points:
             self.measure("wave2", points, self.read_file(FILE_KEY), self.args.size)
+
+    def case_one_fresh(self) -> None:
+        """One fresh mount reads the file from the warm shared tier with
+        the machine to itself (a node has its own CPUs; the waves share
+        this machine's between all their mounts)."""
+        if not self.shared_prefix:
+            raise BenchError("one-fresh needs wave1 before it")
+        with self.mounts(1, shared=True) as points:
+            self.measure("one-fresh", points, self.read_file(FILE_KEY), self.args.size)
+
+    def case_tree_one(self) -> None:
+        """One fresh mount reads the preloaded tree with the machine to itself."""
+        with self.mounts(1, shared=True) as points:
+            self.measure("tree-one", points, self.read_tree, self.args.tree_bytes)
 
     def case_tree_alone(self) -> None:
         with self.mounts(1, shared=False) as points:
@@ -376,7 +437,7 @@ def report(cases: list[Case]) -> str:
         if c.name == "wave1" and ref:
             ok = share <= 1.25 and slowest <= 1.5 * ref
             verdict = f"{'PASS' if ok else 'FAIL'} (<=1.25x bytes, <=1.5x time)"
-        elif c.name in ("wave2", "tree") and ref:
+        elif c.name in ("wave2", "tree", "one-fresh", "tree-one") and ref:
             ok = share <= 0.02 and ref / slowest >= 3
             verdict = f"{'PASS' if ok else 'FAIL'} (<=2% bytes, >=3x faster)"
         elif c.name == "write":
@@ -389,16 +450,36 @@ def report(cases: list[Case]) -> str:
                 f"{slowest / ref:.2f}" if ref else "-",
                 f"{ref / slowest:.1f}x" if ref else "-",
                 f"{share:.3f}x",
+                f"{100 * c.notes.get('machine_busy', 0):.0f}%",
                 verdict,
             ]
         )
-    header = ["case", "mounts", "time", "slowest/alone", "speed-up", "bucket bytes", "verdict"]
-    return "\n".join(table(header, rows, left={0, 6}))
+    header = [
+        "case",
+        "mounts",
+        "time",
+        "slowest/alone",
+        "speed-up",
+        "bucket bytes",
+        "busy",
+        "verdict",
+    ]
+    return "\n".join(table(header, rows, left={0, 7}))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench_shared.py", description=__doc__.split("\n\n")[0])
-    cases = ("alone", "no-shared", "wave1", "wave2", "tree-alone", "tree", "write")
+    cases = (
+        "alone",
+        "no-shared",
+        "wave1",
+        "wave2",
+        "one-fresh",
+        "tree-alone",
+        "tree",
+        "tree-one",
+        "write",
+    )
     p.add_argument("--cases", default=",".join(cases), help=f"comma list of {','.join(cases)}")
     p.add_argument("--size", type=parse_size, default=parse_size("1GiB"), help="file (1GiB)")
     p.add_argument("--mounts", type=int, default=4, help="mounts per wave (4)")
@@ -412,6 +493,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--latency", type=float, default=0.02, help="per request, seconds (0.02)")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp"), help="on a disk (/var/tmp)")
     p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="record the first mount's daemon of each case with py-spy into DIR",
+    )
     args = p.parse_args(argv)
     args.cases = [c for c in args.cases.split(",") if c]
     unknown = set(args.cases) - set(cases)

@@ -18,7 +18,7 @@ from tests.core.test_preload import run_preload
 from tests.seaweed_cluster import SeaweedCluster
 from tierfs.config import RuleConfig, SharedTierConfig
 from tierfs.core.read import sharedtier
-from tierfs.core.read.sharedtier import CHECKSUM_META, CLAIM_WAIT, CLAIMS
+from tierfs.core.read.sharedtier import CLAIM_WAIT, CLAIMS, TRAILER
 from tierfs.errors import InvalidArgument
 from tierfs.metrics import Metrics
 from tierfs.workers.preload import Preloader
@@ -111,17 +111,13 @@ async def test_a_damaged_shared_block_is_detected_read_from_the_bucket_and_repla
     key = shared.block_key("d.bin", etag, 1)
     assert key is not None
     client, bucket = seaweed.client(), tier.url.removeprefix("s3://").split("/")[0]
-    good = client.get_object(Bucket=bucket, Key="tierfs/" + key)
-    damaged = bytearray(data[MiB:])
+    good = client.get_object(Bucket=bucket, Key="tierfs/" + key)["Body"].read()
+    assert good[:MiB] == data[MiB:] and len(good) == MiB + TRAILER.size
+    damaged = bytearray(good)
     damaged[1000] ^= 0xFF  # one flipped byte, the checksum kept
-    client.put_object(
-        Bucket=bucket, Key="tierfs/" + key, Body=bytes(damaged), Metadata=good["Metadata"]
-    )
+    client.put_object(Bucket=bucket, Key="tierfs/" + key, Body=bytes(damaged))
     client.put_object(  # and a short one for block 0
-        Bucket=bucket,
-        Key="tierfs/" + str(shared.block_key("d.bin", etag, 0)),
-        Body=b"short",
-        Metadata={CHECKSUM_META: "0"},
+        Bucket=bucket, Key="tierfs/" + str(shared.block_key("d.bin", etag, 0)), Body=b"short"
     )
     second = await make_fs(node="b", shared_tier=tier)
     assert await second.read_file("d.bin") == data

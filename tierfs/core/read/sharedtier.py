@@ -12,9 +12,11 @@ Layout: one immutable object per block::
 The key names the backing object (by a hash of its URL and key: keys may
 be 1,024 bytes long), its ETag and the block, so a changed object can
 never be served a stale shared block, and no node ever lists the shared
-tier.  Each block object carries its xxh3 (user metadata ``xxh3``, hex),
-returned with the GET: a block whose length or checksum is wrong is
-ignored (counted as ``corrupt``), read from the bucket and put again.
+tier.  Each block object is the block's bytes followed by their xxh3 (8
+bytes, ``TRAILER``), so one GET through any S3 engine brings both (user
+metadata would need botocore's slower client, see ``SharedBucket``): a
+block whose length or checksum is wrong is ignored (counted as
+``corrupt``), read from the bucket and put again.
 
 Per fetch (``SharedOrigin.get_range_into``, in a fetch thread), for the
 blocks in order; a block is first *asked for* (GET), and once one was
@@ -63,6 +65,7 @@ import enum
 import logging
 import random
 import re
+import struct
 import threading
 import time
 from collections import Counter
@@ -87,8 +90,8 @@ log = logging.getLogger(__name__)
 PUT_BACKLOG_BYTES = 256 * 1024 * 1024
 #: Threads putting blocks into the shared tier.
 PUT_THREADS = 4
-#: The user-metadata name of a block's checksum.
-CHECKSUM_META = "xxh3"
+#: Each block object ends with the block's xxh3 (64 bits, little-endian).
+TRAILER = struct.Struct("<Q")
 
 #: Claims are kept beside the blocks: ``<prefix>claims/blocks/...``.
 CLAIMS = "claims/"
@@ -184,7 +187,7 @@ class SharedTier:
         """Thread: the block into ``into`` (its length is the block's) if
         the shared tier holds it whole and right."""
         try:
-            found = self.bucket.get(shared_key)
+            found = self.bucket.get(shared_key, len(into) + TRAILER.size)
         except StoreError as exc:
             self.count(errors=1)
             log.debug("shared tier: %s: %s", shared_key, exc)
@@ -192,8 +195,11 @@ class SharedTier:
         if found is None:
             self.count(misses=1)
             return Lookup.MISS
-        data, metadata = found
-        if len(data) != len(into) or metadata.get(CHECKSUM_META) != f"{block_digest(data):016x}":
+        body = memoryview(found)
+        data = body[: len(into)]
+        if len(body) != len(into) + TRAILER.size or (
+            TRAILER.unpack(body[len(into) :])[0] != block_digest(data)
+        ):
             self.count(corrupt=1)
             log.warning("shared tier: block %s is damaged; reading it from the bucket", shared_key)
             return Lookup.DAMAGED
@@ -288,7 +294,7 @@ class SharedTier:
         """Thread: put the block into the shared tier now, with its xxh3;
         False if that failed (counted, never raised: a cache fill)."""
         try:
-            self.bucket.put(shared_key, data, {CHECKSUM_META: f"{block_digest(data):016x}"})
+            self.bucket.put(shared_key, data + TRAILER.pack(block_digest(data)))
         except Exception as exc:
             self.count(puts_failed=1)
             log.debug("shared tier: putting %s failed: %s", shared_key, exc)
