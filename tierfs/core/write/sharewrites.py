@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import trio
 
@@ -109,22 +110,24 @@ class SharedWrites:
         self.shared.count(files_shared=1 if copied == len(blocks) else 0)
 
     def _put_blocks(self, source: UploadSource, key: str, etag: str, blocks: list[int]) -> int:
-        """Thread: put ``blocks`` of the file; how many were put."""
+        """Thread: put ``blocks`` of the file, ``PUT_THREADS`` at a time
+        (``SharedTier.put_each``); how many were put."""
         size = self.shared.block_size
-        put = 0
-        for blockno in blocks:
-            nbytes = min(size, source.size - blockno * size)
-            shared_key = self.shared.block_key(key, etag, blockno)
-            if nbytes <= 0 or shared_key is None:
-                continue
-            try:
-                data = source.read(blockno * size, nbytes)
-            except BlockDamaged:
-                log.info("shared tier: %r changed after its upload; not copied further", key)
-                return put
-            except OSError as exc:
-                log.info("shared tier: %r: reading block %d failed: %s", key, blockno, exc)
-                return put
-            if self.shared.put_now(shared_key, bytes(data)):
-                put += 1
-        return put
+
+        def each_block() -> Iterator[tuple[str, bytes]]:
+            for blockno in blocks:
+                nbytes = min(size, source.size - blockno * size)
+                shared_key = self.shared.block_key(key, etag, blockno)
+                if nbytes <= 0 or shared_key is None:
+                    continue
+                try:
+                    data = source.read(blockno * size, nbytes)
+                except BlockDamaged:
+                    log.info("shared tier: %r changed after its upload; not copied further", key)
+                    return
+                except OSError as exc:
+                    log.info("shared tier: %r: reading block %d failed: %s", key, blockno, exc)
+                    return
+                yield shared_key, bytes(data)
+
+        return self.shared.put_each(each_block())
