@@ -31,7 +31,10 @@ Invariants:
   environment lookups never supply them.
 - Each PUT's payload is signed (``unsigned_payload`` off): its
   ``x-amz-content-sha256`` is the SHA-256 of the body, which the server
-  checks, over http and https alike.
+  checks, over http and https alike.  (The shared tier's engine is the
+  exception: its blocks carry their own xxh3, checked on every read, so it
+  sends ``UNSIGNED-PAYLOAD`` and saves the client about 0.9 CPU s per GiB
+  put, measured on SeaweedFS.)
 - Keys go out exactly as given: a key that obstore's ``Path`` would
   normalise (a leading, trailing or doubled ``/``, a ``.`` or ``..``
   segment, a control character) is not eligible (:func:`native_key_ok`) and
@@ -123,8 +126,13 @@ class NativeEngine:
         upload_read_timeout: float,
         on_request: RequestHook,
         translate_error: ErrorTranslator,
+        unsigned_payload: bool = False,
     ) -> None:
+        """``unsigned_payload``: PUTs send ``UNSIGNED-PAYLOAD`` instead of
+        the body's SHA-256 (for a caller that checks its objects itself:
+        the shared tier's blocks carry their xxh3)."""
         self._credentials = credentials
+        self._unsigned_payload = unsigned_payload
         self._on_request = on_request
         self._translate = translate_error
         self._get_store = self._make_store(
@@ -145,7 +153,7 @@ class NativeEngine:
     ) -> ObstoreS3Store:
         config: dict[str, Any] = {
             "region": region,
-            "unsigned_payload": False,
+            "unsigned_payload": self._unsigned_payload,
             "skip_signature": False,
         }
         if endpoint_url:
