@@ -52,9 +52,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,8 +154,6 @@ class SharedBench:
             body = blob[i : i + sizes[i]]
             client.put_object(Bucket="backing", Key=f"{TREE}/d{i % 20:02d}/f{i:05d}", Body=body)
 
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(put, range(a.tree_files)))
         big.unlink()
@@ -241,25 +239,17 @@ class SharedBench:
     def read_all(self, points: list[Path], reader: Callable[[Path], None]) -> list[float]:
         """Each mount's ``reader`` at once (one thread each); their times."""
         drop_caches()
-        times = [0.0] * len(points)
-        errors: list[BaseException] = []
 
-        def one(i: int) -> None:
+        def timed(mp: Path) -> float:
             started = time.perf_counter()
-            try:
-                reader(points[i])
-            except BaseException as exc:
-                errors.append(exc)
-            times[i] = time.perf_counter() - started
+            reader(mp)
+            return time.perf_counter() - started
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(points))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise BenchError(f"a reader failed: {errors[0]}")
-        return times
+        with ThreadPoolExecutor(len(points)) as pool:
+            try:
+                return list(pool.map(timed, points))
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise BenchError(f"a reader failed: {exc}") from exc
 
     def read_file(self, name: str) -> Callable[[Path], None]:
         def reader(mp: Path) -> None:

@@ -176,22 +176,33 @@ async def test_nodes_reading_the_same_cold_file_at_once_fetch_it_from_the_bucket
     assert all(s["puts_failed"] == 0 and s["errors"] == 0 for s in stats)
 
 
+async def claimed_elsewhere(
+    make_fs: Any, s3_store: Any, tier: SharedTierConfig, path: str
+) -> tuple[CoreMount, bytes, str]:
+    """A 1 MiB file in the bucket whose one block another node claimed
+    (and never put); a node to read it, the bytes, the block's key."""
+    data = os.urandom(MiB)
+    put(s3_store, path, data)
+    node = await make_fs(node="a", shared_tier=tier)
+    shared = node.fs.shared_tier
+    assert shared is not None
+    etag = (await node.fs.namespace.resolve(path)).etag
+    key = shared.block_key(path, etag, 0)
+    assert key is not None
+    assert shared.bucket.put_if_absent(CLAIMS + key, b"another node")
+    return node, data, key
+
+
 async def test_a_block_claimed_by_a_node_that_died_is_read_from_the_bucket_within_the_budget(
     make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
 ) -> None:
     """A claim whose node died before putting the block: the next node
     waits for it at most ``CLAIM_WAIT`` (under the foreground budget),
     then reads it from the bucket and puts it for the others."""
-    data = os.urandom(MiB)
-    put(s3_store, "dead.bin", data)
     tier = shared_config(seaweed)
-    node = await make_fs(node="a", shared_tier=tier)
+    node, data, _key = await claimed_elsewhere(make_fs, s3_store, tier, "dead.bin")
     shared = node.fs.shared_tier
     assert shared is not None
-    etag = (await node.fs.namespace.resolve("dead.bin")).etag
-    key = shared.block_key("dead.bin", etag, 0)
-    assert key is not None
-    assert shared.bucket.put_if_absent(CLAIMS + key, b"a node that died")
     started = time.monotonic()
     assert await node.read_file("dead.bin") == data
     waited = time.monotonic() - started
@@ -212,22 +223,15 @@ async def test_a_stale_claim_is_not_waited_for(
     the block is fetched at once.  (The default of 60 s is shortened to
     0 here; the wait for a fresh claim is tested above with defaults.)"""
     monkeypatch.setattr(sharedtier, "CLAIM_STALE", 0.0)
-    data = os.urandom(MiB)
-    put(s3_store, "stale.bin", data)
-    tier = shared_config(seaweed)
-    node = await make_fs(node="a", shared_tier=tier)
+    node, data, key = await claimed_elsewhere(make_fs, s3_store, shared_config(seaweed), "s.bin")
     shared = node.fs.shared_tier
     assert shared is not None
-    etag = (await node.fs.namespace.resolve("stale.bin")).etag
-    key = shared.block_key("stale.bin", etag, 0)
-    assert key is not None
-    assert shared.bucket.put_if_absent(CLAIMS + key, b"long ago")
     assert not shared.bucket.put_if_absent(CLAIMS + key, b"again")
     age = shared.bucket.age(CLAIMS + key)
     assert age is not None and 0 <= age < 30
     await trio.sleep(1.1)  # Last-Modified counts whole seconds
     started = time.monotonic()
-    assert await node.read_file("stale.bin") == data
+    assert await node.read_file("s.bin") == data
     assert time.monotonic() - started < 1.5
     assert (shared.stats["claims_stale"], shared.stats["wait_timeouts"]) == (1, 0)
 
