@@ -70,7 +70,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -298,20 +298,27 @@ class SharedTier:
         """Thread: put every (key, bytes) of ``blocks``, ``PUT_THREADS`` at
         a time (at most twice that many held in memory); how many were put.
         Not from a put thread."""
-        put = 0
         running: collections.deque[Future[bool]] = collections.deque()
+        done: list[bool] = []
+
+        def wait_oldest() -> None:
+            try:
+                done.append(running.popleft().result())
+            except CancelledError:  # shut down: the mount is going away
+                done.append(False)
+
         try:
             for shared_key, data in blocks:
                 if len(running) >= 2 * PUT_THREADS:
-                    put += running.popleft().result()
+                    wait_oldest()
                 try:
                     running.append(self._puts.submit(self.put_now, shared_key, data))
                 except RuntimeError:  # shut down: the mount is going away
                     break
         finally:
             while running:
-                put += running.popleft().result()
-        return put
+                wait_oldest()
+        return sum(done)
 
     def put_now(self, shared_key: str, data: bytes) -> bool:
         """Thread: put the block into the shared tier now, with its xxh3;
