@@ -9,6 +9,8 @@
   is the seam): single flight, priorities (``fetch_slots``), the GET
   threads (``thread_hop``), storing and checksumming (``digests``).
 * ``sharedtier``: the shared tier as an ``Origin``: blocks other nodes
-  fetched, read before the bucket, and what the bucket served put there.
+  fetched, read before the bucket, cold blocks claimed so that one node
+  fetches each for all, what the bucket served put there, and the warm-up
+  of ``tierfs preload --tier`` (``SharedOrigin.warm``).
 * ``buffers``: block buffers and the recent blocks.
 """

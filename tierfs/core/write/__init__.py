@@ -10,4 +10,5 @@
   markers, metadata) and waiting for them (flush); ``upload_source``
   reads a file's bytes for an upload.
 * ``damage``: what a block that fails its checksum does.
+* ``sharewrites``: files this node uploaded, copied into the shared tier.
 """
