@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tierfs import pin_sizes
+from tierfs import __version__, pin_sizes
 from tierfs.config import Config, check_file, load_config, load_policy
 from tierfs.control.client import Location, by_mount, locate, per_path, request
 from tierfs.control.protocol import list_chunks
@@ -167,7 +167,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status)
         return 0
-    print(f"mount:    {status['mountpoint']}  (pid {status['pid']})")
+    version = f", tierfs {status['version']}" if status.get("version") else ""
+    print(f"mount:    {status['mountpoint']}  (pid {status['pid']}{version})")
     print(f"backing:  {status['backing']}")
     print(f"{'tier':<10} {'capacity':>10} {'used':>10} {'use%':>6} {'files':>8}  watermarks")
     for tier in status["tiers"]:
@@ -751,6 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Files are fetched lazily, block by block, and cached on the tiers."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"tierfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("mount", help="mount a bucket (returns once the mount is ready)")

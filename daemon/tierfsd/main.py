@@ -47,6 +47,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from tierfs import __version__
 from tierfs.config import Config, load_config
 from tierfs.control.protocol import socket_path_for
 from tierfs.control.server import ControlServer
@@ -122,6 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("mountpoint", type=Path, help="empty directory to mount on")
     parser.add_argument("-f", "--foreground", action="store_true", help="log to stderr")
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"tierfsd {__version__}")
     parser.add_argument(
         "-o", dest="options", default="", help="mount options: allow_other, debug, no_kernel_tuning"
     )
@@ -166,14 +168,26 @@ def check_mountpoint(mountpoint: Path) -> Path:
     return mountpoint.resolve()
 
 
-def fuse_options(options: set[str]) -> set[str]:
+def fuse_options(options: set[str], source: str = "tierfs") -> set[str]:
+    """The FUSE mount options; ``source`` (the backing URL) is the mount's
+    source in ``df``, ``findmnt`` and ``/proc/mounts``, its type
+    ``fuse.tierfs``."""
     opts = set(pyfuse3.default_options)
     opts.discard("default_permissions")
-    opts |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
+    opts |= {f"fsname={mount_source(source)}", "subtype=tierfs", "default_permissions"}
     # allow_other is only ever given together with default_permissions (above):
     # the kernel then checks modes, so other users cannot bypass them.
     opts |= options & {"allow_other", "allow_root"}
     return opts
+
+
+def mount_source(url: str) -> str:
+    """``url`` as a mount's source: the characters that would break the
+    option string (commas, backslashes) or the mount table (white space,
+    control characters) percent-encoded."""
+    return "".join(
+        f"%{ord(c):02X}" if c in ",\\%" or c.isspace() or not c.isprintable() else c for c in url
+    )
 
 
 def tune_kernel(mountpoint: Path) -> None:
@@ -289,7 +303,7 @@ class Daemon:
     def mount(self) -> None:
         self._listen_sock: trio.socket.SocketType | None = self.control.bind()
         ops = TierfsOperations(self.fs, self.metrics)
-        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options))
+        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options, self.config.backing.url))
 
     async def run(self, on_ready: Callable[[], None]) -> None:
         # Every background task runs under the supervisor (one failure

@@ -77,6 +77,25 @@ def test_status_and_where_json_of_the_cli_are_what_the_fixture_reads(
     assert m.where_one("a.txt")["path"] == str(m.path / "a.txt")
 
 
+def test_the_mount_names_its_backing_and_reports_its_version(mount: MountFactory) -> None:
+    """The mount's source in the mount table is the backing URL (an
+    operator with several mounts tells them apart in ``df`` and
+    ``findmnt``), its type ``fuse.tierfs``; ``tierfs --version`` and the
+    daemon's ``status`` name the same version."""
+    m = mount({"a.txt": b"a"})
+    target = os.fsencode(str(m.path.resolve())).replace(b" ", b"\\040")
+    with open("/proc/self/mounts", "rb") as f:
+        (entry,) = [line.split() for line in f if line.split()[1] == target]
+    assert entry[0].decode() == m.status()["backing"] and entry[0].startswith(b"s3://")
+    assert entry[2] == b"fuse.tierfs"
+    done = run_tierfs("--version")
+    assert done.returncode == 0 and done.stdout.startswith("tierfs "), done
+    version = done.stdout.split()[1]
+    assert version[0].isdigit() and m.status()["version"] == version
+    shown = run_tierfs("status", str(m.path))
+    assert f"tierfs {version})" in shown.stdout.splitlines()[0], shown.stdout
+
+
 def test_misspelt_config_key_is_reported_with_its_line(mount: MountFactory) -> None:
     m = mount(do_mount=False)
     lines = m.config_path.read_text().splitlines()

@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from tierfs import __version__
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
 from tierfs.errors import InvalidArgument, TierfsError, describe
@@ -224,12 +225,13 @@ class ControlServer:
     # --- handlers ----------------------------------------------------------------------
 
     async def _ping(self, args: dict[str, Any]) -> Any:
-        return {"pid": os.getpid(), "mountpoint": str(self.mountpoint)}
+        return {"pid": os.getpid(), "mountpoint": str(self.mountpoint), "version": __version__}
 
     async def _status(self, args: dict[str, Any]) -> Any:
         status = self.fs.status()
         status["mountpoint"] = str(self.mountpoint)
         status["pid"] = os.getpid()
+        status["version"] = __version__
         status["preloads"] = self.preloader.status() if self.preloader is not None else []
         status["prefetch"] = self.prefetcher.status() if self.prefetcher is not None else None
         return status
