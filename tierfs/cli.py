@@ -652,24 +652,46 @@ def cmd_unpin(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
-    problems = check_file(args.file)
-    if problems:
-        for problem in problems:
-            print(ConfigError.format_problem(problem), file=sys.stderr)
-        return 1
-    config = _config_of(args.file)
-    rules = config.rules if config is not None else load_policy(args.file)
-    for later, earlier in shadowed_rules(rules):
-        print(
+    """Errors at file:line (exit 1), warnings, then "ok".  ``--offline``
+    checks the file alone: not the tier and state directories, nor the
+    bucket (the pin sizes), which only the node can see."""
+    problems = check_file(args.file, check_paths=not args.offline)
+    warnings: list[str] = []
+    if not problems:
+        config = _config_of(args.file)
+        rules = config.rules if config is not None else load_policy(args.file)
+        warnings += [
             f"{later.source}: warning: this rule can never match: the rule at {earlier.source} "
             f"({earlier.match!r}) matches every path that {later.match!r} matches, and the "
-            "first match wins",
-            file=sys.stderr,
+            "first match wins"
+            for later, earlier in shadowed_rules(rules)
+        ]
+        if config is not None and not args.offline:  # a policy file has no tiers, no bucket
+            warnings += pin_sizes.warnings(config)
+    if args.json:
+        _print_json(
+            {
+                "ok": not problems,
+                "offline": args.offline,
+                "problems": [
+                    {"file": file, "line": line, "message": sentence}
+                    for file, line, sentence in problems
+                ],
+                "warnings": warnings,
+            }
         )
-    if config is not None:  # a policy file alone has no tiers and no bucket
-        for warning in pin_sizes.warnings(config):
-            print(warning, file=sys.stderr)
-    print("ok")
+        return 1 if problems else 0
+    for problem in problems:
+        print(ConfigError.format_problem(problem), file=sys.stderr)
+    if problems:
+        return 1
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    print(
+        "ok (offline: tier and state directories and the bucket not checked)"
+        if args.offline
+        else "ok"
+    )
     return 0
 
 
@@ -931,6 +953,15 @@ def build_parser() -> argparse.ArgumentParser:
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     c = policy.add_parser("check", help="validate a config or policy file; errors as file:line")
     c.add_argument("file")
+    c.add_argument(
+        "--offline",
+        action="store_true",
+        help="check the file alone, off the node (in CI, on a laptop): not the tier and "
+        "state directories, nor the bucket",
+    )
+    c.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout: ok, problems, warnings"
+    )
     c.set_defaults(func=cmd_policy_check)
     c = policy.add_parser("show", help="the rules in effect on a mount, in order, with file:line")
     c.add_argument("mountpoint")

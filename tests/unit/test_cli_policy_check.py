@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,41 @@ def test_literal_dir_of_globs() -> None:
     assert literal_dir("**/*.pt") == ""
     assert literal_dir("datasets/imagenet") == "datasets/"
     assert literal_dir("a/b/c.bin") == "a/b/"
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+
+
+def test_the_shipped_config_checks_offline_but_not_off_the_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Off the node the tier directories do not exist: a plain check says
+    so at their lines; ``--offline`` checks the file alone."""
+    config = EXAMPLES / "tierfs.toml"
+    assert main(["policy", "check", str(config)]) == 1
+    _, err = capsys.readouterr()
+    assert "the tier path" in err and "does not exist" in err, err
+    assert main(["policy", "check", "--offline", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ok (offline") and err == "", (out, err)
+
+
+def test_policy_check_json_gives_problems_and_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[rules]]\nmatch = "data/**"\nevict_afterr = "3d"\n')
+    assert main(["policy", "check", "--json", str(policy)]) == 1
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["ok"] is False and err == ""
+    (problem,) = doc["problems"]
+    assert (problem["file"], problem["line"]) == (str(policy), 3)
+    assert "evict_after" in problem["message"]
+
+    policy.write_text('[[rules]]\nmatch = "a/**"\npin = true\n\n[[rules]]\nmatch = "a/b"\n')
+    assert main(["policy", "check", "--json", "--offline", str(policy)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["offline"] is True and doc["problems"] == []
+    (warning,) = doc["warnings"]
+    assert f"{policy}:5: warning: this rule can never match" in warning
