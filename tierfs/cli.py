@@ -791,7 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="options",
         default="",
         metavar="OPT[,OPT]",
-        help="mount options: allow_other, debug",
+        help="mount options: allow_other, allow_root (other users may read, as the stored modes "
+        "allow), ro (read-only: every change fails with EROFS), debug",
     )
     p.set_defaults(func=cmd_mount)
 

@@ -72,7 +72,7 @@ MAX_BACKGROUND = 64
 #: allow_other/allow_root: passed to FUSE (always with default_permissions);
 #: debug: debug logging; no_kernel_tuning: leave read_ahead_kb and
 #: max_background at the kernel defaults (to measure what tuning gains).
-ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug", "no_kernel_tuning"}
+ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug", "no_kernel_tuning", "ro"}
 
 
 class StartupError(Exception):
@@ -125,7 +125,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"tierfsd {__version__}")
     parser.add_argument(
-        "-o", dest="options", default="", help="mount options: allow_other, debug, no_kernel_tuning"
+        "-o",
+        dest="options",
+        default="",
+        help="mount options: allow_other, allow_root, ro, debug, no_kernel_tuning",
     )
     return parser.parse_args(argv)
 
@@ -178,6 +181,8 @@ def fuse_options(options: set[str], source: str = "tierfs") -> set[str]:
     # allow_other is only ever given together with default_permissions (above):
     # the kernel then checks modes, so other users cannot bypass them.
     opts |= options & {"allow_other", "allow_root"}
+    # ro: the kernel refuses every change with EROFS before it reaches us.
+    opts |= options & {"ro"}
     return opts
 
 

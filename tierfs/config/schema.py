@@ -234,6 +234,12 @@ class WriteConfig:
         "size",
         "smallest multipart part (5MiB to 5GiB); smaller files are one PUT",
     )
+    deletes: bool = key(
+        True,
+        conv_bool,
+        "boolean",
+        "false: unlink, rmdir and a rename over a name fail with EPERM; nothing is deleted",
+    )
 
 
 @dataclass(frozen=True, slots=True)

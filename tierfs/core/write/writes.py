@@ -93,6 +93,7 @@ kept in LMDB on this node (not in the bucket).
 
 from __future__ import annotations
 
+import logging
 import stat
 import time
 from collections.abc import Callable
@@ -137,6 +138,8 @@ from .sync import Sync
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 XATTR_VALUE_MAX = 64 * 1024
+
+log = logging.getLogger(__name__)
 
 
 def check_name(name: bytes) -> None:
@@ -370,7 +373,17 @@ class FileWrites:
         w.tx.put_inode(parent_inode)
         w.tx.unlink(parent, name)
 
+    def _refuse_deletes(self, what: str, parent: int, name: bytes) -> None:
+        """``[write] deletes = false``: nothing is deleted through the mount."""
+        if self.config.write.deletes:
+            return
+        above = self.namespace.path_of(parent)
+        path = f"{above}/{name.decode(errors='replace')}".lstrip("/")
+        log.warning("%s of %r refused: [write] deletes = false", what, path)
+        raise NotPermitted(f"{path}: deletes are turned off on this mount ([write] deletes)")
+
     async def unlink(self, parent: int, name: bytes) -> None:
+        self._refuse_deletes("unlink", parent, name)
         dir_inode = await self._parent_for_change(parent)
         inode = self._existing_child(parent, name)
         if inode.is_dir:
@@ -422,6 +435,7 @@ class FileWrites:
         self.space.forget(ino)
 
     async def rmdir(self, parent: int, name: bytes) -> None:
+        self._refuse_deletes("rmdir", parent, name)
         dir_inode = await self._parent_for_change(parent)
         inode = self._existing_child(parent, name)
         if not inode.is_dir:
@@ -453,6 +467,7 @@ class FileWrites:
             return
         target = self.namespace.get(target_ino) if target_ino is not None else None
         if target is not None:
+            self._refuse_deletes("rename over", new_parent, new_name)
             if flags & RENAME_NOREPLACE:
                 raise Exists(new_name.decode(errors="replace"))
             if inode.is_dir and not target.is_dir:
