@@ -497,6 +497,8 @@ def _rate_argument(text: str) -> int:
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
+    if args.list or args.cancel or args.cancel_tag:
+        return _preload_jobs(args)
     fraction = args.ready_fraction
     if fraction is not None and not 0 <= fraction <= 1:
         raise CliError("--ready-fraction must be a number from 0 to 1")
@@ -522,6 +524,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
             "bandwidth": args.bandwidth,
             "detach": args.detach,
             "from_list": list_file is not None,
+            "tag": args.tag,
         }
         with _PreloadView(mount.mount_root, args.json) as view:
             result = request(
@@ -549,6 +552,35 @@ def cmd_preload(args: argparse.Namespace) -> int:
     if result["state"] in ("failed", "cancelled"):
         return 1
     return 1 if result["files_failed"] else 0
+
+
+def _preload_jobs(args: argparse.Namespace) -> int:
+    """``--list``, ``--cancel ID``, ``--cancel-tag TAG``: on the mount of
+    the one PATH given (else of the current directory)."""
+    if sum(map(bool, (args.list, args.cancel, args.cancel_tag))) != 1:
+        raise CliError("give one of --list, --cancel ID, --cancel-tag TAG")
+    if len(args.paths) > 1 or args.from_file:
+        raise CliError("--list and --cancel take at most one PATH: the mount to ask")
+    mount = locate(args.paths[0] if args.paths else os.getcwd())
+    if args.list:
+        jobs = request(mount.socket_path, "preload_list")
+        if args.json:
+            _print_json(jobs)
+        elif not jobs:
+            print(f"no preloads on {mount.mount_root}")
+        for job in [] if args.json else jobs:
+            tag = f" tag {job['tag']}" if job.get("tag") else ""
+            print(f"{_preload_line(job)}; uid {job['owner']}{tag}; {' '.join(job['paths'])}")
+        return 0
+    target = {"id": args.cancel} if args.cancel else {"tag": args.cancel_tag}
+    result = request(mount.socket_path, "preload_cancel", target)
+    if args.json:
+        _print_json(result)
+    elif result["cancelled"]:
+        print(f"cancelled {', '.join(result['cancelled'])}")
+    else:
+        print(f"no running preload tagged {args.cancel_tag!r}")
+    return 0
 
 
 def _prepend(first: str | None, rest: Iterator[str]) -> Iterator[str]:
@@ -893,6 +925,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach",
         action="store_true",
         help="return at once with the preload's id; it runs on in the daemon",
+    )
+    p.add_argument(
+        "--tag",
+        metavar="TAG",
+        help="a tag for the preload, e.g. the scheduler's job id; --cancel-tag TAG cancels it",
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the mount's preloads (id, owner, tag, paths, progress, state) and exit",
+    )
+    p.add_argument("--cancel", metavar="ID", help="cancel the running preload ID and exit")
+    p.add_argument(
+        "--cancel-tag", metavar="TAG", help="cancel every running preload tagged TAG and exit"
     )
     p.add_argument(
         "--bandwidth",

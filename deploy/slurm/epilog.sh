@@ -1,5 +1,6 @@
 #!/bin/bash
-# Slurm Epilog: check that the tierfs mount is still alive after the job.
+# Slurm Epilog: cancel the job's preload if it still runs, and check that the
+# tierfs mount is still alive after the job.
 #
 # slurm.conf:
 #   Epilog=/etc/slurm/epilog.d/tierfs-epilog.sh
@@ -9,15 +10,22 @@
 # endpoint is not connected"): the script then exits 1, which makes Slurm
 # drain the node instead of starting more jobs on a broken mount (systemd's
 # Restart=on-failure brings tierfs back; resume the node after checking).
-# Set TIERFS_EPILOG_DRAIN=0 to only log. Site settings: TIERFS_MOUNT.
+# Set TIERFS_EPILOG_DRAIN=0 to only log. Site settings: TIERFS (the CLI),
+# TIERFS_MOUNT.
 set -u
 PATH=/usr/local/bin:/usr/bin:/bin
+TIERFS=${TIERFS:-/usr/local/bin/tierfs}
 MNT=${TIERFS_MOUNT:-/mnt/main}
 
 log() {
     logger -t tierfs-epilog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || true
     printf 'tierfs-epilog: %s\n' "$*" >&2
 }
+
+# The prolog tagged the job's preload slurm-<job id>: a job that ended needs it no more.
+if [[ -n ${SLURM_JOB_ID:-} ]] && out=$("$TIERFS" preload --cancel-tag "slurm-$SLURM_JOB_ID" "$MNT" 2>&1); then
+    [[ $out == cancelled* ]] && log "$out"
+fi
 
 if findmnt -rn --mountpoint "$MNT" >/dev/null 2>&1 && ! err=$(stat -t "$MNT" 2>&1 >/dev/null); then
     log "tierfs mount $MNT is dead or broken: $err"

@@ -22,6 +22,9 @@
 # TIERFS_PRELOAD_TIMEOUT (seconds; on timeout the preload goes on in the
 # daemon only if the ready fraction was reached, else it is cancelled).
 #
+# The preload is tagged slurm-<job id>; the epilog (epilog.sh) cancels it if
+# it is still running when the job ends.
+#
 # A non-zero exit drains the node, so failures are logged (syslog tag
 # tierfs-prolog) and the script still exits 0: the job then reads lazily.
 set -u
@@ -64,7 +67,9 @@ done
 ((${#args[@]} > 0)) || exit 0
 
 log "preloading ${args[*]} (returning at $READY resident)"
-if timeout "$TIMEOUT" "$TIERFS" preload --ready-fraction "$READY" "${args[@]}" >/dev/null; then
+# Tagged with the job id: the epilog cancels what is left when the job ends.
+if timeout "$TIMEOUT" "$TIERFS" preload --ready-fraction "$READY" --tag "slurm-${SLURM_JOB_ID:-none}" \
+    "${args[@]}" >/dev/null; then
     log "preload ready ($READY of the bytes resident; the rest goes on in the daemon)"
 else
     log "preload failed or timed out (exit $?); the job will read lazily"

@@ -160,3 +160,14 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
     assert wait_until(all_resident, timeout=20)
     assert m.where_one("other/skip.bin")["cached_bytes"] == 0
     assert os.path.ismount(m.path)
+    # The preload carries the job's tag, which the epilog cancels by (it ended here).
+    (job,) = m.status()["preloads"]
+    assert job["tag"] == "slurm-4242" and job["state"] == "done"
+    done = subprocess.run(
+        ["bash", str(REPO / "deploy/slurm/epilog.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "dead or broken" not in done.stderr, done.stderr

@@ -212,6 +212,49 @@ def test_ready_fraction_detach_status_and_ctrl_c(
     assert cached(m, "later/held.bin") == 256 * KiB
 
 
+def test_preloads_are_listed_and_cancelled_by_id_and_by_tag(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """``--list`` shows each preload with its owner and tag; ``--cancel ID``
+    and ``--cancel-tag TAG`` (what the Slurm epilog runs) end running ones;
+    an unknown id is an error that names it.  Held GETs keep them running."""
+    objects = {f"job{j}/held{i}.bin": blob(256 * KiB, 10 * j + i) for j in (1, 2) for i in (1, 2)}
+    m = mount(objects, do_mount=False)
+    through_proxy(m, fault_proxy)
+    m.mount()
+    gate = fault_proxy.hold_requests(lambda line: line.startswith("GET") and "held" in line)
+    try:
+        ids = {}
+        for job in ("job1", "job2"):
+            done = run_tierfs(
+                "preload", str(m.path / job), "--detach", "--json", "--tag", f"slurm-{job}"
+            )
+            assert done.returncode == 0, done.stderr
+            ids[job] = json_lines(done.stdout)[-1]["id"]
+        listed = run_tierfs("preload", "--list", "--json", str(m.path))
+        assert listed.returncode == 0, listed.stderr
+        jobs = {job["id"]: job for job in json.loads(listed.stdout)}
+        for job, job_id in ids.items():
+            assert jobs[job_id]["tag"] == f"slurm-{job}" and jobs[job_id]["owner"] == os.getuid()
+            assert jobs[job_id]["paths"] == [job] and jobs[job_id]["state"] != "done"
+        human = run_tierfs("preload", "--list", str(m.path))
+        assert "tag slurm-job1; job1" in human.stdout, human.stdout
+
+        done = run_tierfs("preload", "--cancel-tag", "slurm-job1", str(m.path))
+        assert done.returncode == 0 and f"cancelled {ids['job1']}" in done.stdout, done
+        assert wait_until(lambda: preloads(m)[ids["job1"]]["state"] == "cancelled", 10)
+        assert preloads(m)[ids["job2"]]["state"] != "cancelled"
+        done = run_tierfs("preload", "--cancel", ids["job2"], str(m.path))
+        assert done.returncode == 0, done.stderr
+        assert wait_until(lambda: preloads(m)[ids["job2"]]["state"] == "cancelled", 10)
+        done = run_tierfs("preload", "--cancel", "p0-404", str(m.path))
+        assert done.returncode == 1 and "preload p0-404 does not exist" in done.stderr, done
+        done = run_tierfs("preload", "--cancel-tag", "slurm-none", str(m.path))
+        assert done.returncode == 0 and "no running preload tagged" in done.stdout
+    finally:
+        gate.set()
+
+
 def rss_peak_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -23,6 +23,7 @@ import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,31 @@ import trio
 from tierfs import __version__
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
-from tierfs.errors import InvalidArgument, TierfsError, describe
+from tierfs.errors import InvalidArgument, NotFound, PermissionDenied, TierfsError, describe
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
 from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader, PreloadJob
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+#: Characters of a preload's tag, at most.
+MAX_TAG = 128
+
+Handler = Callable[[dict[str, Any], "Peer"], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is on the other end of a connection (SO_PEERCRED)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
 
 #: Seconds between two progress events of a streaming request.
 PROGRESS_INTERVAL = 0.5
@@ -75,9 +93,11 @@ class _LineReader:
 class ControlCall:
     """One streaming request's connection, for its handler."""
 
-    def __init__(self, stream: trio.SocketStream, reader: _LineReader) -> None:
+    def __init__(self, stream: trio.SocketStream, reader: _LineReader, peer: Peer) -> None:
         self._stream = stream
         self._reader = reader
+        #: Who sent the request.
+        self.peer = peer
         self._send_lock = trio.Lock()
 
     async def send_event(self, event: str, **fields: Any) -> None:
@@ -119,6 +139,8 @@ class ControlServer:
             "policy_show": self._policy_show,
             "policy_plan": self._policy_plan,
             "policy_reload": self._policy_reload,
+            "preload_list": self._preload_list,
+            "preload_cancel": self._preload_cancel,
         }
         self._streaming: dict[str, StreamingHandler] = {"preload": self._preload}
         self._streaming["prefetch"] = self._prefetch
@@ -154,15 +176,20 @@ class ControlServer:
         finally:
             self.socket_path.unlink(missing_ok=True)
 
-    def _peer_refused(self, stream: trio.SocketStream) -> str | None:
+    @staticmethod
+    def _peer_of(stream: trio.SocketStream) -> Peer:
+        creds = stream.socket.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+        )
+        pid, uid, gid = struct.unpack("3i", creds)
+        return Peer(pid, uid, gid)
+
+    def _peer_refused(self, peer: Peer) -> str | None:
         """Why the peer may not talk to this daemon (None: it may).  Root and
         the daemon's own user (the one who mounted) may; the socket's mode
         (0600 in a 0700 directory) already keeps others out, and this check
         holds even if those modes were changed."""
-        creds = stream.socket.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
-        )
-        pid, uid, _gid = struct.unpack("3i", creds)
+        pid, uid = peer.pid, peer.uid
         if uid in (0, os.geteuid()):
             return None
         log.warning(
@@ -178,7 +205,8 @@ class ControlServer:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            refused = self._peer_refused(stream)
+            peer = self._peer_of(stream)
+            refused = self._peer_refused(peer)
             if refused is not None:
                 with trio.move_on_after(1):  # read the request first: closing with
                     await stream.receive_some(MAX_LINE)  # it unread would reset the reply
@@ -195,12 +223,12 @@ class ControlServer:
                 if not isinstance(args, dict):
                     raise InvalidArgument("control request 'args' must be an object")
                 if isinstance(op, str) and op in self._streaming:
-                    result = await self._streaming[op](args, ControlCall(stream, reader))
+                    result = await self._streaming[op](args, ControlCall(stream, reader, peer))
                 else:
                     handler = self._handlers.get(op) if isinstance(op, str) else None
                     if handler is None:
                         raise InvalidArgument(f"unknown control operation {op!r}")
-                    result = await handler(args)
+                    result = await handler(args, peer)
                 reply: dict[str, Any] = {"ok": True, "result": result}
             except TierfsError as exc:
                 # A missing path is named by its errno's text, never as a bare name.
@@ -224,10 +252,10 @@ class ControlServer:
 
     # --- handlers ----------------------------------------------------------------------
 
-    async def _ping(self, args: dict[str, Any]) -> Any:
+    async def _ping(self, args: dict[str, Any], peer: Peer) -> Any:
         return {"pid": os.getpid(), "mountpoint": str(self.mountpoint), "version": __version__}
 
-    async def _status(self, args: dict[str, Any]) -> Any:
+    async def _status(self, args: dict[str, Any], peer: Peer) -> Any:
         status = self.fs.status()
         status["mountpoint"] = str(self.mountpoint)
         status["pid"] = os.getpid()
@@ -258,6 +286,9 @@ class ControlServer:
             raise InvalidArgument(
                 "'bandwidth' must be a whole number of bytes per second, 0 or more"
             )
+        tag = _optional_str(args, "tag") or ""
+        if len(tag) > MAX_TAG:
+            raise InvalidArgument(f"a preload tag is at most {MAX_TAG} characters")
         spool = preloader.new_spool()
         await self._receive_paths(
             spool,
@@ -271,7 +302,7 @@ class ControlServer:
             spool.close()
             raise InvalidArgument("nothing to preload: no paths given")
         roots = [normalize_path(p, str(self.mountpoint)) for p in paths]
-        job = preloader.start(spool, roots, tier, bandwidth=bandwidth)
+        job = preloader.start(spool, roots, tier, bandwidth=bandwidth, owner=call.peer.uid, tag=tag)
         if detach:
             return job.snapshot()
         sent = _Sent()
@@ -299,6 +330,34 @@ class ControlServer:
         summary["failures"] = [{"path": f.path, "reason": f.reason} for f in job.failures]
         summary["warnings"] = list(job.warnings)
         return summary
+
+    async def _preload_list(self, args: dict[str, Any], peer: Peer) -> Any:
+        """Every preload the daemon knows (running, and the last finished)."""
+        return self.preloader.status() if self.preloader is not None else []
+
+    async def _preload_cancel(self, args: dict[str, Any], peer: Peer) -> Any:
+        """Cancel the running preload ``id``, or every running one tagged
+        ``tag``: its owner's, or any with root.  The ids cancelled."""
+        preloader = self.preloader
+        if preloader is None:
+            raise InvalidArgument("this daemon runs no preload worker")
+        job_id, tag = _optional_str(args, "id"), _optional_str(args, "tag")
+        if (job_id is None) == (tag is None):
+            raise InvalidArgument("name one preload: its 'id', or a 'tag'")
+        jobs = preloader.running(job_id=job_id, tag=tag)
+        if job_id is not None and not jobs:
+            known = job_id in preloader.jobs
+            raise NotFound(f"preload {job_id}" + (" has ended" if known else " does not exist"))
+        others = [job for job in jobs if job.owner != peer.uid and not peer.is_root]
+        if others:
+            raise PermissionDenied(
+                f"preload {others[0].id} belongs to uid {others[0].owner}; "
+                "only its owner or root may cancel it"
+            )
+        for job in jobs:
+            preloader.cancel(job)
+            log.info("preload %s cancelled by uid %d", job.id, peer.uid)
+        return {"cancelled": [job.id for job in jobs]}
 
     @staticmethod
     async def _send_progress(call: ControlCall, job: PreloadJob, sent: _Sent) -> None:
@@ -392,7 +451,7 @@ class ControlServer:
         )
         return await prefetcher.load_order(spool, **window)
 
-    async def _where(self, args: dict[str, Any]) -> Any:
+    async def _where(self, args: dict[str, Any], peer: Peer) -> Any:
         return await self._each_path("where", args, self.fs.where)
 
     @staticmethod
@@ -410,31 +469,31 @@ class ControlServer:
                 results.append({"path": path, "error": describe(exc), "errno": exc.errno})
         return results
 
-    async def _evict(self, args: dict[str, Any]) -> Any:
+    async def _evict(self, args: dict[str, Any], peer: Peer) -> Any:
         tier = _optional_str(args, "tier")
         return await self._each_path(
             "evict", args, lambda path: self.fs.lifecycle.evict_path(path, tier)
         )
 
-    async def _pin(self, args: dict[str, Any]) -> Any:
+    async def _pin(self, args: dict[str, Any], peer: Peer) -> Any:
         tier = _optional_str(args, "tier")
         return await self._each_path(
             "pin", args, lambda path: self.fs.lifecycle.pin_path(path, tier)
         )
 
-    async def _unpin(self, args: dict[str, Any]) -> Any:
+    async def _unpin(self, args: dict[str, Any], peer: Peer) -> Any:
         return await self._each_path("unpin", args, self.fs.lifecycle.unpin_path)
 
-    async def _policy_show(self, args: dict[str, Any]) -> Any:
+    async def _policy_show(self, args: dict[str, Any], peer: Peer) -> Any:
         return await self.fs.lifecycle.show()
 
-    async def _policy_plan(self, args: dict[str, Any]) -> Any:
+    async def _policy_plan(self, args: dict[str, Any], peer: Peer) -> Any:
         return await self.fs.lifecycle.plan_report()
 
-    async def _policy_reload(self, args: dict[str, Any]) -> Any:
+    async def _policy_reload(self, args: dict[str, Any], peer: Peer) -> Any:
         return self.fs.lifecycle.reload()
 
-    async def _flush(self, args: dict[str, Any]) -> Any:
+    async def _flush(self, args: dict[str, Any], peer: Peer) -> Any:
         paths = _paths("flush", args)
         waited = 0
         for path in paths:

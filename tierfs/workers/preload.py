@@ -223,6 +223,10 @@ class PreloadJob:
     tier_name: str | None
     #: Into the shared tier (``--tier`` named it): no local tier is filled.
     shared: bool = False
+    #: The uid that started it (-1: not known) and its tag (``--tag``: the
+    #: scheduler's job id, so that the job's epilog can cancel it).
+    owner: int = -1
+    tag: str = ""
     state: str = "scanning"
     files_total: int = 0
     files_done: int = 0
@@ -290,6 +294,8 @@ class PreloadJob:
         """The job's figures for events, ``status`` and the final summary."""
         return {
             "id": self.id,
+            "owner": self.owner,
+            "tag": self.tag,
             "paths": self.roots,
             "tier": self.tier_name,
             "bandwidth": self.bandwidth,
@@ -374,10 +380,18 @@ class Preloader:
         return PathSpool(self.spool_dir)
 
     def start(
-        self, spool: PathSpool, roots: list[str], tier_name: str | None, *, bandwidth: int = 0
+        self,
+        spool: PathSpool,
+        roots: list[str],
+        tier_name: str | None,
+        *,
+        bandwidth: int = 0,
+        owner: int = -1,
+        tag: str = "",
     ) -> PreloadJob:
         """Start a job over the relpaths in ``spool`` (which it now owns),
-        capped at ``bandwidth`` bytes per second (0: no cap of its own)."""
+        capped at ``bandwidth`` bytes per second (0: no cap of its own),
+        for uid ``owner``, tagged ``tag``."""
         if self._nursery is None:
             spool.close()
             raise InvalidArgument("the preload worker is not running")
@@ -397,6 +411,8 @@ class Preloader:
             tier_name=tier_name if into_shared else self._tier_name(tier),
             shared=into_shared,
             bandwidth=bandwidth,
+            owner=owner,
+            tag=tag,
         )
         self._forget_finished()
         self.jobs[job.id] = job
@@ -408,6 +424,16 @@ class Preloader:
 
     def cancel(self, job: PreloadJob) -> None:
         job.cancel_scope.cancel()
+
+    def running(self, *, job_id: str | None = None, tag: str | None = None) -> list[PreloadJob]:
+        """The jobs not finished yet with that id, or that tag."""
+        return [
+            job
+            for job in self.jobs.values()
+            if not job.done.is_set()
+            and (job_id is None or job.id == job_id)
+            and (tag is None or job.tag == tag)
+        ]
 
     def status(self) -> list[dict[str, Any]]:
         return [job.snapshot() for job in self.jobs.values()]
