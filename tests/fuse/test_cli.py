@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fuse.conftest import (
+    Mount,
     MountFactory,
     daemon_env,
     daemons_using,
@@ -193,28 +196,115 @@ def test_other_users_are_refused_clearly_and_logged(mount: MountFactory, other_u
     m = mount({"a.txt": b"a"})
     socket_path = locate(m.path).socket_path
 
-    # Through the CLI's own path: the mount (no allow_other) and its socket are closed to them.
+    # Without allow_other the kernel keeps them out of the mount, so the CLI
+    # cannot find the daemon's socket: it says who may.
     text = as_user(other_uid, lambda: str(locate(m.path / "a.txt")))
     assert text.startswith("ControlAccessDenied: permission denied"), text
     assert "only root and the user who mounted it" in text, text
-    text = as_user(other_uid, lambda: str(request(socket_path, "status")))
-    assert text.startswith("ControlAccessDenied: permission denied"), text
-    assert "root" in text and f"uid {os.geteuid()}" in text, text
 
-    # With the socket's modes opened up by mistake, the daemon's own check refuses, and logs it.
-    directory = os.path.dirname(socket_path)
-    modes = os.stat(directory).st_mode, os.stat(socket_path).st_mode
-    try:
-        os.chmod(directory, 0o711)
-        os.chmod(socket_path, 0o666)
-        text = as_user(other_uid, lambda: str(request(socket_path, "evict", {"paths": ["a.txt"]})))
-    finally:
-        os.chmod(directory, modes[0] & 0o7777)
-        os.chmod(socket_path, modes[1] & 0o7777)
-    assert text.startswith("ControlError: permission denied: only root and the user who mounted")
+    # The socket serves every local user; the admin operations stay root's
+    # (and the mounting user's), refused with a sentence, and logged.
+    assert as_user(other_uid, lambda: str(request(socket_path, "ping")["pid"])).startswith("ok")
+    text = as_user(other_uid, lambda: str(request(socket_path, "evict", {"paths": ["a.txt"]})))
+    assert text.startswith("ControlError: permission denied: evict on"), text
+    assert f"is for root and the user who mounted it (uid {os.geteuid()})" in text, text
     assert f"you are uid {other_uid}" in text, text
-    assert wait_until(
-        lambda: f"refused a connection from uid {other_uid}" in m.log_path.read_text(), 10
-    )
+    text = as_user(other_uid, lambda: str(request(socket_path, "policy_reload")))
+    assert text.startswith("ControlError: permission denied: policy_reload"), text
+    assert wait_until(lambda: f"refused evict from uid {other_uid}" in m.log_path.read_text(), 10)
     # Root still gets through.
     assert request(socket_path, "ping")["pid"] > 0
+
+
+def test_a_user_job_reads_and_steers_what_it_may_read(mount: MountFactory, other_uid: int) -> None:
+    """An allow_other mount: another user reads a 0644 file and is refused
+    a 0600 one and a file in a 0700 directory, by the kernel; through the
+    control socket it may ask where, flush, preload and prefetch what it may
+    read, and each path it may not read is refused by name with nothing
+    fetched."""
+    objects = {
+        "open/shard-0.bin": os.urandom(300_000),
+        "open/shard-1.bin": os.urandom(200_000),
+        "closed/secret.bin": os.urandom(100_000),
+        "open/private.bin": os.urandom(100_000),
+    }
+    m = mount(objects, options="allow_other")
+    with traversable(m.path):
+        steered_by_another_user(m, other_uid)
+
+
+@contextlib.contextmanager
+def traversable(path: Path) -> Iterator[None]:
+    """The directories above ``path`` (pytest's, 0700) searchable by every
+    user meanwhile, as a mount point's parents are on a node."""
+    changed = []
+    for parent in path.parents:
+        if parent == Path(tempfile.gettempdir()) or parent == parent.parent:
+            break
+        mode = parent.stat().st_mode & 0o7777
+        if mode & 0o001 == 0:
+            changed.append((parent, mode))
+            os.chmod(parent, mode | 0o001)
+    try:
+        yield
+    finally:
+        for parent, mode in changed:
+            os.chmod(parent, mode)
+
+
+def steered_by_another_user(m: Mount, other_uid: int) -> None:
+    os.chmod(m.path / "closed", 0o700)
+    os.chmod(m.path / "open/private.bin", 0o600)
+    socket_path = locate(m.path).socket_path
+
+    def read(name: str) -> Callable[[], str]:
+        return lambda: str(len((m.path / name).read_bytes()))
+
+    assert as_user(other_uid, read("open/shard-0.bin")) == "ok: 300000"
+    assert as_user(other_uid, read("open/private.bin")).startswith("PermissionError")
+    assert as_user(other_uid, read("closed/secret.bin")).startswith("PermissionError")
+
+    def where(name: str) -> Callable[[], str]:
+        return lambda: json.dumps(request(socket_path, "where", {"paths": [name]}))
+
+    (item,) = json.loads(as_user(other_uid, where("open/shard-0.bin")).removeprefix("ok: "))
+    assert item["size"] == 300_000, item
+    (item,) = json.loads(as_user(other_uid, where("closed/secret.bin")).removeprefix("ok: "))
+    assert item["error"] == "Permission denied: closed" and item["errno"] == 13, item
+
+    def preload(path: str) -> Callable[[], str]:
+        # In the forked child, not the CLI: the venv's interpreter may live
+        # where that user cannot run it (the CLI sends the same request).
+        return lambda: json.dumps(request(socket_path, "preload", {"paths": [path]}))
+
+    summary = json.loads(as_user(other_uid, preload("open")).removeprefix("ok: "))
+    assert (summary["state"], summary["files_failed"]) == ("done", 1), summary
+    assert summary["failures"] == [
+        {"path": "open/private.bin", "reason": "Permission denied: open/private.bin"}
+    ], summary
+    assert summary["owner"] == other_uid
+    assert m.where_one("open/shard-1.bin")["cached_bytes"] == 200_000
+    assert m.where_one("open/private.bin")["cached_bytes"] == 0
+    summary = json.loads(as_user(other_uid, preload("closed/secret.bin")).removeprefix("ok: "))
+    assert summary["failures"] == [
+        {"path": "closed/secret.bin", "reason": "Permission denied: closed"}
+    ], summary
+    assert m.where_one("closed/secret.bin")["cached_bytes"] == 0
+
+    def flush(name: str) -> Callable[[], str]:
+        return lambda: json.dumps(request(socket_path, "flush", {"paths": [name]}))
+
+    assert as_user(other_uid, flush("open/shard-0.bin")) == 'ok: {"entries": 0}'
+    text = as_user(other_uid, flush("open/private.bin"))
+    assert text == "ControlError: Permission denied: open/private.bin", text
+
+    def prefetch() -> str:
+        import tierfs.client
+
+        return json.dumps(
+            tierfs.client.set_order(m.path, ["open/shard-0.bin", "closed/secret.bin"])
+        )
+
+    summary = json.loads(as_user(other_uid, prefetch).removeprefix("ok: "))
+    assert summary["order_files"] == 1, summary
+    assert summary["missing_named"] == ["closed/secret.bin: Permission denied: closed"], summary

@@ -32,6 +32,7 @@ import trio
 from tierfs import __version__
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
+from tierfs.core.names.access import Caller, readable
 from tierfs.errors import InvalidArgument, NotFound, PermissionDenied, TierfsError, describe
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
 from tierfs.workers.prefetch import Prefetcher
@@ -39,6 +40,8 @@ from tierfs.workers.preload import Preloader, PreloadJob
 
 log = logging.getLogger(__name__)
 
+#: Operations for root and the daemon's own user only.
+ADMIN_OPS = frozenset({"evict", "pin", "unpin", "policy_reload"})
 #: Characters of a preload's tag, at most.
 MAX_TAG = 128
 
@@ -47,11 +50,13 @@ Handler = Callable[[dict[str, Any], "Peer"], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who is on the other end of a connection (SO_PEERCRED)."""
+    """Who is on the other end of a connection (SO_PEERCRED), and the
+    caller the path checks use (its groups too)."""
 
     pid: int
     uid: int
     gid: int
+    caller: Caller
 
     @property
     def is_root(self) -> bool:
@@ -151,13 +156,15 @@ class ControlServer:
 
     def bind(self) -> trio.socket.SocketType:
         """Create the socket (synchronously, before the mount is announced)."""
+        # Every local user may connect (0755 directory, 0666 socket): what
+        # each may do is checked per request (``_peer_refused``, ``access``).
         directory = self.socket_path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(directory, 0o700)
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(directory, 0o755)
         if self.socket_path.is_socket() or self.socket_path.exists():
             self.socket_path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
+        old_umask = os.umask(0o111)
         try:
             sock.bind(str(self.socket_path))
         finally:
@@ -182,39 +189,31 @@ class ControlServer:
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
         )
         pid, uid, gid = struct.unpack("3i", creds)
-        return Peer(pid, uid, gid)
+        return Peer(pid, uid, gid, Caller.of_process(pid, uid, gid))
 
-    def _peer_refused(self, peer: Peer) -> str | None:
-        """Why the peer may not talk to this daemon (None: it may).  Root and
-        the daemon's own user (the one who mounted) may; the socket's mode
-        (0600 in a 0700 directory) already keeps others out, and this check
-        holds even if those modes were changed."""
-        pid, uid = peer.pid, peer.uid
-        if uid in (0, os.geteuid()):
+    def _peer_refused(self, peer: Peer, op: object) -> str | None:
+        """Why the peer may not run ``op`` (None: it may).  Every local user
+        may ask about, flush, preload and prefetch the paths it may read
+        (each path is checked as the kernel would: ``access``); the admin
+        operations (``ADMIN_OPS``) are for root and the daemon's own user
+        (the one who mounted)."""
+        if op not in ADMIN_OPS or peer.uid in (0, os.geteuid()):
             return None
         log.warning(
-            "control: refused a connection from uid %d (pid %d): only root and uid %d may",
-            uid,
-            pid,
+            "control: refused %s from uid %d (pid %d): only root and uid %d may",
+            op,
+            peer.uid,
+            peer.pid,
             os.geteuid(),
         )
         return (
-            f"permission denied: only root and the user who mounted {self.mountpoint} "
-            f"(uid {os.geteuid()}) may use its control socket; you are uid {uid}"
+            f"permission denied: {op} on {self.mountpoint} is for root and the user who "
+            f"mounted it (uid {os.geteuid()}); you are uid {peer.uid}"
         )
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         async with stream:
             peer = self._peer_of(stream)
-            refused = self._peer_refused(peer)
-            if refused is not None:
-                with trio.move_on_after(1):  # read the request first: closing with
-                    await stream.receive_some(MAX_LINE)  # it unread would reset the reply
-                with contextlib.suppress(trio.BrokenResourceError):
-                    await stream.send_all(
-                        encode({"ok": False, "error": refused, "errno": errno.EACCES})
-                    )
-                return
             reader = _LineReader(stream)
             try:
                 request = decode((await reader.line()) or b"")
@@ -222,6 +221,9 @@ class ControlServer:
                 args = request.get("args") or {}
                 if not isinstance(args, dict):
                     raise InvalidArgument("control request 'args' must be an object")
+                refused = self._peer_refused(peer, op)
+                if refused is not None:
+                    raise PermissionDenied(refused)
                 if isinstance(op, str) and op in self._streaming:
                     result = await self._streaming[op](args, ControlCall(stream, reader, peer))
                 else:
@@ -302,7 +304,9 @@ class ControlServer:
             spool.close()
             raise InvalidArgument("nothing to preload: no paths given")
         roots = [normalize_path(p, str(self.mountpoint)) for p in paths]
-        job = preloader.start(spool, roots, tier, bandwidth=bandwidth, owner=call.peer.uid, tag=tag)
+        job = preloader.start(
+            spool, roots, tier, bandwidth=bandwidth, caller=call.peer.caller, tag=tag
+        )
         if detach:
             return job.snapshot()
         sent = _Sent()
@@ -449,10 +453,19 @@ class ControlServer:
             noun="order",
             rejected="prefetch order, the previous order stays",
         )
-        return await prefetcher.load_order(spool, **window)
+        return await prefetcher.load_order(spool, caller=call.peer.caller, **window)
 
     async def _where(self, args: dict[str, Any], peer: Peer) -> Any:
-        return await self._each_path("where", args, self.fs.where)
+        async def where(path: str) -> dict[str, Any]:
+            await self._check_readable(path, peer)
+            return await self.fs.where(path)
+
+        return await self._each_path("where", args, where)
+
+    async def _check_readable(self, path: str, peer: Peer) -> None:
+        """PermissionDenied unless ``peer`` may read ``path`` (``access``)."""
+        if not peer.is_root:
+            await readable(self.fs.namespace, path, peer.caller)
 
     @staticmethod
     async def _each_path(
@@ -495,6 +508,8 @@ class ControlServer:
 
     async def _flush(self, args: dict[str, Any], peer: Peer) -> Any:
         paths = _paths("flush", args)
+        for path in paths:  # every path checked before anything is waited for
+            await self._check_readable(path, peer)
         waited = 0
         for path in paths:
             waited += await self.fs.flush_path(path)

@@ -96,9 +96,10 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
+from tierfs.core.names.access import READ, Caller, permits, searchable
 from tierfs.core.read.fetch_slots import FetchPriority
 from tierfs.core.read.openfiles import CachedFile
-from tierfs.errors import IsADirectory, TierfsError, describe
+from tierfs.errors import IsADirectory, PermissionDenied, TierfsError, describe
 from tierfs.meta import Inode
 
 from .pathlists import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool
@@ -290,11 +291,14 @@ class Prefetcher:
         *,
         window_files: int | None = None,
         window_bytes: int | None = None,
+        caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Resolve the relpaths of ``spool`` (which it closes) and make them
         the order, replacing the previous one; an empty spool stops
-        prefetching.  Missing files are named (up to ``BAD_LINES_NAMED``)
-        and left out; the rest goes on."""
+        prefetching.  Missing files, and files ``caller`` may not read
+        (``access``: a directory above it without search, the file without
+        read), are named (up to ``BAD_LINES_NAMED``) and left out; the rest
+        goes on."""
         order = _Order(spool.count)
         missing: list[str] = []
         nmissing = 0
@@ -304,9 +308,11 @@ class Prefetcher:
                 if count % SPOOL_BATCH == 0:
                     await trio.sleep(0)
                 try:
-                    inode = await self._resolve(relpath, parents)
+                    inode = await self._resolve(relpath, parents, caller)
                     if not inode.is_file:
                         raise IsADirectory("is not a regular file")
+                    if caller is not None and not permits(inode, caller, READ):
+                        raise PermissionDenied(f"Permission denied: {relpath}")
                 except TierfsError as exc:
                     nmissing += 1
                     if len(missing) < BAD_LINES_NAMED:
@@ -323,17 +329,23 @@ class Prefetcher:
         log.info("prefetch order: %d files, %d missing", len(order), nmissing)
         return summary
 
-    async def _resolve(self, relpath: str, parents: dict[str, int]) -> Inode:
+    async def _resolve(self, relpath: str, parents: dict[str, int], caller: Caller | None) -> Inode:
         """The inode of a (normalized) relpath; its directory is looked up
-        once per ``parents`` (an order's files share a few directories: one
-        name lookup per file instead of one per path component)."""
+        (and, for a ``caller`` that is not root, checked for search all the
+        way down) once per ``parents`` (an order's files share a few
+        directories: one name lookup per file instead of one per path
+        component)."""
         namespace = self.fs.namespace
         parent_path, _, name = relpath.rpartition("/")
         if not name:
             return await namespace.resolve(relpath)
         parent = parents.get(parent_path)
         if parent is None:
-            parent = (await namespace.resolve(parent_path)).ino
+            if caller is not None and not caller.is_root:
+                above = await searchable(namespace, parent_path, caller)
+            else:
+                above = await namespace.resolve(parent_path)
+            parent = above.ino
             if len(parents) >= PARENTS_KEPT:
                 parents.clear()
             parents[parent_path] = parent

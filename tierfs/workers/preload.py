@@ -179,7 +179,8 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
-from tierfs.errors import InvalidArgument, TierfsError, describe
+from tierfs.core.names.access import READ, Caller, permits, readable
+from tierfs.errors import Busy, InvalidArgument, TierfsError, describe
 from tierfs.workers.pathlists import SPOOL_BATCH, PathSpool
 
 from .throttle import Throttle
@@ -192,6 +193,8 @@ RANGE_BYTES = 64 * 1024 * 1024
 FAILURES_KEPT = 1000
 #: Finished jobs kept for ``status``.
 FINISHED_KEPT = 8
+#: Preloads one user (not root) may have running at once.
+PRELOADS_PER_USER = 8
 
 
 class _Wakeup:
@@ -223,9 +226,10 @@ class PreloadJob:
     tier_name: str | None
     #: Into the shared tier (``--tier`` named it): no local tier is filled.
     shared: bool = False
-    #: The uid that started it (-1: not known) and its tag (``--tag``: the
-    #: scheduler's job id, so that the job's epilog can cancel it).
-    owner: int = -1
+    #: Who started it (None: the daemon itself, root's rights) and its tag
+    #: (``--tag``: the scheduler's job id, so that the job's epilog can
+    #: cancel it).  Only paths the caller may read are fetched.
+    caller: Caller | None = None
     tag: str = ""
     state: str = "scanning"
     files_total: int = 0
@@ -253,6 +257,11 @@ class PreloadJob:
 
     def __post_init__(self) -> None:
         self.throttle = Throttle(self.bandwidth)
+
+    @property
+    def owner(self) -> int:
+        """The uid that started the job (0: the daemon itself)."""
+        return self.caller.uid if self.caller is not None else 0
 
     def fail(self, path: str, reason: str) -> None:
         self.files_failed += 1
@@ -386,15 +395,24 @@ class Preloader:
         tier_name: str | None,
         *,
         bandwidth: int = 0,
-        owner: int = -1,
+        caller: Caller | None = None,
         tag: str = "",
     ) -> PreloadJob:
         """Start a job over the relpaths in ``spool`` (which it now owns),
         capped at ``bandwidth`` bytes per second (0: no cap of its own),
-        for uid ``owner``, tagged ``tag``."""
+        for ``caller`` (only what it may read is fetched; at most
+        ``PRELOADS_PER_USER`` running per user but root), tagged ``tag``."""
         if self._nursery is None:
             spool.close()
             raise InvalidArgument("the preload worker is not running")
+        if caller is not None and not caller.is_root:
+            mine = [job for job in self.running() if job.owner == caller.uid]
+            if len(mine) >= PRELOADS_PER_USER:
+                spool.close()
+                raise Busy(
+                    f"uid {caller.uid} has {len(mine)} preloads running, the most one user "
+                    f"may ({', '.join(job.id for job in mine)}); cancel one or wait"
+                )
         shared = self.fs.shared_tier
         into_shared = shared is not None and tier_name == shared.name
         try:
@@ -411,7 +429,7 @@ class Preloader:
             tier_name=tier_name if into_shared else self._tier_name(tier),
             shared=into_shared,
             bandwidth=bandwidth,
-            owner=owner,
+            caller=caller,
             tag=tag,
         )
         self._forget_finished()
@@ -491,8 +509,14 @@ class Preloader:
         for count, relpath in enumerate(spool.lines()):
             if count % SPOOL_BATCH == 0:
                 await trio.sleep(0)
+            caller = job.caller
             try:
+                if caller is not None and not caller.is_root:
+                    await readable(self.fs.namespace, relpath, caller)
                 async for inode, path in self.fs.namespace.walk(relpath):
+                    if caller is not None and not permits(inode, caller, READ):
+                        job.fail(path, f"Permission denied: {path}")
+                        continue
                     size = inode.size
                     resident = (
                         0  # the shared tier is asked per block, by the fetch pass
