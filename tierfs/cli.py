@@ -131,6 +131,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
             if time.monotonic() > deadline:
                 raise CliError(f"unmounted, but the daemon (pid {pid}) has not exited yet")
             time.sleep(0.05)
+    if args.json:
+        _print_json({"unmounted": str(mountpoint), "pid": pid, "flushed": bool(args.flush)})
     return 0
 
 
@@ -344,8 +346,11 @@ def _print_where(results: list[dict[str, Any]]) -> None:
 
 
 def cmd_flush(args: argparse.Namespace) -> int:
+    waited = 0
     for sock, relpaths in by_mount(args.paths).values():
-        request(sock, "flush", {"paths": relpaths}, timeout=None)
+        waited += request(sock, "flush", {"paths": relpaths}, timeout=None)["entries"]
+    if args.json:
+        _print_json({"flushed": args.paths, "entries_waited_for": waited})
     return 0
 
 
@@ -608,6 +613,9 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
     finally:
         if order_file is not sys.stdin:
             order_file.close()
+    if args.json:
+        _print_json(result)
+        return 1 if result["missing"] else 0
     for line in result.get("missing_named", []):
         print(f"tierfs prefetch: left out: {line}", file=sys.stderr)
     if result["missing"] > len(result.get("missing_named", [])):
@@ -786,7 +794,10 @@ def cmd_policy_plan(args: argparse.Namespace) -> int:
 
 def cmd_policy_reload(args: argparse.Namespace) -> int:
     reloaded = request(_mount_socket(args.mountpoint), "policy_reload")
-    print(f"reloaded: {reloaded['rules']} rules in force")
+    if args.json:
+        _print_json(reloaded)
+    else:
+        print(f"reloaded: {reloaded['rules']} rules in force")
     return 0
 
 
@@ -840,6 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait until every pending upload is in the bucket first",
     )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser("status", help="per tier: capacity, used, watermarks, files; hit ratio")
@@ -867,6 +879,7 @@ def build_parser() -> argparse.ArgumentParser:
         "refusing the uploads.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_flush)
 
     p = sub.add_parser(
@@ -977,6 +990,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the read order: one path per line ('-': stdin), relative to the mount root or "
         "absolute inside the mount; blank lines are skipped. Streamed to the daemon",
     )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_prefetch)
 
     p = sub.add_parser(
@@ -1030,6 +1044,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rejected with file:line and the rules in force stay.",
     )
     c.add_argument("mountpoint")
+    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
     c.set_defaults(func=cmd_policy_reload)
     return parser
 
@@ -1039,10 +1054,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        if getattr(args, "json", False):
+            _print_json({"ok": False, "error": str(exc)})
+        else:
+            print(str(exc), file=sys.stderr)
         return 1
     except (CliError, TierfsError) as exc:
-        print(f"tierfs: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # one JSON document, the error too
+            _print_json({"ok": False, "error": str(exc), "errno": getattr(exc, "errno", None)})
+        else:
+            print(f"tierfs: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

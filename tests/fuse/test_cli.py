@@ -308,3 +308,34 @@ def steered_by_another_user(m: Mount, other_uid: int) -> None:
     summary = json.loads(as_user(other_uid, prefetch).removeprefix("ok: "))
     assert summary["order_files"] == 1, summary
     assert summary["missing_named"] == ["closed/secret.bin: Permission denied: closed"], summary
+
+
+def test_every_command_that_prints_a_result_has_json_and_errors_are_json_too(
+    mount: MountFactory, tmp_path: Path
+) -> None:
+    m = mount({"a.txt": b"a", "b.txt": b"b"})
+    (m.path / "new.txt").write_bytes(b"new")
+    done = run_tierfs("flush", "--json", str(m.path / "new.txt"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["flushed"] == [str(m.path / "new.txt")]
+
+    order = tmp_path / "order.txt"
+    order.write_text("a.txt\nmissing.txt\n")
+    done = run_tierfs("prefetch", str(m.path), "--order", str(order), "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 1 and result["order_files"] == 1 and result["missing"] == 1
+
+    done = run_tierfs("policy", "reload", "--json", str(m.path))
+    assert done.returncode == 0 and "rules" in json.loads(done.stdout), done
+
+    done = run_tierfs("where", "--json", str(tmp_path))  # not on a mount: the error as JSON
+    error = json.loads(done.stdout)
+    assert (
+        done.returncode == 1 and error["ok"] is False and "not on a tierfs mount" in error["error"]
+    )
+    assert done.stderr == ""
+
+    pid = m.status()["pid"]
+    done = run_tierfs("umount", "--json", str(m.path))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"unmounted": str(m.path), "pid": pid, "flushed": False}
