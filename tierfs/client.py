@@ -3,8 +3,10 @@
 Importable without the daemon's dependencies (no trio, lmdb, boto3 or
 pyfuse3): it speaks the control protocol over the mount's Unix socket,
 found through the mount root's xattr (``tierfs.control.client.locate``).
-Like every control request, it is allowed to root and to the user who
-mounted; the training job must run as one of them.
+Any local user may set an order (the mount needs ``allow_other`` for users
+other than the one who mounted): each file is checked against the caller's
+rights as the kernel would, and a file it may not read is left out and
+named, not fetched.
 
     import tierfs.client
     tierfs.client.set_order("/mnt/data", ["train/0007.jpg", "train/0001.jpg", ...])
