@@ -142,13 +142,17 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
             "TIERFS_READY_FRACTION": "0.5",
         }
     )
-    done = subprocess.run(
-        ["bash", str(REPO / "deploy/slurm/prolog.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def slurm(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(REPO / "deploy/slurm" / script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = slurm("prolog.sh")
     assert done.returncode == 0, done.stderr
     assert f"preloading {m.path}/jobdata" in done.stderr
     assert "preload ready" in done.stderr
@@ -163,11 +167,5 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
     # The preload carries the job's tag, which the epilog cancels by (it ended here).
     (job,) = m.status()["preloads"]
     assert job["tag"] == "slurm-4242" and job["state"] == "done"
-    done = subprocess.run(
-        ["bash", str(REPO / "deploy/slurm/epilog.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = slurm("epilog.sh")
     assert done.returncode == 0 and "dead or broken" not in done.stderr, done.stderr
