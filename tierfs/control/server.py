@@ -50,17 +50,19 @@ Handler = Callable[[dict[str, Any], "Peer"], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who is on the other end of a connection (SO_PEERCRED), and the
-    caller the path checks use (its groups too)."""
+    """Who is on the other end of a connection (SO_PEERCRED): its process
+    and the caller the path checks use (uid and every group)."""
 
     pid: int
-    uid: int
-    gid: int
     caller: Caller
 
     @property
+    def uid(self) -> int:
+        return self.caller.uid
+
+    @property
     def is_root(self) -> bool:
-        return self.uid == 0
+        return self.caller.is_root
 
 
 #: Seconds between two progress events of a streaming request.
@@ -189,7 +191,7 @@ class ControlServer:
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
         )
         pid, uid, gid = struct.unpack("3i", creds)
-        return Peer(pid, uid, gid, Caller.of_process(pid, uid, gid))
+        return Peer(pid, Caller.of_process(pid, uid, gid))
 
     def _peer_refused(self, peer: Peer, op: object) -> str | None:
         """Why the peer may not run ``op`` (None: it may).  Every local user

@@ -152,7 +152,7 @@ class SharedBucket:
             data: bytes = answer["Body"].read()
             return data
         except botocore.exceptions.ClientError as exc:
-            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if _code(exc) in _NOT_THERE:
                 return None
             raise StoreError(f"shared tier GET {key}: {_code(exc)}") from exc
         except _TRANSPORT_ERRORS as exc:  # the body broke off
@@ -185,7 +185,7 @@ class SharedBucket:
         try:
             answer = self._call("head_object", key)
         except botocore.exceptions.ClientError as exc:
-            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if _code(exc) in _NOT_THERE:
                 return None
             raise StoreError(f"shared tier HEAD {key}: {_code(exc)}") from exc
         written = answer.get("LastModified")
@@ -199,6 +199,8 @@ class SharedBucket:
         return max(0.0, (now - written).total_seconds())
 
 
+#: Error codes of a GET or HEAD of a key that is not there.
+_NOT_THERE = ("NoSuchKey", "404", "NotFound")
 #: Error codes of a conditional PUT that found the object there (S3 says
 #: 412 PreconditionFailed; 409 ConditionalRequestConflict while another
 #: conditional PUT of the key is in flight).

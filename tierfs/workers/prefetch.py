@@ -331,8 +331,7 @@ class Prefetcher:
 
     async def _resolve(self, relpath: str, parents: dict[str, int], caller: Caller | None) -> Inode:
         """The inode of a (normalized) relpath; its directory is looked up
-        (and, for a ``caller`` that is not root, checked for search all the
-        way down) once per ``parents`` (an order's files share a few
+        (and, for a ``caller``, checked for search all the way down) once per ``parents`` (an order's files share a few
         directories: one name lookup per file instead of one per path
         component)."""
         namespace = self.fs.namespace
@@ -341,10 +340,11 @@ class Prefetcher:
             return await namespace.resolve(relpath)
         parent = parents.get(parent_path)
         if parent is None:
-            if caller is not None and not caller.is_root:
-                above = await searchable(namespace, parent_path, caller)
-            else:
-                above = await namespace.resolve(parent_path)
+            above = (
+                await namespace.resolve(parent_path)
+                if caller is None
+                else await searchable(namespace, parent_path, caller)
+            )
             parent = above.ino
             if len(parents) >= PARENTS_KEPT:
                 parents.clear()

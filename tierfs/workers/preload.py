@@ -511,7 +511,7 @@ class Preloader:
                 await trio.sleep(0)
             caller = job.caller
             try:
-                if caller is not None and not caller.is_root:
+                if caller is not None and not caller.is_root:  # root: no second lookup
                     await readable(self.fs.namespace, relpath, caller)
                 async for inode, path in self.fs.namespace.walk(relpath):
                     if caller is not None and not permits(inode, caller, READ):
