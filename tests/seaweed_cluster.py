@@ -65,13 +65,21 @@ def weed_binary() -> str:
     return found
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now.  SeaweedFS also listens on port +
-    10000 for gRPC unless told otherwise, so each gRPC port is picked too."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(taken: set[int] | None = None) -> int:
+    """A TCP port free on 127.0.0.1 now, and not in ``taken`` (to which it
+    is added): the kernel may hand the same free port out twice in a row,
+    and two processes of one cluster must not get it.  SeaweedFS also
+    listens on port + 10000 for gRPC unless told otherwise, so each gRPC
+    port is picked too."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if taken is None:
+            return port
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 @dataclass
@@ -156,6 +164,7 @@ class SeaweedCluster:
     # --- lifetime ------------------------------------------------------------------
 
     def start(self) -> SeaweedCluster:
+        ports: set[int] = set()  # every port of this cluster, each once
         if self.root is None:
             self.root = Path(tempfile.mkdtemp(prefix="tierfs-seaweed-"))
             self._made_root = True
@@ -163,7 +172,7 @@ class SeaweedCluster:
         root = self.root
         logs = root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        master_port, master_grpc = free_port(), free_port()
+        master_port, master_grpc = free_port(ports), free_port(ports)
         master = f"127.0.0.1:{master_port}.{master_grpc}"
         common = [f"-logdir={logs}"]
         loopback = ["-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
@@ -183,11 +192,11 @@ class SeaweedCluster:
                 f"volume{index}",
                 [
                     *(weed, *common, "volume", *loopback, f"-dir={data}", f"-master={master}"),
-                    *(f"-port={free_port()}", f"-port.grpc={free_port()}", "-max=0"),
+                    *(f"-port={free_port(ports)}", f"-port.grpc={free_port(ports)}", "-max=0"),
                     *("-minFreeSpace=1", f"-rack=rack{index}"),
                 ],
             )
-        filer_port, filer_grpc = free_port(), free_port()
+        filer_port, filer_grpc = free_port(ports), free_port(ports)
         (root / "filer").mkdir(exist_ok=True)
         self._add(
             "filer",
@@ -208,13 +217,13 @@ class SeaweedCluster:
         }
         s3_config = root / "s3.json"
         s3_config.write_text(json.dumps(identities))
-        self.s3_port = free_port()
+        self.s3_port = free_port(ports)
         self._add(
             "s3",
             [
                 *(weed, *common, "s3", "-ip.bind=127.0.0.1", f"-config={s3_config}"),
                 *(f"-filer=127.0.0.1:{filer_port}.{filer_grpc}", f"-port={self.s3_port}"),
-                *(f"-port.grpc={free_port()}", "-port.iceberg=0", "-port.lance=0"),
+                *(f"-port.grpc={free_port(ports)}", "-port.iceberg=0", "-port.lance=0"),
                 f"-localSocket={root / 's3.sock'}",
             ],
         )
