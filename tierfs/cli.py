@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -44,10 +45,26 @@ class CliError(Exception):
 # --- mount / umount -------------------------------------------------------------------
 
 
+#: The modules the daemon needs beyond the client's (``tierfs[daemon]``).
+DAEMON_MODULES = ("pyfuse3", "trio", "boto3", "obstore", "lmdb", "xxhash", "prometheus_client")
+
+
+def _check_daemon_installed() -> None:
+    """A client-only install (``pip install tierfs``) cannot mount: say what to install."""
+    missing = [name for name in DAEMON_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise CliError(
+            f"this install of tierfs has only the client: the daemon needs {', '.join(missing)}; "
+            "install the daemon's dependencies with: pip install 'tierfs[daemon]' "
+            "(pyfuse3 needs libfuse3-dev, pkg-config and a C compiler to build)"
+        )
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     config_path = Path(args.config)
     mountpoint = Path(args.mountpoint)
     config = load_config(config_path)  # fail here, with file:line, before forking
+    _check_daemon_installed()
     if not mountpoint.is_dir():
         raise CliError(f"mount point {mountpoint} does not exist or is not a directory")
     if os.path.ismount(mountpoint):
@@ -185,8 +202,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for job in status.get("preloads", []):
         print(f"preload:  {_preload_line(job)}")
     prefetch = status.get("prefetch")
-    if prefetch and prefetch["order_files"]:
-        print(f"prefetch: {_prefetch_line(prefetch)}")
+    for order in prefetch["orders"] if prefetch else []:
+        print(f"prefetch: {_prefetch_line(order)}")
     dir_readahead = status.get("dir_readahead")
     if dir_readahead and dir_readahead["files_fetched"]:
         print(
@@ -501,6 +518,13 @@ def _rate_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _rank(text: str) -> int:
+    """An argparse type: a rank, a whole number from 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a rank is a whole number from 0, not {text!r}")
+    return int(text)
+
+
 def cmd_preload(args: argparse.Namespace) -> int:
     if args.list or args.cancel or args.cancel_tag:
         return _preload_jobs(args)
@@ -599,6 +623,10 @@ def _prepend(first: str | None, rest: Iterator[str]) -> Iterator[str]:
 
 def cmd_prefetch(args: argparse.Namespace) -> int:
     mount = locate(args.mountpoint)
+    if args.clear or args.all:
+        return _prefetch_clear(args, mount.socket_path, mount.mount_root)
+    if args.order is None:
+        raise CliError("give --order FILE (the read order), or --clear to end an order")
     if args.order == "-":
         order_file: IO[str] = sys.stdin
     else:
@@ -606,9 +634,12 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
             order_file = open(args.order, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
         except OSError as exc:
             raise CliError(f"{args.order}: {exc.strerror}") from None
+    session: dict[str, Any] = {"job": args.job or ""}
+    if args.rank is not None:
+        session["rank"] = args.rank
     try:
         result = request(
-            mount.socket_path, "prefetch", {}, more=list_chunks(_list_lines(order_file))
+            mount.socket_path, "prefetch", session, more=list_chunks(_list_lines(order_file))
         )
     finally:
         if order_file is not sys.stdin:
@@ -624,23 +655,55 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if not result["order_files"]:
-        print(f"prefetch: no order on {mount.mount_root}; prefetching stopped")
+        print(f"prefetch: no order for {_session_name(session)} on {mount.mount_root}")
     else:
         print(
-            f"prefetch: order of {result['order_files']} files on {mount.mount_root}; window "
+            f"prefetch: order {result['id']} ({_session_name(result)}) of "
+            f"{result['order_files']} files on {mount.mount_root}; window "
             f"{result['window_files']} files / {format_size(result['window_bytes'])}"
             + (f"; {result['missing']} missing files left out" if result["missing"] else "")
         )
     return 1 if result["missing"] else 0
 
 
-def _prefetch_line(prefetch: dict[str, Any]) -> str:
+def _prefetch_clear(args: argparse.Namespace, socket_path: str, mount_root: Path) -> int:
+    clear: dict[str, Any] = {}
+    if args.job:  # every session of that job
+        clear["job"] = args.job
+    elif not args.all:  # the unnamed order
+        clear.update(job="", session="")
+    if args.rank is not None:
+        clear["rank"] = args.rank
+    result = request(socket_path, "prefetch_clear", clear)
+    if args.json:
+        _print_json(result)
+    else:
+        ended = ", ".join(str(ident) for ident in result["ended"]) or "none"
+        print(f"prefetch: orders ended on {mount_root}: {ended}")
+    return 0
+
+
+def _session_name(order: dict[str, Any]) -> str:
+    """An order's session for people: its owner (when known), job and rank."""
+    parts = [f"uid {order['owner']}"] if "owner" in order else []
+    if order.get("job"):
+        parts.append(f"job {order['job']}")
+    if order.get("rank") is not None:
+        parts.append(f"rank {order['rank']}")
+    if order.get("session"):
+        parts.append(f"session {order['session']}")
+    if len(parts) == ("owner" in order):
+        parts.append("unnamed")
+    return ", ".join(parts)
+
+
+def _prefetch_line(order: dict[str, Any]) -> str:
     return (
-        f"order of {prefetch['order_files']} files, cursor {prefetch['cursor']} "
-        f"(slowest {prefetch['slowest']}), window {prefetch['window']}/"
-        f"{prefetch['window_files']} files ({prefetch['in_flight']} fetching), prefetched "
-        f"{prefetch['files_prefetched']} files ({format_size(prefetch['bytes_prefetched'])}), "
-        f"hits {prefetch['hits']} of {prefetch['opens']} opens"
+        f"order {order['id']} ({_session_name(order)}) of {order['order_files']} files, cursor "
+        f"{order['cursor']} (slowest {order['slowest']}), window {order['window']}/"
+        f"{order['window_files']} files ({order['in_flight']} fetching), prefetched "
+        f"{order['files_prefetched']} files ({format_size(order['bytes_prefetched'])}), "
+        f"hits {order['hits']} of {order['opens']} opens"
     )
 
 
@@ -976,19 +1039,44 @@ def build_parser() -> argparse.ArgumentParser:
         "resident ahead of the reader (by default the next 64 files or 2 GiB, whichever is "
         "smaller), following the reader's position from its opens (several readers, e.g. a "
         "DataLoader's workers, and jumps too). Files already read are the first to leave "
-        "the first tier under pressure. A new order replaces the previous one of the mount; "
-        "an empty order stops prefetching. A bad line (a '..' component, a NUL byte, an "
-        "absolute path outside the mount) rejects the whole order, and the previous one "
-        "stays; a missing file is named on stderr and left out, the rest goes on (exit "
-        "status 1). From Python: tierfs.client.set_order(MOUNTPOINT, paths).",
+        "the first tier under pressure. Each order belongs to a session: your user, and the "
+        "--job and --rank you name (none: your one unnamed order). Orders of different "
+        "sessions run side by side and share the fetches fairly; a new order replaces its "
+        "session's previous one, an empty order or --clear ends it. A bad line (a '..' "
+        "component, a NUL byte, an absolute path outside the mount) rejects the whole order, "
+        "and the previous one stays; a missing file, or one you may not read, is named on "
+        "stderr and left out, the rest goes on (exit status 1). 'tierfs status' lists the "
+        "orders. From Python: tierfs.client.set_order(MOUNTPOINT, paths), or "
+        "tierfs.client.PrefetchSession for an order that ends with its process.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the tierfs mount")
     p.add_argument(
         "--order",
         metavar="FILE",
-        required=True,
         help="the read order: one path per line ('-': stdin), relative to the mount root or "
         "absolute inside the mount; blank lines are skipped. Streamed to the daemon",
+    )
+    p.add_argument(
+        "--job",
+        metavar="NAME",
+        help="the session's job name (e.g. slurm-$SLURM_JOB_ID); with --clear: end every "
+        "order of that job (as root: of every user)",
+    )
+    p.add_argument(
+        "--rank",
+        metavar="N",
+        type=_rank,
+        help="the session's rank within its job (e.g. a DDP rank)",
+    )
+    p.add_argument(
+        "--clear",
+        action="store_true",
+        help="end the session's order (with --job and no --rank: every rank of the job)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="end every order of yours on the mount (as root: every order)",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_prefetch)

@@ -18,8 +18,8 @@ parts to whoever counts:
   they are read at scrape time, never counted twice on the read path, and a
   scrape shows what ``tierfs status`` shows;
 * the preload worker's jobs are read at each scrape (``watch_preloads``);
-* the prefetcher's figures (``Prefetcher.status``: window, files and bytes
-  prefetched, opens, hits, cancelled fills...) are read at each scrape from
+* the prefetcher's figures (``Prefetcher.status``: orders, windows, files
+  and bytes prefetched, opens, hits, cancelled fills...) are read at each scrape from
   the file system's status section that the prefetcher keeps while it runs
   (``tierfs.workers.prefetch.STATUS_SECTION``), so a scrape shows what
   ``tierfs status`` shows; no prefetcher, no ``tierfs_prefetch_*`` series.
@@ -401,23 +401,24 @@ def _progress_of(job: dict[str, Any]) -> PreloadProgress:
     )
 
 
-#: Prefetcher figures (``Prefetcher.status`` keys) exported as gauges.
+#: Prefetcher figures (``Prefetcher.status`` keys, sums over its orders)
+#: exported as gauges.  Per order figures (cursor, window size) are in
+#: ``tierfs status``, not here: an order's labels would come and go with
+#: each training process.
 PREFETCH_GAUGES: tuple[tuple[str, str, str], ...] = (
-    ("order_files", "tierfs_prefetch_order_files", "Files in the prefetch order (0: no order)"),
-    ("cursor", "tierfs_prefetch_cursor", "Order position of the furthest recent reader"),
-    ("slowest", "tierfs_prefetch_slowest", "Order position of the slowest recent reader"),
-    ("window", "tierfs_prefetch_window_files", "Files in the prefetch window now"),
-    ("window_files", "tierfs_prefetch_window_max_files", "Most files the window holds"),
-    ("window_bytes", "tierfs_prefetch_window_max_bytes", "Most bytes the window holds"),
+    ("order_count", "tierfs_prefetch_orders", "Prefetch orders followed now"),
+    ("order_files", "tierfs_prefetch_order_files", "Files in the prefetch orders (0: no order)"),
+    ("window", "tierfs_prefetch_window_files", "Files in the prefetch windows now"),
     ("in_flight", "tierfs_prefetch_fills_in_flight", "Prefetch fills running now"),
-    ("missing", "tierfs_prefetch_order_missing_files", "Files of the order that do not exist"),
+    ("held", "tierfs_prefetch_held_files", "Prefetched files held open for their readers"),
+    ("missing", "tierfs_prefetch_order_missing_files", "Files of the orders left out"),
 )
-#: Prefetcher counters (they start again from 0 with each new order).
+#: Prefetcher counters (since the daemon started, over every order).
 PREFETCH_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("files_prefetched", "tierfs_prefetch_files", "Files the prefetcher fetched"),
     ("bytes_prefetched", "tierfs_prefetch_bytes", "Bytes the prefetcher fetched"),
     ("files_failed", "tierfs_prefetch_failed_files", "Prefetch fills that failed"),
-    ("opens", "tierfs_prefetch_opens", "Opens of files in the order"),
+    ("opens", "tierfs_prefetch_opens", "Opens of files in an order"),
     ("hits", "tierfs_prefetch_hits", "Opens of files the prefetcher had made resident"),
     (
         "cancelled",
@@ -432,7 +433,7 @@ def _prefetch_families(prefetch: dict[str, Any]) -> Iterator[Metric]:
     for key, name, doc in PREFETCH_GAUGES:
         yield _gauge(name, doc, prefetch[key])
     for key, name, doc in PREFETCH_COUNTERS:
-        yield _counter(name, f"{doc} (since the current order was set)", prefetch[key])
+        yield _counter(name, doc, prefetch[key])
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Slurm Epilog: cancel the job's preload if it still runs, and check that the
+# Slurm Epilog: cancel the job's preload if it still runs, end the prefetch
+# orders the job named after itself (job slurm-<job id>), and check that the
 # tierfs mount is still alive after the job.
 #
 # slurm.conf:
@@ -25,6 +26,12 @@ log() {
 # The prolog tagged the job's preload slurm-<job id>: a job that ended needs it no more.
 if [[ -n ${SLURM_JOB_ID:-} ]] && out=$("$TIERFS" preload --cancel-tag "slurm-$SLURM_JOB_ID" "$MNT" 2>&1); then
     [[ $out == cancelled* ]] && log "$out"
+fi
+
+# Orders set with --job slurm-<job id> (tierfs prefetch, tierfs.client, tierfs.torch
+# under Slurm): those of a process still holding its session end with it anyway.
+if [[ -n ${SLURM_JOB_ID:-} ]] && out=$("$TIERFS" prefetch "$MNT" --clear --job "slurm-$SLURM_JOB_ID" 2>&1); then
+    [[ $out == *"orders ended"*": none" ]] || log "$out"
 fi
 
 if findmnt -rn --mountpoint "$MNT" >/dev/null 2>&1 && ! err=$(stat -t "$MNT" 2>&1 >/dev/null); then

@@ -292,15 +292,21 @@ async def test_prefetcher_figures_are_exported_as_status_shows_them(
             assert value(samples, f"{name}_total") == status[key], name
         assert value(samples, "tierfs_prefetch_order_files") == 12
         assert value(samples, "tierfs_prefetch_order_missing_files") == 1
-        assert value(samples, "tierfs_prefetch_window_max_files") == 4
+        assert value(samples, "tierfs_prefetch_orders") == 1
         assert value(samples, "tierfs_prefetch_opens_total") == 4
         assert value(samples, "tierfs_prefetch_hits_total") == 3
-        assert value(samples, "tierfs_prefetch_cursor") == 8
         assert value(samples, "tierfs_prefetch_files_total") >= 7
         assert (
             value(samples, "tierfs_prefetch_bytes_total")
             == value(samples, "tierfs_prefetch_files_total") * FILE_BYTES
         )
+        # The order ends: no order, and the counters do not go back.
+        opens = value(samples, "tierfs_prefetch_opens_total")
+        await prefetcher.load_order(prefetcher.new_spool())
+        samples = scrape(metrics)
+        assert value(samples, "tierfs_prefetch_orders") == 0
+        assert value(samples, "tierfs_prefetch_order_files") == 0
+        assert value(samples, "tierfs_prefetch_opens_total") == opens
         nursery.cancel_scope.cancel()
     # The prefetcher stopped: its section and its series are gone.
     assert "prefetch" not in mount.fs.status()

@@ -179,10 +179,9 @@ def test_prefetcher_figures_in_a_scrape_match_status(mount: MountFactory, tmp_pa
     status = m.status()["prefetch"]
     _text, samples = scrape(port)
     for key, name in (
+        ("order_count", "tierfs_prefetch_orders"),
         ("order_files", "tierfs_prefetch_order_files"),
-        ("window_files", "tierfs_prefetch_window_max_files"),
-        ("window_bytes", "tierfs_prefetch_window_max_bytes"),
-        ("cursor", "tierfs_prefetch_cursor"),
+        ("window", "tierfs_prefetch_window_files"),
         ("in_flight", "tierfs_prefetch_fills_in_flight"),
         ("files_prefetched", "tierfs_prefetch_files_total"),
         ("bytes_prefetched", "tierfs_prefetch_bytes_total"),

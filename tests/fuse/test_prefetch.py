@@ -82,7 +82,7 @@ def test_prefetch_follows_the_reader_jumps_and_rejects_a_bad_order(
     done = run_tierfs("prefetch", str(m.path), "--order", str(order))
     assert done.returncode == 1, done.stderr
     assert "ds/missing.jpg" in done.stderr
-    assert "order of 3 files" in done.stdout
+    assert f"(uid {os.getuid()}, unnamed) of 3 files on" in done.stdout
     assert wait_until(lambda: cached_positions(m, FILES) == {0, 1, 2}, timeout=10)
 
     # The Python API replaces it: the whole dataset, a window of 3 files.
@@ -104,8 +104,15 @@ def test_prefetch_follows_the_reader_jumps_and_rejects_a_bad_order(
     # Hits are opens of files this order fetched: 3 and 4 (0-2 were resident
     # already, fetched for the first order).
     assert (prefetch["opens"], prefetch["hits"]) == (5, 2)
-    assert prefetch["cursor"] == 4
-    assert "prefetch: order of 30 files" in run_tierfs("status", str(m.path)).stdout
+    (listed,) = prefetch["orders"]
+    assert (listed["id"], listed["cursor"], listed["job"], listed["owner"]) == (
+        result["id"],
+        4,
+        "",
+        os.getuid(),
+    )
+    status_text = run_tierfs("status", str(m.path)).stdout
+    assert f"prefetch: order {result['id']} (uid {os.getuid()}, unnamed) of 30 files" in status_text
 
     # The reader jumps: the window goes with it; the files it skipped are not fetched.
     assert wait_until(lambda: {5, 6, 7} <= cached_positions(m, FILES), timeout=10)
@@ -116,8 +123,8 @@ def test_prefetch_follows_the_reader_jumps_and_rejects_a_bad_order(
     # Prefetched and not opened, ahead of the reader: never more than the window.
     assert len({p for p in cached if p > 20}) == WINDOW
 
-    # An empty order stops prefetching.
-    assert tierfs.client.clear_order(m.path)["order_files"] == 0
+    # Clearing the order stops prefetching.
+    assert tierfs.client.clear_order(m.path) == [result["id"]]
     read(m, 24)
     assert cached_positions(m, FILES) == {*range(8), 20, 21, 22, 23, 24}
 
@@ -167,5 +174,10 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
     # The preload carries the job's tag, which the epilog cancels by (it ended here).
     (job,) = m.status()["preloads"]
     assert job["tag"] == "slurm-4242" and job["state"] == "done"
+    # The job's rank 0 set an order named after the job; another job's order stays.
+    mine = tierfs.client.set_order(m.path, names, job="slurm-4242", rank=0)
+    other = tierfs.client.set_order(m.path, names, job="slurm-7")
     done = slurm("epilog.sh")
     assert done.returncode == 0 and "dead or broken" not in done.stderr, done.stderr
+    assert f"orders ended on {m.path}: {mine['id']}" in done.stderr
+    assert [order["id"] for order in m.status()["prefetch"]["orders"]] == [other["id"]]

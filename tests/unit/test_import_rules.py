@@ -308,3 +308,70 @@ def test_python_client_api_needs_none_of_the_daemon_dependencies():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == ""
+
+
+CLIENT_ONLY = """
+import sys
+# A client-only install (pip install tierfs): none of the daemon's modules.
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None
+import tierfs.client, tierfs.torch
+from tierfs.cli import main
+print("check", main(["policy", "check", "--offline", sys.argv[2]]), flush=True)
+print("mount", main(["mount", sys.argv[3], sys.argv[4]]), flush=True)
+"""
+
+
+def test_a_client_only_install_imports_the_client_and_torch_and_says_what_mount_needs(
+    tmp_path: Path,
+) -> None:
+    """The base dependencies (``pip install tierfs``, a training image) hold
+    none of the daemon's; with none of those modules importable,
+    ``tierfs.client``, ``tierfs.torch`` and the CLI's checks work, and
+    ``tierfs mount`` names what to install instead of a traceback."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from tierfs.cli import DAEMON_MODULES
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = " ".join(project["dependencies"])
+    daemon = " ".join(project["optional-dependencies"]["daemon"])
+    for module in DAEMON_MODULES:
+        distribution = module.replace("_", "-")
+        assert distribution not in base, distribution
+        assert distribution in daemon, distribution
+    assert "tierfs[daemon,torch]" in project["optional-dependencies"]["test"]
+
+    config = tmp_path / "tierfs.toml"
+    (tmp_path / "nvme").mkdir()
+    config.write_text(
+        f'[backing]\nurl = "file://{tmp_path}/bucket"\n[state]\ndir = "{tmp_path}/state"\n'
+        f'[[tiers]]\nname = "nvme"\npath = "{tmp_path}/nvme"\ncapacity = "1GiB"\n'
+    )
+    (tmp_path / "mnt").mkdir()
+    blocked = ",".join((*DAEMON_MODULES, "botocore", "outcome"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CLIENT_ONLY,
+            blocked,
+            str(config),
+            str(config),
+            str(tmp_path / "mnt"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.splitlines() == [
+        "ok (offline: tier and state directories and the bucket not checked)",
+        "check 0",
+        "mount 1",
+    ], done.stderr
+    assert "pip install 'tierfs[daemon]'" in done.stderr
+    assert "pyfuse3" in done.stderr
+    assert not (tmp_path / "state").exists()  # nothing was started

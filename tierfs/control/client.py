@@ -2,7 +2,9 @@
 
 ``locate(path)`` finds the tierfs mount that holds ``path`` and the path
 relative to its root; ``request(socket, op, args)`` sends one request and
-returns its result, raising ControlError with the daemon's sentence.
+returns its result, raising ControlError with the daemon's sentence;
+``BoundRequest`` keeps its connection open, for a result that lasts as long
+as it does (a bound prefetch order).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,56 @@ def _owner_of(socket_path: str) -> str:
         return f"uid {uid}"
 
 
+class _Connection:
+    """One request's connection: sent, then its reply lines read one by one."""
+
+    def __init__(self, socket_path: str, timeout: float | None) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(socket_path)
+        except OSError as exc:
+            self.sock.close()
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise ControlAccessDenied(
+                    f"permission denied: the control socket {socket_path} is for root and "
+                    f"the user who mounted it ({_owner_of(socket_path)}) only"
+                ) from None
+            raise ControlError(
+                f"cannot reach the tierfs daemon at {socket_path}: {exc.strerror or exc}"
+            ) from None
+        self._reader = self.sock.makefile("rb")
+
+    def send(self, op: str, args: dict[str, Any] | None, more: Iterable[dict[str, Any]]) -> None:
+        try:
+            self.sock.sendall(encode({"op": op, "args": args or {}}))
+            for message in more:
+                self.sock.sendall(encode(message))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered early (an error, a refusal): read its reply
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        """The event lines, then the final reply (ControlError if it is one)."""
+        for line in self._reader:
+            message = decode(line)
+            if "event" in message:
+                yield message
+                continue
+            if message.get("ok"):
+                yield {"result": message.get("result")}
+                return
+            raise ControlError(
+                str(message.get("error", "request failed")),
+                errno=int(message.get("errno", errno.EIO)),
+            )
+        raise ControlError("the tierfs daemon closed the connection without an answer")
+
+    def close(self) -> None:
+        # The socket's descriptor closes with the last of it and its reader.
+        self._reader.close()
+        self.sock.close()
+
+
 def request(
     socket_path: str,
     op: str,
@@ -100,39 +152,56 @@ def request(
     """Send one request (then the lines of ``more``, for an op that reads
     further input, e.g. a preload list in chunks) and return its result;
     each event line before the reply goes to ``on_event``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
+    connection = _Connection(socket_path, timeout)
+    try:
+        connection.send(op, args, more)
+        for message in connection.messages():
+            if "event" not in message:
+                return message["result"]
+            if on_event is not None:
+                on_event(message)
+    finally:
+        connection.close()
+    raise AssertionError("unreachable: messages() ends with a result or raises")
+
+
+class BoundRequest:
+    """A request whose result lasts while its connection stays open (a
+    bound prefetch order): ``result`` is what the daemon announced with its
+    ``bound`` event; ``close`` (or the process's exit) ends it."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        op: str,
+        args: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = 600.0,
+        more: Iterable[dict[str, Any]] = (),
+    ) -> None:
+        self._connection: _Connection | None = _Connection(socket_path, timeout)
         try:
-            sock.connect(socket_path)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EPERM):
-                raise ControlAccessDenied(
-                    f"permission denied: the control socket {socket_path} is for root and "
-                    f"the user who mounted it ({_owner_of(socket_path)}) only"
-                ) from None
-            raise ControlError(
-                f"cannot reach the tierfs daemon at {socket_path}: {exc.strerror or exc}"
-            ) from None
-        try:
-            sock.sendall(encode({"op": op, "args": args or {}}))
-            for message in more:
-                sock.sendall(encode(message))
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the daemon answered early (an error, a refusal): read its reply
-        reader = sock.makefile("rb")
-        for line in reader:
-            message = decode(line)
-            if "event" in message:
-                if on_event is not None:
-                    on_event(message)
-                continue
-            if message.get("ok"):
-                return message.get("result")
-            raise ControlError(
-                str(message.get("error", "request failed")),
-                errno=int(message.get("errno", errno.EIO)),
-            )
-    raise ControlError("the tierfs daemon closed the connection without an answer")
+            self._connection.send(op, args, more)
+            for message in self._connection.messages():
+                if message.get("event") == "bound":
+                    self.result: Any = message.get("result")
+                    return
+                if "event" not in message:  # answered at once: nothing to hold
+                    self.result = message["result"]
+                    self.close()
+                    return
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def open(self) -> bool:
+        return self._connection is not None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
 def by_mount(paths: list[str]) -> dict[str, tuple[str, list[str]]]:

@@ -1,14 +1,18 @@
 """Control server: runs inside the daemon's trio loop.
 
-Each connection carries one request (see ``protocol``).  The peer is checked
-with ``SO_PEERCRED``: only root and the daemon's own user may talk to it.
+Each connection carries one request (see ``protocol``).  The peer is known
+by ``SO_PEERCRED`` (``Peer``): every local user may connect; the admin
+operations (``ADMIN_OPS``) are for root and the daemon's own user, and the
+others act only on paths the caller may read (``access``).
 Handlers are thin: they call ``TierFS`` methods and shape the JSON result.
 
 Streaming handlers (``preload``) also get a ``ControlCall``: they send
 ``{"event": ...}`` lines before the final reply (``send_event``), read the
 further lines a client sends after its request (``receive``: the chunks of
 a ``--from-file`` list) and learn when the client went away
-(``wait_closed``: the CLI's Ctrl-C closes the connection).
+(``wait_closed``: the CLI's Ctrl-C closes the connection).  A *bound*
+prefetch order lives as long as its connection: the handler announces it
+with a ``bound`` event and waits for the client to close.
 A TierfsError becomes ``{"ok": false, "error", "errno"}``; any other
 exception is logged with its traceback and reported as an internal error, and
 never stops the server.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import socket
@@ -35,7 +40,7 @@ from tierfs.core import TierFS
 from tierfs.core.names.access import Caller, readable
 from tierfs.errors import InvalidArgument, NotFound, PermissionDenied, TierfsError, describe
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
-from tierfs.workers.prefetch import Prefetcher
+from tierfs.workers.prefetch import OrderKey, Prefetcher
 from tierfs.workers.preload import Preloader, PreloadJob
 
 log = logging.getLogger(__name__)
@@ -148,6 +153,7 @@ class ControlServer:
             "policy_reload": self._policy_reload,
             "preload_list": self._preload_list,
             "preload_cancel": self._preload_cancel,
+            "prefetch_clear": self._prefetch_clear,
         }
         self._streaming: dict[str, StreamingHandler] = {"preload": self._preload}
         self._streaming["prefetch"] = self._prefetch
@@ -155,6 +161,8 @@ class ControlServer:
         self.preloader: Preloader | None = None
         #: The prefetch worker (set by the daemon when it starts it).
         self.prefetcher: Prefetcher | None = None
+        #: Names the bound prefetch orders set without a session name.
+        self._connections = itertools.count(1)
 
     def bind(self) -> trio.socket.SocketType:
         """Create the socket (synchronously, before the mount is announced)."""
@@ -434,18 +442,29 @@ class ControlServer:
 
     async def _prefetch(self, args: dict[str, Any], call: ControlCall) -> Any:
         """Receive an order (the chunks the client streams, as for a preload
-        list), validate every line, then make it the mount's order: a bad
-        line rejects the whole order and the previous one stays; missing
-        files are named and left out; an empty order stops prefetching."""
+        list), validate every line, then make it the order of the caller's
+        session (``job``, ``rank``): a bad line rejects the whole order and
+        the session's previous one stays; missing files are named and left
+        out; an empty order ends the session's order.  With ``bound`` the
+        order is announced as a ``bound`` event and lasts while the client
+        keeps this connection open: its close ends the order (if no newer
+        one of the session replaced it)."""
         prefetcher = self.prefetcher
         if prefetcher is None:
             raise InvalidArgument("this daemon runs no prefetch worker")
         window: dict[str, int | None] = {}
-        for key in ("window_files", "window_bytes"):
-            value = args.get(key)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise InvalidArgument(f"{key!r} must be a positive integer")
-            window[key] = value
+        for name in ("window_files", "window_bytes"):
+            value = args.get(name)
+            if value is not None and (not _whole(value) or value < 1):
+                raise InvalidArgument(f"{name!r} must be a positive integer")
+            window[name] = value
+        bound = bool(args.get("bound"))
+        session = _optional_str(args, "session")
+        if bound and not session:
+            session = f"connection-{next(self._connections)}"
+        key = OrderKey(
+            call.peer.uid, _optional_str(args, "job") or "", _optional_rank(args), session or ""
+        )
         spool = prefetcher.new_spool()
         await self._receive_paths(
             spool,
@@ -455,7 +474,30 @@ class ControlServer:
             noun="order",
             rejected="prefetch order, the previous order stays",
         )
-        return await prefetcher.load_order(spool, caller=call.peer.caller, **window)
+        summary = await prefetcher.load_order(
+            spool, key=key, bound=bound, caller=call.peer.caller, **window
+        )
+        if not bound or summary["id"] is None:
+            return summary
+        try:
+            await call.send_event("bound", result=summary)
+            await call.wait_closed()
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            prefetcher.end(key, summary["id"])
+        return summary
+
+    async def _prefetch_clear(self, args: dict[str, Any], peer: Peer) -> Any:
+        """End prefetch orders: the caller's of job ``job`` ("": no job
+        name, absent: every job) and rank ``rank`` (absent: every rank), of
+        every session; root's call ends those of every user."""
+        if self.prefetcher is None:
+            raise InvalidArgument("this daemon runs no prefetch worker")
+        job = _optional_str(args, "job") if "job" in args else None
+        rank = _optional_rank(args)
+        ended = self.prefetcher.clear(uid=None if peer.is_root else peer.uid, job=job, rank=rank)
+        return {"ended": ended}
 
     async def _where(self, args: dict[str, Any], peer: Peer) -> Any:
         async def where(path: str) -> dict[str, Any]:
@@ -533,6 +575,17 @@ def _paths(op: str, args: dict[str, Any]) -> list[str]:
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise InvalidArgument(f"{op!r} needs a list of paths relative to the mount root")
     return paths
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_rank(args: dict[str, Any]) -> int | None:
+    rank = args.get("rank")
+    if rank is not None and (not _whole(rank) or rank < 0):
+        raise InvalidArgument("'rank' must be a whole number, 0 or more")
+    return rank
 
 
 def _optional_str(args: dict[str, Any], key: str) -> str | None:
