@@ -298,12 +298,13 @@ def test_module_names():
 
 def test_python_client_api_needs_none_of_the_daemon_dependencies():
     """``tierfs.client`` is imported by training scripts: importing it (in a
-    fresh interpreter) must not load trio, lmdb, boto3, pyfuse3 or rich."""
+    fresh interpreter) must not load trio, lmdb, boto3, pyfuse3, rich or
+    torch (``tierfs.torch`` imports torch; ``tierfs`` does not)."""
     import subprocess
     import sys
 
-    heavy = ("trio", "lmdb", "boto3", "botocore", "pyfuse3", "rich", "xxhash")
-    code = f"import sys, tierfs.client; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    heavy = ("trio", "lmdb", "boto3", "botocore", "pyfuse3", "rich", "xxhash", "obstore", "torch")
+    code = f"import sys, tierfs, tierfs.client; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
