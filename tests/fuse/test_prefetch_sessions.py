@@ -101,6 +101,16 @@ def test_two_sessions_orders_side_by_side_both_hit_and_end_with_their_sessions(
         finally:
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
+        # Cleared from elsewhere (the Slurm epilog's way): the daemon ends
+        # the order and closes the session's connection, its final answer.
+        (rank1_id,) = [o["id"] for o in orders(m)]
+        assert tierfs.client.clear_order(m.path, job="train", rank=1) == [rank1_id]
+        assert rank1._bound is not None
+        connection = rank1._bound._connection
+        assert connection is not None
+        connection.sock.settimeout(5)
+        (answer,) = list(connection.messages())
+        assert answer["result"]["id"] == rank1_id
     finally:
         rank0.close()
         rank1.close()

@@ -448,7 +448,8 @@ class ControlServer:
         out; an empty order ends the session's order.  With ``bound`` the
         order is announced as a ``bound`` event and lasts while the client
         keeps this connection open: its close ends the order (if no newer
-        one of the session replaced it)."""
+        one of the session replaced it), and the order's end otherwise
+        closes the connection."""
         prefetcher = self.prefetcher
         if prefetcher is None:
             raise InvalidArgument("this daemon runs no prefetch worker")
@@ -481,7 +482,18 @@ class ControlServer:
             return summary
         try:
             await call.send_event("bound", result=summary)
-            await call.wait_closed()
+            # Until the client closes, or the order ends otherwise (a newer
+            # order of the session, a clear): then this connection closes
+            # too, so a session holds one connection, however many orders.
+            async with trio.open_nursery() as nursery:
+
+                async def client_gone() -> None:
+                    await call.wait_closed()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(client_gone)
+                await prefetcher.until_ended(key, summary["id"])
+                nursery.cancel_scope.cancel()
         except trio.BrokenResourceError:
             pass
         finally:

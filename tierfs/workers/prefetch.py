@@ -306,6 +306,8 @@ class _Follower:
         self.window_low: int | None = None
         self.missing = 0
         self.counters = dict.fromkeys(COUNTERS, 0)
+        #: Set when the order ends (replaced, cleared, its session gone).
+        self.ended = trio.Event()
 
     @property
     def jump_files(self) -> int:
@@ -590,6 +592,13 @@ class Prefetcher:
         self._changed.set()
         return True
 
+    async def until_ended(self, key: OrderKey, ident: int) -> None:
+        """Return once order ``ident`` of session ``key`` has ended (at
+        once if it is not that session's order any more)."""
+        follower = self.followers.get(key)
+        if follower is not None and follower.ident == ident:
+            await follower.ended.wait()
+
     def clear(
         self,
         *,
@@ -622,6 +631,7 @@ class Prefetcher:
             del self.followers[follower.key]
             for name in COUNTERS:
                 self._ended[name] += follower.counters[name]
+        follower.ended.set()
         self._share_room()
         log.info("prefetch order %d of uid %d ended", follower.ident, follower.key.uid)
 
