@@ -204,6 +204,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     prefetch = status.get("prefetch")
     for order in prefetch["orders"] if prefetch else []:
         print(f"prefetch: {_prefetch_line(order)}")
+    audit = status.get("audit")
+    if audit:
+        print(
+            f"audit:    {audit['path']} ({'changes and reads' if audit['reads'] else 'changes'}): "
+            f"{audit['records']:,} records, {audit['dropped']:,} dropped, "
+            f"{audit['write_errors']:,} write errors"
+        )
     dir_readahead = status.get("dir_readahead")
     if dir_readahead and dir_readahead["files_fetched"]:
         print(

@@ -144,16 +144,19 @@ import errno
 import functools
 import logging
 import os
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
+import trio
 
 from tierfs.core import Attributes, DirEntry, TierFS
 from tierfs.core.names.posix_attrs import Caller
 from tierfs.errors import EndpointUnreachable, NotFound, TierfsError
 from tierfs.metrics import LatencyTable, Metrics
+from tierfs.workers.audit import AuditLog, open_flags, opens_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,154 @@ def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             recorder.observe(time.perf_counter() - started)
 
     return wrapper
+
+
+def _errno_of(exc: BaseException) -> int:
+    """The errno a request that raised ``exc`` is answered with (as ``_errno``)."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return int(exc.errno)
+    if isinstance(exc, TierfsError | OSError):
+        return exc.errno or errno.EIO
+    return errno.EIO
+
+
+#: What an audit record says of a request: (op, path, new path, extra fields),
+#: from the request's arguments; None: no record for this one.
+AuditTarget = tuple[str, str, str | None, dict[str, Any] | None] | None
+
+
+def _audited(
+    target: Callable[..., AuditTarget],
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Record the request in the audit log (``tierfs.workers.audit``), with
+    its outcome, when the mount has one: ``target(ops, *args)`` names it
+    before it runs (an unlinked name has no path afterwards)."""
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            ops: TierfsOperations = args[0]  # type: ignore[assignment]
+            audit = ops.audit
+            what = target(*args) if audit is not None else None
+            if what is None:
+                return await fn(*args, **kwargs)
+            ctx = args[-1]
+            op, path, new_path, extra = what
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                if not isinstance(exc, trio.Cancelled):
+                    audit.record(
+                        op,
+                        ctx.uid,
+                        ctx.gid,
+                        ctx.pid,
+                        path,
+                        _errno_of(exc),
+                        new_path=new_path,
+                        extra=extra,
+                    )
+                raise
+            audit.record(op, ctx.uid, ctx.gid, ctx.pid, path, 0, new_path=new_path, extra=extra)
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+def _child(ops: TierfsOperations, parent: int, name: bytes) -> str:
+    """The path of ``name`` in directory ``parent``, from the mount root."""
+    above = ops.fs.path_of(parent)
+    text = name.decode(errors="surrogateescape")
+    return f"{above}/{text}" if above else text
+
+
+def _at_name(op: str) -> Callable[..., AuditTarget]:
+    """A request on ``(parent, name, ...)``: create, mkdir, unlink..."""
+
+    def target(ops: TierfsOperations, parent: int, name: bytes, *rest: Any) -> AuditTarget:
+        return op, _child(ops, parent, name), None, None
+
+    return target
+
+
+def _created(op: str) -> Callable[..., AuditTarget]:
+    """mknod, mkdir and create: the path and the mode asked for."""
+
+    def target(
+        ops: TierfsOperations, parent: int, name: bytes, mode: int, *rest: Any
+    ) -> AuditTarget:
+        extra: dict[str, Any] = {"mode": f"{stat.S_IMODE(mode):04o}"}
+        if op == "create":
+            extra["flags"] = open_flags(rest[0])
+        return op, _child(ops, parent, name), None, extra
+
+    return target
+
+
+def _symlink_target(
+    ops: TierfsOperations, parent: int, name: bytes, target: bytes, ctx: Any
+) -> AuditTarget:
+    extra = {"target": target.decode(errors="surrogateescape")}
+    return "symlink", _child(ops, parent, name), None, extra
+
+
+def _rename_target(
+    ops: TierfsOperations,
+    parent_old: int,
+    name_old: bytes,
+    parent_new: int,
+    name_new: bytes,
+    flags: int,
+    ctx: Any,
+) -> AuditTarget:
+    extra = {"flags": flags} if flags else None
+    return "rename", _child(ops, parent_old, name_old), _child(ops, parent_new, name_new), extra
+
+
+def _link_target(
+    ops: TierfsOperations, inode: int, new_parent: int, new_name: bytes, ctx: Any
+) -> AuditTarget:
+    return "link", ops.fs.path_of(inode), _child(ops, new_parent, new_name), None
+
+
+def _open_target(ops: TierfsOperations, inode: int, flags: int, ctx: Any) -> AuditTarget:
+    audit = ops.audit
+    if audit is None or not (audit.reads or opens_for_writing(flags)):
+        return None
+    return "open", ops.fs.path_of(inode), None, {"flags": open_flags(flags)}
+
+
+def _setattr_target(
+    ops: TierfsOperations,
+    inode: int,
+    attr: pyfuse3.EntryAttributes,
+    fields: pyfuse3.SetattrFields,
+    fh: Any,
+    ctx: Any,
+) -> AuditTarget:
+    changes: dict[str, Any] = {}
+    if fields.update_mode:
+        changes["mode"] = f"{stat.S_IMODE(attr.st_mode):04o}"
+    if fields.update_uid:
+        changes["uid"] = attr.st_uid
+    if fields.update_gid:
+        changes["gid"] = attr.st_gid
+    if fields.update_size:
+        changes["size"] = attr.st_size
+    if fields.update_atime:
+        changes["atime_ns"] = attr.st_atime_ns
+    if fields.update_mtime:
+        changes["mtime_ns"] = attr.st_mtime_ns
+    return "setattr", ops.fs.path_of(inode), None, {"set": changes}
+
+
+def _xattr_target(op: str) -> Callable[..., AuditTarget]:
+    def target(ops: TierfsOperations, inode: int, name: bytes, *rest: Any) -> AuditTarget:
+        return op, ops.fs.path_of(inode), None, {"name": name.decode(errors="surrogateescape")}
+
+    return target
 
 
 def entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
@@ -242,9 +393,13 @@ class TierfsOperations(pyfuse3.Operations):
     # still arrive as 1 MiB requests (libfuse negotiates max_pages).
     enable_writeback_cache = False
 
-    def __init__(self, fs: TierFS, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, fs: TierFS, metrics: Metrics | None = None, audit: AuditLog | None = None
+    ) -> None:
         super().__init__()
         self.fs = fs
+        #: The audit log (``[audit]``), or None.
+        self.audit = audit
         #: Per-operation latency and error recorders (the daemon's metrics;
         #: a private registry when none is given).
         self.op_metrics: LatencyTable = (metrics or Metrics()).fuse_ops
@@ -314,6 +469,7 @@ class TierfsOperations(pyfuse3.Operations):
     # --- files ---------------------------------------------------------------------------
 
     @_errno
+    @_audited(_open_target)
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         # Who opens matters to writes only (they clear setuid/setgid).
         caller = caller_of(ctx) if flags & os.O_ACCMODE != os.O_RDONLY else None
@@ -348,6 +504,7 @@ class TierfsOperations(pyfuse3.Operations):
     # --- mutations ---------------------------------------------------------------------------
 
     @_errno
+    @_audited(_setattr_target)
     async def setattr(
         self,
         inode: int,
@@ -369,32 +526,38 @@ class TierfsOperations(pyfuse3.Operations):
         return entry_attributes(attrs)
 
     @_errno
+    @_audited(_created("mknod"))
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.mknod(parent_inode, name, mode, ctx.uid, ctx.gid))
 
     @_errno
+    @_audited(_created("mkdir"))
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
 
     @_errno
+    @_audited(_at_name("unlink"))
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await self.fs.unlink(parent_inode, name)
 
     @_errno
+    @_audited(_at_name("rmdir"))
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await self.fs.rmdir(parent_inode, name)
 
     @_errno
+    @_audited(_symlink_target)
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
 
     @_errno
+    @_audited(_rename_target)
     async def rename(
         self,
         parent_inode_old: int,
@@ -407,10 +570,12 @@ class TierfsOperations(pyfuse3.Operations):
         await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
     @_errno
+    @_audited(_link_target)
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         return await self.fs.link(inode, new_parent_inode, new_name)
 
     @_errno
+    @_audited(_created("create"))
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
@@ -435,9 +600,11 @@ class TierfsOperations(pyfuse3.Operations):
         self.fs.meta.sync()
 
     @_errno
+    @_audited(_xattr_target("setxattr"))
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
         await self.fs.setxattr(inode, name, value)
 
     @_errno
+    @_audited(_xattr_target("removexattr"))
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
         await self.fs.removexattr(inode, name)

@@ -58,6 +58,8 @@ from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer
 from tierfs.store import open_shared_tier, open_store
 from tierfs.tiers import Tier
+from tierfs.workers.audit import STATUS_SECTION as AUDIT_SECTION
+from tierfs.workers.audit import AuditLog, AuditWriter
 from tierfs.workers.dirahead import DirectoryReadahead
 from tierfs.workers.mover import Mover
 from tierfs.workers.prefetch import Prefetcher
@@ -263,6 +265,12 @@ class Daemon:
         if config.metrics.enabled:  # a port in use fails here, before anything is opened
             self.metrics_server = MetricsServer(self.metrics, config.metrics)
             self.metrics_server.bind()
+        self.audit: AuditLog | None = None
+        self.audit_writer: AuditWriter | None = None
+        if config.audit.enabled:  # a path the daemon cannot write fails here
+            self.audit = AuditLog(config.audit)
+            self.audit_writer = AuditWriter(self.audit)
+            self.audit_writer.open()
         self.meta = MetaDB(
             config.state.dir / "meta",
             self.store.url,
@@ -307,7 +315,7 @@ class Daemon:
 
     def mount(self) -> None:
         self._listen_sock: trio.socket.SocketType | None = self.control.bind()
-        ops = TierfsOperations(self.fs, self.metrics)
+        ops = TierfsOperations(self.fs, self.metrics, self.audit)
         pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options, self.config.backing.url))
 
     async def run(self, on_ready: Callable[[], None]) -> None:
@@ -317,6 +325,9 @@ class Daemon:
         supervisor = self.fs.supervisor
         async with trio.open_nursery() as nursery:
             await nursery.start(self.fs.run_workers)
+            if self.audit_writer is not None:
+                self.fs.status_sections[AUDIT_SECTION] = self.audit_writer.status
+                await supervisor.start(nursery, "audit", self.audit_writer.run)
             await supervisor.start(nursery, "uploader", run_uploader, self.fs)
             await supervisor.start(nursery, "mover", Mover(self.fs).run)
             self.control.preloader = Preloader(self.fs)

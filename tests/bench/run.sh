@@ -21,6 +21,9 @@
 #                                      # over a far bucket (a throttled proxy) and a
 #                                      # SeaweedFS cluster; waves, a preloaded tree, a
 #                                      # written checkpoint (root; the project's venv only)
+#   bash tests/bench/run.sh audit [bench_audit.py options]  # the audit log's cost on small
+#                                      # files: warm open+read+close, create+write+close,
+#                                      # with and without [audit] (root; the venv only)
 #   bash tests/bench/run.sh [read|write|preload|meta] --help  # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
@@ -72,6 +75,12 @@ case ${1:-} in
             fi
         done
         exec .venv/bin/python "$BENCH_DIR/bench_lifecycle.py" "$@"
+        ;;
+    audit)
+        # The audit log's cost on small files: real mounts over a file:// backing.
+        shift
+        [[ -x .venv/bin/python ]] || bash scripts/install.sh
+        exec .venv/bin/python "$BENCH_DIR/bench_audit.py" "$@"
         ;;
 esac
 for arg in "$@"; do

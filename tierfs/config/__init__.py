@@ -74,6 +74,10 @@ Rules
   1..65535.  A non-loopback host such as "0.0.0.0" is allowed: the metrics
   carry no file names and no credentials, but then anyone who can reach the
   node can read them, so put such a port behind a firewall.
+* ``[audit]``: ``path`` of the audit log (relative to the config file's
+  directory; no path, no log: a table with keys but no path is an error),
+  ``reads`` boolean (also every open for reading), ``max_size`` >= 1MiB
+  (rotation), ``keep`` 0..1000 rotated files.
 * ``[[rules]]``: ``match`` glob required (relative to the mount root, no
   leading "/", no "." or ".." segment, no empty segment; a trailing "/" is
   ignored); ``place`` must name a configured tier; ``keep_newest`` integer
@@ -107,6 +111,7 @@ Rules
 
 from .loader import Problem, check_file, load_config, load_policy
 from .schema import (
+    AuditConfig,
     BackingConfig,
     Config,
     FetchConfig,
@@ -123,6 +128,7 @@ from .toml_lines import KeyPath, TomlLocator
 from .values import BackingURL, parse_backing_url
 
 __all__ = [
+    "AuditConfig",
     "BackingConfig",
     "BackingURL",
     "Config",

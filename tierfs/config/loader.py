@@ -27,6 +27,7 @@ from tierfs.units import format_duration, format_size, toml_kind
 from .schema import (
     SECTION,
     TOP_KEYS,
+    AuditConfig,
     BackingConfig,
     Config,
     FetchConfig,
@@ -510,6 +511,21 @@ def _metrics(report: _Report, doc: _Doc) -> MetricsConfig:
     return MetricsConfig(listen=text, host=host, port=port)
 
 
+def _audit(report: _Report, doc: _Doc) -> AuditConfig:
+    parsed = _single(report, doc, SECTION["audit"], doc.path.parent)
+    if parsed is None:
+        return AuditConfig()
+    audit = AuditConfig(**parsed[1])
+    if audit.path is None and parsed[0]:
+        report.add(
+            doc,
+            ("audit",),
+            'the [audit] table has no path: add path = "/var/log/tierfs/NAME.audit.jsonl" '
+            "to turn the audit log on, or remove the table",
+        )
+    return audit
+
+
 def _rule_conflicts(
     report: _Report,
     doc: _Doc,
@@ -698,6 +714,7 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
     write = _plain(report, doc, "write")
     mover = _plain(report, doc, "mover")
     metrics = _metrics(report, doc)
+    audit = _audit(report, doc)
     rule_state = _RuleState([t.name for t in tiers if t.name])
     rules = _rules(report, doc, doc.data, rule_state)
     policy_paths, policy_rules = _policy_files(report, doc, doc.path.parent, rule_state)
@@ -714,6 +731,7 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
         write=write,
         mover=mover,
         metrics=metrics,
+        audit=audit,
         rules=tuple(rules + policy_rules),
         policy_files=tuple(policy_paths),
     )

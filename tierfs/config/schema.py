@@ -43,6 +43,7 @@ from .values import (
     conv_region,
     conv_shared_url,
     conv_size,
+    conv_size_in,
     conv_str,
     conv_tier_name,
     conv_watermark,
@@ -322,6 +323,32 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditConfig:
+    #: None = no audit log
+    path: Path | None = key(
+        None,
+        conv_path,
+        "path",
+        "write the audit log there: one JSON line per change, who, what, which file",
+        shown="off",
+        path=True,
+    )
+    reads: bool = key(False, conv_bool, "boolean", "also record every open for reading")
+    max_size: int = key(
+        100 << 20,
+        conv_size_in(1 << 20, None, "the audit log's max_size is at least 1MiB"),
+        "size",
+        "start a new file at this size (PATH.1, PATH.2... are the older ones)",
+        shown='"100MiB"',
+    )
+    keep: int = key(5, conv_int(0, 1000), "integer", "older files kept beside the current one")
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: Path
     backing: BackingConfig
@@ -334,6 +361,7 @@ class Config:
     write: WriteConfig = field(default_factory=WriteConfig)
     mover: MoverConfig = field(default_factory=MoverConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     rules: tuple[RuleConfig, ...] = ()
     policy_files: tuple[Path, ...] = ()
 
@@ -391,6 +419,12 @@ SECTIONS = (
     Section("mover", MoverConfig, "the lifecycle mover", "[mover]"),
     Section(
         "metrics", MetricsConfig, "Prometheus metrics", '[metrics] with listen = "127.0.0.1:9567"'
+    ),
+    Section(
+        "audit",
+        AuditConfig,
+        "the audit log",
+        '[audit] with path = "/var/log/tierfs/main.audit.jsonl"',
     ),
     Section("rules", RuleConfig, "lifecycle rules; first match wins", "[[rules]]", array=True),
 )
