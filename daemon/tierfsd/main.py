@@ -436,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = parse_options(args.options)
         config = load_config(args.config)
+        if config.access.read_only:
+            options.add("ro")  # an access point for reading only
         config.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         setup_logging(config, args.foreground, "debug" in options)
         mountpoint = check_mountpoint(args.mountpoint)

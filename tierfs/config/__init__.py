@@ -78,6 +78,12 @@ Rules
   directory; no path, no log: a table with keys but no path is an error),
   ``reads`` boolean (also every open for reading), ``max_size`` >= 1MiB
   (rotation), ``keep`` 0..1000 rotated files.
+* ``[access]``: an access point.  ``root`` (a directory of the bucket,
+  relative to the backing prefix, no '.' or '..' segment) is added to
+  ``[backing] url``: the loaded ``Config.backing.url`` names the
+  directory, so every key the daemon uses, the mount's source and the
+  state directory's remembered URL are the access point's.  ``uid`` /
+  ``gid`` fixed owner, ``umask`` mode, ``read_only`` boolean.
 * ``[[rules]]``: ``match`` glob required (relative to the mount root, no
   leading "/", no "." or ".." segment, no empty segment; a trailing "/" is
   ignored); ``place`` must name a configured tier; ``keep_newest`` integer
@@ -111,6 +117,7 @@ Rules
 
 from .loader import Problem, check_file, load_config, load_policy
 from .schema import (
+    AccessConfig,
     AuditConfig,
     BackingConfig,
     Config,
@@ -128,6 +135,7 @@ from .toml_lines import KeyPath, TomlLocator
 from .values import BackingURL, parse_backing_url
 
 __all__ = [
+    "AccessConfig",
     "AuditConfig",
     "BackingConfig",
     "BackingURL",

@@ -12,6 +12,7 @@ all, sorted by file (in the order opened) and line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -41,7 +42,7 @@ from .schema import (
     keys_of,
 )
 from .toml_lines import KeyPath, TomlLocator
-from .values import conv_str, quote, suggest
+from .values import conv_str, join_backing_url, quote, suggest
 
 Problem = tuple[str, int, str]
 T = TypeVar("T")
@@ -715,6 +716,11 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
     mover = _plain(report, doc, "mover")
     metrics = _metrics(report, doc)
     audit = _audit(report, doc)
+    access = _plain(report, doc, "access")
+    if backing is not None and access.root is not None:
+        # An access point is the bucket below its root: every key the daemon
+        # uses is under it, and the mount's source names it.
+        backing = dataclasses.replace(backing, url=join_backing_url(backing.url, access.root))
     rule_state = _RuleState([t.name for t in tiers if t.name])
     rules = _rules(report, doc, doc.data, rule_state)
     policy_paths, policy_rules = _policy_files(report, doc, doc.path.parent, rule_state)
@@ -732,6 +738,7 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
         mover=mover,
         metrics=metrics,
         audit=audit,
+        access=access,
         rules=tuple(rules + policy_rules),
         policy_files=tuple(policy_paths),
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .values import (
+    conv_access_root,
     conv_backing_url,
     conv_block_size,
     conv_bool,
@@ -323,6 +324,41 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessConfig:
+    #: A directory of the bucket (under ``[backing] url``'s prefix) that
+    #: becomes the mount's root; the loader adds it to ``Config.backing.url``.
+    root: str | None = key(
+        None,
+        conv_access_root,
+        "path",
+        "the mount shows only this directory of the bucket (under url's prefix), as its root",
+        shown="the whole prefix",
+    )
+    uid: int | None = key(
+        None,
+        conv_id,
+        "integer",
+        "every file shows this owner and new ones get it; chown is refused",
+        shown="stored owners",
+    )
+    gid: int | None = key(
+        None,
+        conv_id,
+        "integer",
+        "every file shows this group and new ones get it",
+        shown="stored groups",
+    )
+    umask: int = key(
+        0,
+        conv_mode(0o777),
+        "mode",
+        "cleared from the mode of every new file and directory",
+        shown='"0000"',
+    )
+    read_only: bool = key(False, conv_bool, "boolean", "mount read-only, as -o ro does")
+
+
+@dataclass(frozen=True, slots=True)
 class AuditConfig:
     #: None = no audit log
     path: Path | None = key(
@@ -362,6 +398,7 @@ class Config:
     mover: MoverConfig = field(default_factory=MoverConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    access: AccessConfig = field(default_factory=AccessConfig)
     rules: tuple[RuleConfig, ...] = ()
     policy_files: tuple[Path, ...] = ()
 
@@ -425,6 +462,12 @@ SECTIONS = (
         AuditConfig,
         "the audit log",
         '[audit] with path = "/var/log/tierfs/main.audit.jsonl"',
+    ),
+    Section(
+        "access",
+        AccessConfig,
+        "an access point: one directory of the bucket, with a fixed owner",
+        '[access] with root = "users/alice"',
     ),
     Section("rules", RuleConfig, "lifecycle rules; first match wins", "[[rules]]", array=True),
 )

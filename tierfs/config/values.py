@@ -325,6 +325,28 @@ def conv_backing_url(value: Any) -> str:
     return text
 
 
+def conv_access_root(value: Any) -> str:
+    """A directory of the bucket below the backing prefix: relative, no
+    empty, '.' or '..' segment (a trailing '/' is dropped)."""
+    text = conv_str(value).rstrip("/")
+    if not text or text.startswith("/"):
+        raise ValueError(
+            f"{quote(text)} is not a directory of the bucket; write it relative to the "
+            'backing url\'s prefix, like "users/alice"'
+        )
+    if "\0" in text or any(s in ("", ".", "..") for s in text.split("/")):
+        raise ValueError(
+            f"the access root {quote(text)} has an empty, '.' or '..' segment; an access "
+            "point must name one directory below the prefix"
+        )
+    return text
+
+
+def join_backing_url(url: str, below: str) -> str:
+    """The backing URL of directory ``below`` of ``url``'s prefix."""
+    return f"{url.rstrip('/')}/{below}"
+
+
 def conv_shared_url(value: Any) -> str:
     """The shared tier's bucket: s3:// only (a local directory is a tier
     with a ``path``, and a node's own)."""

@@ -81,12 +81,13 @@ def attributes_of(
         nlink = 2 + inode.nsubdirs
     else:
         nlink = 1
+    access = config.access  # an access point's fixed owner hides the stored one
     return Attributes(
         ino=inode.ino,
         mode=inode.mode,
         nlink=nlink,
-        uid=inode.uid,
-        gid=inode.gid,
+        uid=inode.uid if access.uid is None else access.uid,
+        gid=inode.gid if access.gid is None else access.gid,
         size=inode.size,
         blksize=config.fetch.block_size,
         mtime_ns=inode.mtime_ns,

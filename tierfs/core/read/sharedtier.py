@@ -7,7 +7,7 @@ asks the shared tier for each block of a fetch before the bucket.
 
 Layout: one immutable object per block::
 
-    <prefix>blocks/<xxh3-128 of backing URL and key>/<ETag>/<block size>/<block no>
+    <prefix>blocks/<xxh3-128 of the object's URL, backing URL/key>/<ETag>/<block size>/<block no>
 
 The key names the backing object (by a hash of its URL and key: keys may
 be 1,024 bytes long), its ETag and the block, so a changed object can
@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
+from tierfs.config.values import join_backing_url
 from tierfs.errors import StoreError
 from tierfs.store import ObjectStore
 
@@ -182,7 +183,9 @@ class SharedTier:
         None when the ETag is not known (nothing shared then)."""
         if not etag:
             return None
-        name = xxhash.xxh3_128_hexdigest(f"{self.backing_url}\0{key}".encode())
+        # The object's full location (an access point's URL names a directory
+        # of the bucket and its keys are below it: the same object, the same name).
+        name = xxhash.xxh3_128_hexdigest(join_backing_url(self.backing_url, key).encode())
         tag = etag if _ETAG_SAFE.fullmatch(etag) else xxhash.xxh3_64_hexdigest(etag.encode())
         return f"blocks/{name}/{tag}/{self.block_size}/{blockno}"
 

@@ -226,6 +226,12 @@ class FileWrites:
         return self.namespace.get(parent)  # the listing may have rewritten it
 
     def _new_inode(self, parent: Inode, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        access = self.config.access
+        if access.uid is not None:  # an access point: its owner, its umask
+            uid = access.uid
+        if access.gid is not None:
+            gid = access.gid
+        mode &= ~access.umask
         mode, gid = inherit_group(parent, mode, gid)
         now = time.time_ns()
         return Inode(
@@ -255,6 +261,17 @@ class FileWrites:
             key = child_key(self.namespace.key_of(parent), inode.name)
             w.tx.set_shadow_ledger(inode.ino, [(key, a.perm, a.uid, a.gid) for a in orphans])
         return inode
+
+    def _refuse_other_owner(self, uid: int | None, gid: int | None) -> None:
+        """On an access point with a fixed owner, every file has that owner:
+        a chown to another is refused (EPERM)."""
+        access = self.config.access
+        for asked, fixed, what in ((uid, access.uid, "owner"), (gid, access.gid, "group")):
+            if asked is not None and fixed is not None and asked != fixed:
+                raise NotPermitted(
+                    f"this access point gives every file the {what} {fixed}; "
+                    f"it cannot be changed to {asked}"
+                )
 
     @staticmethod
     def _touch_dir(parent: Inode) -> None:
@@ -704,6 +721,7 @@ class FileWrites:
         without CAP_FSETID, and any chown of a non-directory, clear
         setuid/setgid by the kernel's rules (``posix_attrs``)."""
         inode = self.namespace.get(ino)
+        self._refuse_other_owner(uid, gid)
         if (mode, uid, gid) != (None, None, None) and self.listings.is_provisional(inode):
             # A chmod or chown changes the attributes a listing gives the
             # name, not its provisional owner-only ones, which the next
