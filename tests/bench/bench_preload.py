@@ -82,7 +82,11 @@ Cases (``--cases``, comma-separated):
     15: cold small-file reads >= 0.8x it); ``without``: a fresh mount,
     plain reads; ``with``: a fresh mount, and first
     ``tierfs.client.set_order(MOUNT, order)`` (its time counts in the
-    epoch), then the same reads.  Target: with >= 2x faster, judged only
+    epoch), then the same reads; ``two``: two jobs on one fresh mount, each
+    with half of the order, half of the readers and its own order
+    (``set_order(..., job=...)``), at once: the time until both are done
+    against ``with`` (info), and the slower job's time over the faster's
+    (1.00: the two orders shared the fills evenly).  Target: with >= 2x faster, judged only
     with ``--s3-delay`` (on loopback the epoch is CPU-bound, and a prefetch
     cannot make it faster; docs/benchmarks.md, "Order-aware prefetch in the shuffled
     epoch"; without a delay the line is marked info).  With
@@ -172,11 +176,12 @@ EPOCH_TARGET = 2.0  # epoch with order-aware prefetch >= 2 x faster
 COLD_READ_TARGET = 0.8  # target: 8-thread cold small-file reads >= 0.8 x 8 threads of GETs
 #: Variants of the epoch case: the same keys GET by boto3 threads (the
 #: reference), then tierfs without and with order-aware prefetch.
-EPOCH_VARIANTS = ("gets", "without", "with")
+EPOCH_VARIANTS = ("gets", "without", "with", "two")
 EPOCH_LABELS = {
     "gets": "boto3 GETs, no mount",
     "without": "epoch without prefetch",
     "with": "epoch with prefetch",
+    "two": "two jobs side by side, each its order",
 }
 RSS_TARGET_MB = 100.0  # daemon RSS growth for the long list
 
@@ -323,8 +328,10 @@ class Results:
     copies: dict[str, list[Copy]] = field(default_factory=dict)
     #: "small idle", "small during", "range idle", "range during" -> seconds per read
     latencies: dict[str, list[float]] = field(default_factory=dict)
-    #: "without", "with" -> epoch seconds
+    #: "without", "with", "two" -> epoch seconds
     epochs: dict[str, list[float]] = field(default_factory=dict)
+    #: per round of "two": seconds until each job's last file
+    epoch_jobs: list[list[float]] = field(default_factory=list)
     rss: list[dict[str, float]] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -745,6 +752,34 @@ class PreloadBench(BenchBase):
 
         run_threads(reader, self.args.readers, "epoch read failed")
 
+    def read_jobs(self, mp: Path, orders: list[list[str]]) -> list[float]:
+        """Each order read by its own ``--readers`` / len(orders) threads, all
+        at once (two jobs on one node); seconds until each job's last file."""
+        lock = threading.Lock()
+        positions = [iter(order) for order in orders]
+        done = [0.0] * len(orders)
+        per_job = max(1, self.args.readers // len(orders))
+        starts = iter(range(per_job * len(orders)))
+        t0 = time.perf_counter()
+
+        def reader() -> None:
+            with lock:
+                job = next(starts) % len(orders)
+            buf = bytearray(1 << 20)
+            while True:
+                with lock:
+                    rel = next(positions[job], None)
+                if rel is None:
+                    with lock:
+                        done[job] = max(done[job], time.perf_counter() - t0)
+                    return
+                with open(mp / rel, "rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
+
+        run_threads(reader, per_job * len(orders), "epoch read failed")
+        return done
+
     def case_epoch(self, round_no: int) -> None:
         files = [f"small/{rel}" for rel, _size, _off in self.small[: self.args.epoch_files]]
         order = list(files)
@@ -818,20 +853,30 @@ class PreloadBench(BenchBase):
                 t0 = time.perf_counter()
                 if variant == "with":
                     tierfs.client.set_order(mp, order)
+                if variant == "two":  # two jobs, each its half, its readers, its order
+                    halves = [order[: len(order) // 2], order[len(order) // 2 :]]
+                    for job, half in zip("ab", halves, strict=True):
+                        tierfs.client.set_order(mp, half, job=f"bench-{job}")
                 order_s = time.perf_counter() - t0
-                self.read_epoch(mp, order)
+                if variant == "two":
+                    jobs = self.read_jobs(mp, halves)
+                    self.results.epoch_jobs.append(jobs)
+                else:
+                    self.read_epoch(mp, order)
                 dt = time.perf_counter() - t0
             cpu = cpu_seconds(pid) - cpu0
             self.results.epochs.setdefault(variant, []).append(dt)
             note = ""
-            if variant == "with":
+            if variant in ("with", "two"):
                 p = self.tierfs_status(mp)["prefetch"] or {}
                 note = (
                     f", set_order {order_s:.2f}s"
                     f", prefetched {p.get('files_prefetched', 0):,} files, hits "
                     f"{p.get('hits', 0):,} of {p.get('opens', 0):,} opens"
                 )
-                self.results.notes[f"epoch with prefetch, round {round_no + 1}"] = note[2:]
+                if variant == "two":
+                    note += f", jobs done at {jobs[0]:.2f}s and {jobs[1]:.2f}s"
+                self.results.notes[f"{EPOCH_LABELS[variant]}, round {round_no + 1}"] = note[2:]
             log(
                 f"  epoch {variant} prefetch: {dt:.2f}s ({len(order) / dt:,.0f} files/s, "
                 f"daemon CPU {cpu:.1f}s{note})"
@@ -1087,6 +1132,15 @@ def report(res: Results, a: argparse.Namespace) -> str:
             )
             lines.append(
                 f"speed-up with prefetch: {ratio:.2f} (target >= {EPOCH_TARGET:g}) {judged}"
+            )
+        if res.epochs.get("with") and res.epochs.get("two"):
+            both = statistics.median(res.epochs["two"]) / statistics.median(res.epochs["with"])
+            spread = [max(jobs) / min(jobs) for jobs in res.epoch_jobs if min(jobs) > 0]
+            lines.append(
+                f"two jobs side by side / one order over the same files: {both:.2f} (info: "
+                "the orders share the fills); slower job / faster job per round: "
+                + ", ".join(f"{x:.2f}" for x in spread)
+                + " (1.00: an even share)"
             )
         lines.append("")
     for sample in res.rss:

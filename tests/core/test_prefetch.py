@@ -34,11 +34,17 @@ def put_files(s3_store: Any, count: int) -> list[str]:
     return paths
 
 
+async def running_prefetcher(nursery: trio.Nursery, mount: CoreMount, **kwargs: Any) -> Prefetcher:
+    """A prefetcher started in ``nursery``, with no order yet."""
+    prefetcher = Prefetcher(mount.fs, **kwargs)
+    await nursery.start(prefetcher.run)
+    return prefetcher
+
+
 async def start_prefetcher(
     nursery: trio.Nursery, mount: CoreMount, paths: list[str], **kwargs: Any
 ) -> Prefetcher:
-    prefetcher = Prefetcher(mount.fs, **kwargs)
-    await nursery.start(prefetcher.run)
+    prefetcher = await running_prefetcher(nursery, mount, **kwargs)
     spool = prefetcher.new_spool()
     for path in paths:
         spool.add(path)
@@ -353,8 +359,7 @@ async def test_missing_files_are_named_and_an_empty_order_stops(
 ) -> None:
     paths = put_files(s3_store, 6)
     mount = await make_fs()
-    prefetcher = Prefetcher(mount.fs, window_files=2)
-    await nursery.start(prefetcher.run)
+    prefetcher = await running_prefetcher(nursery, mount, window_files=2)
     spool = prefetcher.new_spool()
     for path in [paths[0], "ds/nope.bin", paths[1], "ds", paths[2]]:
         spool.add(path)
@@ -405,8 +410,7 @@ async def test_two_sessions_orders_run_side_by_side_and_both_hit(
     a new order of one session replaces only that session's."""
     paths = put_files(s3_store, 24)
     mount = await make_fs()
-    prefetcher = Prefetcher(mount.fs, window_files=3)
-    await nursery.start(prefetcher.run)
+    prefetcher = await running_prefetcher(nursery, mount, window_files=3)
     rank0, rank1 = OrderKey(1000, "job-7", 0), OrderKey(1000, "job-7", 1)
     first = await load(prefetcher, paths[0::2], rank0)
     second = await load(prefetcher, paths[1::2], rank1)
@@ -477,8 +481,7 @@ async def test_the_windows_share_the_first_tier(
     # First tier: 40,000 bytes, high watermark 0.9: room for 18,000 bytes
     # of windows, 6 files of 3,000.
     mount = await make_fs(capacities=(40_000, 16 * MiB))
-    prefetcher = Prefetcher(mount.fs, window_files=20)
-    await nursery.start(prefetcher.run)
+    prefetcher = await running_prefetcher(nursery, mount, window_files=20)
     first = OrderKey(1000, "first")
     await load(prefetcher, paths[:20], first)
     await settled(prefetcher)
@@ -497,8 +500,7 @@ async def test_clear_ends_a_jobs_orders_and_a_stale_end_ends_nothing(
 ) -> None:
     paths = put_files(s3_store, 6)
     mount = await make_fs()
-    prefetcher = Prefetcher(mount.fs, window_files=2)
-    await nursery.start(prefetcher.run)
+    prefetcher = await running_prefetcher(nursery, mount, window_files=2)
     key = OrderKey(1000, "slurm-5", 0, "pid-1-1")
     old = await load(prefetcher, paths[:3], key, bound=True)
     new = await load(prefetcher, paths[3:], key, bound=True)
@@ -525,8 +527,7 @@ async def test_orders_are_bounded_per_user(
 ) -> None:
     paths = put_files(s3_store, 4)
     mount = await make_fs()
-    prefetcher = Prefetcher(mount.fs, window_files=2)
-    await nursery.start(prefetcher.run)
+    prefetcher = await running_prefetcher(nursery, mount, window_files=2)
     monkeypatch.setattr(prefetch_module, "ORDERS_PER_USER", 2)
     monkeypatch.setattr(prefetch_module, "MAX_ORDER_FILES", 3)
     monkeypatch.setattr(prefetch_module, "USER_ORDER_FILES", 5)
