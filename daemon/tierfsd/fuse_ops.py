@@ -1,9 +1,11 @@
 """pyfuse3.Operations over TierFS: thin by design.
 
 Each method converts pyfuse3 arguments, awaits ``TierFS`` and converts the
-result.  The ``_errno`` decorator is the one place that turns errors into
-errnos (it also counts requests, for ``TierFS.requests``, and records each
-request's latency and failure in the daemon's metrics, ``op_metrics``): a
+result.  The ``_errno`` decorator (``_audited`` for the requests the audit log
+records: the same wrapper) is the one place that turns errors into errnos,
+in ``_answer`` (it also counts requests, for ``TierFS.requests``, and
+records each request's latency and failure in the daemon's metrics,
+``op_metrics``): a
 TierfsError or OSError keeps its errno, anything else is a bug, logged with
 its traceback and answered with EIO.  Nothing escapes to
 ``pyfuse3.main()``, which would end the mount.
@@ -150,7 +152,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
-import trio
 
 from tierfs.core import Attributes, DirEntry, TierFS
 from tierfs.core.names.posix_attrs import Caller
@@ -164,7 +165,34 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: What an audit record says of a request: (op, path, new path, extra fields),
+#: from the request's arguments; None: no record for this one.
+AuditTarget = tuple[str, str, str | None, dict[str, Any] | None] | None
+
+
 def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """The request wrapper of a method (see the module docstring)."""
+    return _request(fn, None)
+
+
+def _audited(
+    target: Callable[..., AuditTarget],
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """``_errno``, and the request recorded in the audit log
+    (``tierfs.workers.audit``) with its outcome when the mount has one:
+    ``target(ops, *args)`` names it before it runs (an unlinked name has no
+    path afterwards).  One wrapper, not two: a mount without the log pays
+    one attribute read per request, not a second coroutine."""
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        return _request(fn, target)
+
+    return decorate
+
+
+def _request(
+    fn: Callable[P, Awaitable[R]], target: Callable[..., AuditTarget] | None
+) -> Callable[P, Awaitable[R]]:
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -172,99 +200,57 @@ def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         ops: TierfsOperations = args[0]  # type: ignore[assignment]
         ops.fs.requests += 1
         recorder = ops.op_metrics[name]
+        audit = ops.audit if target is not None else None
+        what = target(*args) if audit is not None and target is not None else None
         started = time.perf_counter()
         try:
-            return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError as exc:
-            recorder.failed(exc.errno)
-            raise
-        except TierfsError as exc:
-            recorder.failed(exc.errno)
-            if isinstance(exc, EndpointUnreachable):  # the breaker logs the outage once
-                log.debug("%s: %s", name, exc)
-            elif exc.errno == errno.EIO:
-                log.warning("%s: %s", name, exc)
-            raise pyfuse3.FUSEError(exc.errno) from None
-        except OSError as exc:
-            recorder.failed(exc.errno or errno.EIO)
-            log.warning("%s: %s", name, exc)
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except Exception:
-            recorder.failed(errno.EIO)
-            log.exception("unexpected error in %s", name)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            result = await fn(*args, **kwargs)
+        except Exception as exc:
+            err = _answer(name, exc)
+            recorder.failed(err)
+            if what is not None:
+                _record(audit, what, args[-1], err)
+            if isinstance(exc, pyfuse3.FUSEError):
+                raise
+            raise pyfuse3.FUSEError(err) from None
         finally:
             recorder.observe(time.perf_counter() - started)
+        if what is not None:
+            _record(audit, what, args[-1], 0)
+        return result
 
     return wrapper
 
 
-def _errno_of(exc: BaseException) -> int:
-    """The errno a request that raised ``exc`` is answered with (as ``_errno``)."""
+def _answer(name: str, exc: Exception) -> int:
+    """The errno request ``name`` that raised ``exc`` is answered with; a
+    failure worth it is logged (the one place errors become errnos)."""
     if isinstance(exc, pyfuse3.FUSEError):
         return int(exc.errno)
-    if isinstance(exc, TierfsError | OSError):
+    if isinstance(exc, TierfsError):
+        if isinstance(exc, EndpointUnreachable):  # the breaker logs the outage once
+            log.debug("%s: %s", name, exc)
+        elif exc.errno == errno.EIO:
+            log.warning("%s: %s", name, exc)
+        return exc.errno
+    if isinstance(exc, OSError):
+        log.warning("%s: %s", name, exc)
         return exc.errno or errno.EIO
+    log.exception("unexpected error in %s", name)
     return errno.EIO
 
 
-#: What an audit record says of a request: (op, path, new path, extra fields),
-#: from the request's arguments; None: no record for this one.
-AuditTarget = tuple[str, str, str | None, dict[str, Any] | None] | None
-
-
-def _audited(
-    target: Callable[..., AuditTarget],
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
-    """Record the request in the audit log (``tierfs.workers.audit``), with
-    its outcome, when the mount has one: ``target(ops, *args)`` names it
-    before it runs (an unlinked name has no path afterwards)."""
-
-    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-        @functools.wraps(fn)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            ops: TierfsOperations = args[0]  # type: ignore[assignment]
-            audit = ops.audit
-            what = target(*args) if audit is not None else None
-            if what is None:
-                return await fn(*args, **kwargs)
-            ctx = args[-1]
-            op, path, new_path, extra = what
-            try:
-                result = await fn(*args, **kwargs)
-            except BaseException as exc:
-                if not isinstance(exc, trio.Cancelled):
-                    audit.record(
-                        op,
-                        ctx.uid,
-                        ctx.gid,
-                        ctx.pid,
-                        path,
-                        _errno_of(exc),
-                        new_path=new_path,
-                        extra=extra,
-                    )
-                raise
-            audit.record(op, ctx.uid, ctx.gid, ctx.pid, path, 0, new_path=new_path, extra=extra)
-            return result
-
-        return wrapper
-
-    return decorate
-
-
-def _child(ops: TierfsOperations, parent: int, name: bytes) -> str:
-    """The path of ``name`` in directory ``parent``, from the mount root."""
-    above = ops.fs.path_of(parent)
-    text = name.decode(errors="surrogateescape")
-    return f"{above}/{text}" if above else text
+def _record(audit: AuditLog | None, what: AuditTarget, ctx: Any, err: int) -> None:
+    assert audit is not None and what is not None
+    op, path, new_path, extra = what
+    audit.record(op, ctx.uid, ctx.gid, ctx.pid, path, err, new_path=new_path, extra=extra)
 
 
 def _at_name(op: str) -> Callable[..., AuditTarget]:
     """A request on ``(parent, name, ...)``: create, mkdir, unlink..."""
 
     def target(ops: TierfsOperations, parent: int, name: bytes, *rest: Any) -> AuditTarget:
-        return op, _child(ops, parent, name), None, None
+        return op, ops.fs.child_path(parent, name), None, None
 
     return target
 
@@ -278,7 +264,7 @@ def _created(op: str) -> Callable[..., AuditTarget]:
         extra: dict[str, Any] = {"mode": f"{stat.S_IMODE(mode):04o}"}
         if op == "create":
             extra["flags"] = open_flags(rest[0])
-        return op, _child(ops, parent, name), None, extra
+        return op, ops.fs.child_path(parent, name), None, extra
 
     return target
 
@@ -287,7 +273,7 @@ def _symlink_target(
     ops: TierfsOperations, parent: int, name: bytes, target: bytes, ctx: Any
 ) -> AuditTarget:
     extra = {"target": target.decode(errors="surrogateescape")}
-    return "symlink", _child(ops, parent, name), None, extra
+    return "symlink", ops.fs.child_path(parent, name), None, extra
 
 
 def _rename_target(
@@ -300,13 +286,18 @@ def _rename_target(
     ctx: Any,
 ) -> AuditTarget:
     extra = {"flags": flags} if flags else None
-    return "rename", _child(ops, parent_old, name_old), _child(ops, parent_new, name_new), extra
+    return (
+        "rename",
+        ops.fs.child_path(parent_old, name_old),
+        ops.fs.child_path(parent_new, name_new),
+        extra,
+    )
 
 
 def _link_target(
     ops: TierfsOperations, inode: int, new_parent: int, new_name: bytes, ctx: Any
 ) -> AuditTarget:
-    return "link", ops.fs.path_of(inode), _child(ops, new_parent, new_name), None
+    return "link", ops.fs.path_of(inode), ops.fs.child_path(new_parent, new_name), None
 
 
 def _open_target(ops: TierfsOperations, inode: int, flags: int, ctx: Any) -> AuditTarget:
@@ -468,7 +459,6 @@ class TierfsOperations(pyfuse3.Operations):
 
     # --- files ---------------------------------------------------------------------------
 
-    @_errno
     @_audited(_open_target)
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         # Who opens matters to writes only (they clear setuid/setgid).
@@ -503,7 +493,6 @@ class TierfsOperations(pyfuse3.Operations):
 
     # --- mutations ---------------------------------------------------------------------------
 
-    @_errno
     @_audited(_setattr_target)
     async def setattr(
         self,
@@ -525,38 +514,32 @@ class TierfsOperations(pyfuse3.Operations):
         )
         return entry_attributes(attrs)
 
-    @_errno
     @_audited(_created("mknod"))
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.mknod(parent_inode, name, mode, ctx.uid, ctx.gid))
 
-    @_errno
     @_audited(_created("mkdir"))
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
 
-    @_errno
     @_audited(_at_name("unlink"))
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await self.fs.unlink(parent_inode, name)
 
-    @_errno
     @_audited(_at_name("rmdir"))
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await self.fs.rmdir(parent_inode, name)
 
-    @_errno
     @_audited(_symlink_target)
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         return entry_attributes(await self.fs.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
 
-    @_errno
     @_audited(_rename_target)
     async def rename(
         self,
@@ -569,12 +552,10 @@ class TierfsOperations(pyfuse3.Operations):
     ) -> None:
         await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
-    @_errno
     @_audited(_link_target)
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         return await self.fs.link(inode, new_parent_inode, new_name)
 
-    @_errno
     @_audited(_created("create"))
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
@@ -599,12 +580,10 @@ class TierfsOperations(pyfuse3.Operations):
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         self.fs.meta.sync()
 
-    @_errno
     @_audited(_xattr_target("setxattr"))
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
         await self.fs.setxattr(inode, name, value)
 
-    @_errno
     @_audited(_xattr_target("removexattr"))
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
         await self.fs.removexattr(inode, name)

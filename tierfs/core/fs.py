@@ -536,6 +536,13 @@ class TierFS:
         """The file's path in the mount, for messages."""
         return self.namespace.path_of(ino)
 
+    def child_path(self, parent: int, name: bytes) -> str:
+        """The path of ``name`` in directory ``parent``, for messages and the
+        audit log (a name that is not UTF-8 keeps its bytes as surrogates)."""
+        above = self.path_of(parent)
+        text = name.decode(errors="surrogateescape")
+        return f"{above}/{text}" if above else text
+
     # --- extended attributes ---------------------------------------------------------------
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:

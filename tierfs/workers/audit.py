@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import errno as errno_module
 import json
 import logging
@@ -226,7 +225,7 @@ class AuditWriter:
         if dropped:
             self.dropped_total += dropped
             lines.append(
-                json.dumps({"time": _iso(time.time()), "op": "dropped", "count": dropped}) + "\n"
+                f'{{"time": "{self._time(time.time())}", "op": "dropped", "count": {dropped}}}\n'
             )
             log.warning(
                 "audit: %d records dropped: the queue of %d was full", dropped, QUEUE_RECORDS
@@ -259,13 +258,8 @@ class AuditWriter:
         of a dict and ``datetime.isoformat`` per record were most of the
         writer's time: py-spy, ``bench_audit.py`` with ``reads``)."""
         when, op, uid, gid, pid, comm, path, new_path, error, extra = record
-        second = int(when)
-        if second != self._second:
-            self._second = second
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        micros = min(999_999, int((when - second) * 1_000_000))
         parts = [
-            f'{{"time": "{self._second_text}.{micros:06d}Z", "uid": {uid}, "gid": {gid}, '
+            f'{{"time": "{self._time(when)}", "uid": {uid}, "gid": {gid}, '
             f'"pid": {pid}, "comm": {_string(comm)}, "op": "{op}", "path": {_string(path)}'
         ]
         if new_path is not None:
@@ -274,6 +268,15 @@ class AuditWriter:
             parts.append(", " + json.dumps(extra)[1:-1])
         parts.append(f', "errno": {error}}}\n')
         return "".join(parts)
+
+    def _time(self, when: float) -> str:
+        """``when`` in ISO 8601, UTC, to the microsecond; the seconds are
+        formatted once per second."""
+        second = int(when)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._second_text}.{min(999_999, int((when - second) * 1_000_000)):06d}Z"
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -313,11 +316,3 @@ class AuditWriter:
 #: (its bytes kept as surrogates) shows as ``\\udcXX`` escapes, so that
 #: every line is valid UTF-8 for ``jq``.
 _string: Any = json.encoder.encode_basestring_ascii
-
-
-def _iso(when: float) -> str:
-    return (
-        datetime.datetime.fromtimestamp(when, datetime.UTC)
-        .isoformat(timespec="microseconds")
-        .replace("+00:00", "Z")
-    )
