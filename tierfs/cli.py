@@ -204,6 +204,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     prefetch = status.get("prefetch")
     for order in prefetch["orders"] if prefetch else []:
         print(f"prefetch: {_prefetch_line(order)}")
+    for quota in status.get("quotas", []):
+        print(f"quota:    {_quota_line(quota)}")
     audit = status.get("audit")
     if audit:
         print(
@@ -867,8 +869,56 @@ def cmd_policy_reload(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reloaded)
     else:
-        print(f"reloaded: {reloaded['rules']} rules in force")
+        print(f"reloaded: {reloaded['rules']} rules and {reloaded['quotas']} quotas in force")
     return 0
+
+
+# --- quotas ------------------------------------------------------------------------------------
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    answer = request(_mount_socket(args.mountpoint), "quota", {"walk": args.walk}, timeout=None)
+    quotas: list[dict[str, Any]] = answer["quotas"]
+    if args.json:
+        _print_json(answer)
+        return 0
+    if not quotas:
+        print("no [[quotas]] on this mount")
+        return 0
+    print(
+        f"{'path':<28} {'bytes used':>11} {'limit':>10} {'use%':>6} {'names':>10} "
+        f"{'limit':>10} {'use%':>6}  state"
+    )
+    for quota in quotas:
+        print(_quota_line(quota))
+    return 0
+
+
+def _quota_line(quota: dict[str, Any]) -> str:
+    def limit(value: int | None, size: bool) -> str:
+        if value is None:
+            return "-"
+        return format_size(value) if size else f"{value:,}"
+
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}%"
+
+    if quota["full"]:
+        state = "FULL (EDQUOT)"
+    elif quota["warning"]:
+        state = f"WARNING (over {quota['warn_at']:.0%})"
+    else:
+        state = "ok"
+    if not quota["walked"]:
+        state += ", bucket not counted yet"
+    elif quota["walk_error"]:
+        state += f", last count failed: {quota['walk_error']}"
+    return (
+        f"{quota['path']:<28} {format_size(quota['bytes_used']):>11} "
+        f"{limit(quota['bytes_limit'], True):>10} {percent(quota['bytes_percent']):>6} "
+        f"{quota['files_used']:>10,} {limit(quota['files_limit'], False):>10} "
+        f"{percent(quota['files_percent']):>6}  {state}"
+    )
 
 
 # --- plumbing ----------------------------------------------------------------------------------
@@ -1141,6 +1191,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("mountpoint")
     c.add_argument("--json", action="store_true", help="one JSON document on stdout")
     c.set_defaults(func=cmd_policy_reload)
+
+    p = sub.add_parser(
+        "quota",
+        help="directory quotas: used, limit and percent of bytes and names, per quota",
+        description="The [[quotas]] of a mount and their usage: what the bucket held at the "
+        "last count (a walk at mount and every list_ttl) plus this node's changes since. A "
+        "change that would pass a limit fails with EDQUOT (Disk quota exceeded); at warn_at "
+        "the quota shows WARNING and the daemon logs it once.",
+    )
+    p.add_argument("mountpoint")
+    p.add_argument(
+        "--walk",
+        action="store_true",
+        help="count the bucket again first and wait for it (other nodes' uploads show)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_quota)
     return parser
 
 

@@ -93,6 +93,12 @@ class NoSpace(TierfsError):
     errno = _errno.ENOSPC
 
 
+class QuotaExceeded(TierfsError):
+    """A change would take a directory past its ``[[quotas]]`` limit."""
+
+    errno = _errno.EDQUOT
+
+
 class Busy(TierfsError):
     errno = _errno.EBUSY
 

@@ -43,7 +43,8 @@ update; the metric families and the text are made from that copy in a
 thread (``Metrics.scrape``), which is most of a scrape's cost.
 
 What leaves the node: label values are S3 operation names, FUSE operation
-names, tier names and preload job ids (checked: no ``/``, so never a path).
+names, tier names, preload job ids and quota names (checked: no ``/``, so
+never a path).
 No path, key, bucket, endpoint or credential is ever a label or a value.
 
 Cost (measured, ``tests/bench/bench_metrics_overhead.py``; the README has
@@ -544,6 +545,7 @@ def _status_families(status: dict[str, Any]) -> Iterator[Metric]:
         1 if endpoint.get("state") == "reachable" else 0,
     )
     yield from _shared_tier_families(status.get("shared_tier"))
+    yield from _quota_families(status.get("quotas") or [])
     requests = CounterMetricFamily(
         "tierfs_s3_requests",
         "S3 requests sent, by operation (retries included)",
@@ -552,6 +554,58 @@ def _status_families(status: dict[str, Any]) -> Iterator[Metric]:
     for operation, count in sorted((status.get("store_calls") or {}).items()):
         requests.add_metric([operation], count)
     yield requests
+
+
+def _quota_families(quotas: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The quotas (``Quotas.status``): totals over all of them, and per
+    quota for those with a ``name`` (the label; a path never is one)."""
+    yield _gauge("tierfs_quotas", "Directory quotas in force", len(quotas))
+    yield _gauge(
+        "tierfs_quotas_warning",
+        "Quotas at or above their warn_at share of a limit (alert on > 0)",
+        sum(1 for q in quotas if q["warning"]),
+    )
+    yield _gauge(
+        "tierfs_quotas_full",
+        "Quotas at or above a limit: growth below them fails with EDQUOT",
+        sum(1 for q in quotas if q["full"]),
+    )
+    yield _counter(
+        "tierfs_quota_refused",
+        "Changes refused with EDQUOT since the daemon started, all quotas",
+        sum(int(q["refused"]) for q in quotas),
+    )
+    named = [q for q in quotas if q.get("name")]
+    per_quota: list[tuple[str, str, str]] = [
+        ("tierfs_quota_used_bytes", "Bytes below the quota's directory", "bytes_used"),
+        ("tierfs_quota_limit_bytes", "The quota's bytes limit (absent: none)", "bytes_limit"),
+        ("tierfs_quota_used_files", "Names below the quota's directory", "files_used"),
+        ("tierfs_quota_limit_files", "The quota's names limit (absent: none)", "files_limit"),
+    ]
+    for name, doc, field in per_quota:
+        family = GaugeMetricFamily(name, doc, labels=["quota"])
+        for quota in named:
+            if quota[field] is not None:
+                family.add_metric([quota["name"]], quota[field])
+        yield family
+    ratio = GaugeMetricFamily(
+        "tierfs_quota_used_ratio",
+        "The larger share of the quota's limits in use (1 = full)",
+        labels=["quota"],
+    )
+    warning = GaugeMetricFamily(
+        "tierfs_quota_warning", "1 while the quota is at or above warn_at", labels=["quota"]
+    )
+    for quota in named:
+        shares = [
+            quota[used] / quota[limit]
+            for used, limit in (("bytes_used", "bytes_limit"), ("files_used", "files_limit"))
+            if quota[limit]
+        ]
+        ratio.add_metric([quota["name"]], max(shares, default=0.0))
+        warning.add_metric([quota["name"]], 1 if quota["warning"] else 0)
+    yield ratio
+    yield warning
 
 
 def _shared_tier_families(shared: dict[str, Any] | None) -> Iterator[Metric]:

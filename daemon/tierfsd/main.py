@@ -399,10 +399,11 @@ class Daemon:
                 return
 
     def _reload_policy(self) -> None:
-        """SIGHUP: reread the lifecycle rules, as ``tierfs policy reload``
-        does; a broken file is logged with file:line and the rules stay."""
+        """SIGHUP: reread the lifecycle rules and quotas, as ``tierfs policy
+        reload`` does; a broken file is logged with file:line and the rules
+        and quotas in force stay."""
         try:
-            self.fs.lifecycle.reload()
+            self.fs.reload_policy()
         except ConfigError as exc:
             log.error("SIGHUP: policy not reloaded, the rules in force stay:\n%s", exc)
 

@@ -185,6 +185,7 @@ def make_config(tmp_path: Path, store_url: str, **overrides: Any) -> Config:
             "write", WriteConfig(mode="back", upload_delay=0.05, part_size=8 * MiB)
         ),
         rules=tuple(overrides.pop("rules", ())),
+        quotas=tuple(overrides.pop("quotas", ())),
         shared_tier=overrides.pop("shared_tier", None),
     )
 

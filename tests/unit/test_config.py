@@ -519,9 +519,15 @@ def test_policy_file_may_hold_only_rules(write: Write, minimal: str, tmp_path: P
         (
             pol,
             4,
-            'a policy file holds only [[rules]]; "tiers" belongs in the main config file',
+            "a policy file holds only [[rules]] and [[quotas]]; "
+            '"tiers" belongs in the main config file',
         ),
-        (pol, 7, 'unknown key "rule": a policy file holds only [[rules]]; did you mean "rules"?'),
+        (
+            pol,
+            7,
+            'unknown key "rule": a policy file holds only [[rules]] and [[quotas]]; '
+            'did you mean "rules"?',
+        ),
     ]
 
 

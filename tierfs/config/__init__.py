@@ -107,9 +107,13 @@ Rules
     known, i.e. not for a policy file checked alone);
   - ``evict_after`` not longer than ``demote_after``: the local copies would
     be dropped before the demotion could happen.
+* ``[[quotas]]``: ``path`` (a directory from the mount root, "" for all of
+  it) with ``bytes`` and/or ``files`` (at least one), ``warn_at`` in
+  (0, 1]; one entry per path across the config and its policy files.
 * ``policy_files = [...]``: paths relative to the config file's directory;
-  each file holds only ``[[rules]]`` and its problems carry ITS file:line.
-  Their rules come after the inline rules, in list order.
+  each file holds only ``[[rules]]`` and ``[[quotas]]`` and its problems
+  carry ITS file:line.  Their rules come after the inline rules, in list
+  order.
 * Relative paths resolve against the config file's directory; ``~`` expands.
   ``Config.source`` and all paths in the result are absolute (not
   symlink-resolved).  Messages name a file the way the caller spelled it.
@@ -125,6 +129,7 @@ from .schema import (
     MetricsConfig,
     MoverConfig,
     NamespaceConfig,
+    QuotaConfig,
     RuleConfig,
     SharedTierConfig,
     StateConfig,
@@ -146,6 +151,7 @@ __all__ = [
     "MoverConfig",
     "NamespaceConfig",
     "Problem",
+    "QuotaConfig",
     "RuleConfig",
     "SharedTierConfig",
     "StateConfig",

@@ -33,6 +33,7 @@ from .schema import (
     Config,
     FetchConfig,
     MetricsConfig,
+    QuotaConfig,
     RuleConfig,
     Section,
     SharedTierConfig,
@@ -630,39 +631,85 @@ def _rules(report: _Report, doc: _Doc, data: dict[str, Any], state: _RuleState) 
     return rules
 
 
-def _policy_rules(report: _Report, doc: _Doc, state: _RuleState) -> list[RuleConfig]:
-    """The rules of a policy file: a file that holds only [[rules]]."""
+#: The tables a policy file may hold.
+POLICY_TABLES = ("rules", "quotas")
+
+
+class _QuotaState:
+    """Quotas seen so far across files, to catch a path given twice."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, str] = {}
+
+
+def _quotas(report: _Report, doc: _Doc, state: _QuotaState) -> list[QuotaConfig]:
+    quotas: list[QuotaConfig] = []
+    for path, table in _array_of_tables(report, doc, doc.data, "quotas"):
+        source = f"{doc.file}:{doc.line(path)}"
+        values, _good = _keys(report, doc, table, path, QuotaConfig, doc.path.parent)
+        where = values["path"]
+        if where is None:
+            continue  # reported as missing
+        shown = quote(where) if where else "the whole mount"
+        if where in state.paths:
+            report.add(
+                doc,
+                (*path, "path"),
+                f"{shown} already has a quota at {state.paths[where]}; "
+                "give each directory one [[quotas]] entry with both limits",
+            )
+            continue
+        state.paths[where] = source
+        if values["bytes"] is None and values["files"] is None and _good:
+            report.add(
+                doc,
+                path,
+                f'the quota on {shown} sets no limit: add bytes = "500GiB" and/or files = 1000000',
+            )
+            continue
+        quotas.append(QuotaConfig(**values, source=source))
+    return quotas
+
+
+def _policy_tables(
+    report: _Report, doc: _Doc, state: _RuleState, quota_state: _QuotaState
+) -> tuple[list[RuleConfig], list[QuotaConfig]]:
+    """The rules and quotas of a policy file: a file that holds only
+    [[rules]] and [[quotas]]."""
     for key in doc.data:
-        if key == "rules":
+        if key in POLICY_TABLES:
             continue
         if key in TOP_KEYS:
             sentence = (
-                f"a policy file holds only [[rules]]; {quote(key)} belongs in the main config file"
+                "a policy file holds only [[rules]] and [[quotas]]; "
+                f"{quote(key)} belongs in the main config file"
             )
         else:
-            sentence = f"unknown key {quote(key)}: a policy file holds only [[rules]]" + suggest(
-                key, ("rules",)
+            sentence = (
+                f"unknown key {quote(key)}: a policy file holds only [[rules]] and [[quotas]]"
+                + suggest(key, POLICY_TABLES)
             )
         report.add(doc, (key,), sentence)
-    return _rules(report, doc, doc.data, state)
+    return _rules(report, doc, doc.data, state), _quotas(report, doc, quota_state)
 
 
 def _policy_files(
-    report: _Report, doc: _Doc, base: Path, state: _RuleState
-) -> tuple[list[Path], list[RuleConfig]]:
+    report: _Report, doc: _Doc, base: Path, state: _RuleState, quota_state: _QuotaState
+) -> tuple[list[Path], list[RuleConfig], list[QuotaConfig]]:
     value = doc.data.get("policy_files")
     if value is None:
-        return [], []
+        return [], [], []
     if not isinstance(value, list):
         report.add(
             doc,
             ("policy_files",),
             f'policy_files must be an array of paths like ["policy.toml"], not {toml_kind(value)}',
         )
-        return [], []
+        return [], [], []
     display_dir = os.path.dirname(doc.file)
     files: list[Path] = []
     rules: list[RuleConfig] = []
+    quotas: list[QuotaConfig] = []
     seen: dict[Path, int] = {}
     for index, entry in enumerate(value):
         at: KeyPath = ("policy_files", index)
@@ -691,8 +738,10 @@ def _policy_files(
             continue
         policy = _read(path, display, report)
         if policy is not None:
-            rules.extend(_policy_rules(report, policy, state))
-    return files, rules
+            more_rules, more_quotas = _policy_tables(report, policy, state, quota_state)
+            rules.extend(more_rules)
+            quotas.extend(more_quotas)
+    return files, rules, quotas
 
 
 def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | None:
@@ -723,7 +772,11 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
         backing = dataclasses.replace(backing, url=join_backing_url(backing.url, access.root))
     rule_state = _RuleState([t.name for t in tiers if t.name])
     rules = _rules(report, doc, doc.data, rule_state)
-    policy_paths, policy_rules = _policy_files(report, doc, doc.path.parent, rule_state)
+    quota_state = _QuotaState()
+    quotas = _quotas(report, doc, quota_state)
+    policy_paths, policy_rules, policy_quotas = _policy_files(
+        report, doc, doc.path.parent, rule_state, quota_state
+    )
     if backing is None or state is None or report.problems:
         return None
     return Config(
@@ -740,6 +793,7 @@ def _build_config(report: _Report, doc: _Doc, check_paths: bool) -> Config | Non
         audit=audit,
         access=access,
         rules=tuple(rules + policy_rules),
+        quotas=tuple(quotas + policy_quotas),
         policy_files=tuple(policy_paths),
     )
 
@@ -772,7 +826,8 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Co
 def load_policy(
     path: str | os.PathLike[str], *, tiers: Collection[str] | None = None
 ) -> tuple[RuleConfig, ...]:
-    """Load one policy file (only ``[[rules]]``); ``ConfigError`` lists its problems.
+    """Load the rules of one policy file (``[[rules]]`` and ``[[quotas]]``);
+    ``ConfigError`` lists its problems.
 
     With ``tiers`` (the configured tier names), each rule's ``place`` is
     checked against them; with None it is not.
@@ -780,7 +835,9 @@ def load_policy(
     file, absolute = _absolute(path)
     report = _Report()
     doc = _read(absolute, file, report)
-    rules = _policy_rules(report, doc, _RuleState(tiers)) if doc is not None else []
+    rules = (
+        _policy_tables(report, doc, _RuleState(tiers), _QuotaState())[0] if doc is not None else []
+    )
     if report.problems:
         raise ConfigError(report.sorted())
     return tuple(rules)
@@ -793,7 +850,7 @@ def check_file(path: str | os.PathLike[str], *, check_paths: bool = True) -> lis
     tables (``backing``, ``state``, ``tiers``, ``fetch``, ``namespace``,
     ``write``, ``mover``, ``metrics``, ``policy_files``) is checked as a full config, including the
     policy files it lists.  Any other file is checked as a policy file, which
-    holds only ``[[rules]]``; the tiers are then unknown, so a rule's
+    holds only ``[[rules]]`` and ``[[quotas]]``; the tiers are then unknown, so a rule's
     ``place`` is only checked to be a string, not that it names a configured
     tier (check the main config for that).
 
@@ -804,8 +861,8 @@ def check_file(path: str | os.PathLike[str], *, check_paths: bool = True) -> lis
     report = _Report()
     doc = _read(absolute, file, report)
     if doc is not None:
-        if any(key in doc.data for key in TOP_KEYS if key != "rules"):
+        if any(key in doc.data for key in TOP_KEYS if key not in POLICY_TABLES):
             _build_config(report, doc, check_paths)
         else:
-            _policy_rules(report, doc, _RuleState(None))
+            _policy_tables(report, doc, _RuleState(None), _QuotaState())
     return report.sorted()

@@ -40,6 +40,8 @@ from .values import (
     conv_positive_duration,
     conv_positive_size,
     conv_profile,
+    conv_quota_name,
+    conv_quota_path,
     conv_rate,
     conv_region,
     conv_shared_url,
@@ -385,6 +387,41 @@ class AuditConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaConfig:
+    path: str = required_key(
+        conv_quota_path,
+        "path",
+        'a directory from the mount root ("" = all of it); the quota covers everything below it',
+    )
+    #: "file:line" where the quota starts, for messages
+    source: str = ""
+    name: str | None = key(
+        None,
+        conv_quota_name,
+        "name",
+        "the label of its metrics (a quota without a name is only counted in the totals)",
+        shown="no label",
+    )
+    bytes: int | None = key(
+        None,
+        conv_positive_size,
+        "size",
+        'most bytes the files below it may hold, like "500GiB"',
+        shown="no limit",
+    )
+    files: int | None = key(
+        None,
+        conv_int(1),
+        "integer",
+        "most names (files, directories, symlinks) below it",
+        shown="no limit",
+    )
+    warn_at: float = key(
+        0.8, conv_watermark, "fraction", "warn once the usage crosses this share of a limit"
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: Path
     backing: BackingConfig
@@ -400,6 +437,7 @@ class Config:
     audit: AuditConfig = field(default_factory=AuditConfig)
     access: AccessConfig = field(default_factory=AccessConfig)
     rules: tuple[RuleConfig, ...] = ()
+    quotas: tuple[QuotaConfig, ...] = ()
     policy_files: tuple[Path, ...] = ()
 
 
@@ -470,6 +508,13 @@ SECTIONS = (
         '[access] with root = "users/alice"',
     ),
     Section("rules", RuleConfig, "lifecycle rules; first match wins", "[[rules]]", array=True),
+    Section(
+        "quotas",
+        QuotaConfig,
+        "directory quotas: bytes and names below a directory",
+        "[[quotas]]",
+        array=True,
+    ),
 )
 
 SECTION = {s.name: s for s in SECTIONS}

@@ -217,14 +217,24 @@ def conv_region(value: Any) -> str:
 _TIER_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
 
 
-def conv_tier_name(value: Any) -> str:
-    text = conv_str(value)
-    if not _TIER_NAME_RE.fullmatch(text):
-        raise ValueError(
-            f"{quote(text)} is not a simple name; use a letter followed by up to 62 "
-            "letters, digits, '_' or '-', like nvme"
-        )
-    return text
+def conv_simple_name(example: str) -> Callable[[Any], str]:
+    """A name that may label metrics and appear in commands: a letter,
+    then up to 62 letters, digits, '_' or '-' (``example`` for messages)."""
+
+    def conv(value: Any) -> str:
+        text = conv_str(value)
+        if not _TIER_NAME_RE.fullmatch(text):
+            raise ValueError(
+                f"{quote(text)} is not a simple name; use a letter followed by up to 62 "
+                f"letters, digits, '_' or '-', like {example}"
+            )
+        return text
+
+    return conv
+
+
+conv_tier_name = conv_simple_name("nvme")
+conv_quota_name = conv_simple_name("alice")
 
 
 def conv_glob(value: Any) -> str:
@@ -338,6 +348,21 @@ def conv_access_root(value: Any) -> str:
         raise ValueError(
             f"the access root {quote(text)} has an empty, '.' or '..' segment; an access "
             "point must name one directory below the prefix"
+        )
+    return text
+
+
+def conv_quota_path(value: Any) -> str:
+    """A directory from the mount root ("" or "/" is the whole mount):
+    relative, no empty, '.' or '..' segment (a leading or trailing '/' is
+    dropped)."""
+    text = "" if value == "" else conv_str(value).strip("/")
+    if not text:
+        return ""
+    if "\0" in text or any(s in ("", ".", "..") for s in text.split("/")):
+        raise ValueError(
+            f"the quota path {quote(text)} has an empty, '.' or '..' segment; write the "
+            'directory from the mount root, like "users/alice"'
         )
     return text
 

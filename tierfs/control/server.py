@@ -151,6 +151,7 @@ class ControlServer:
             "policy_show": self._policy_show,
             "policy_plan": self._policy_plan,
             "policy_reload": self._policy_reload,
+            "quota": self._quota,
             "preload_list": self._preload_list,
             "preload_cancel": self._preload_cancel,
             "prefetch_clear": self._prefetch_clear,
@@ -559,8 +560,19 @@ class ControlServer:
     async def _policy_plan(self, args: dict[str, Any], peer: Peer) -> Any:
         return await self.fs.lifecycle.plan_report()
 
+    async def _quota(self, args: dict[str, Any], peer: Peer) -> Any:
+        """The quotas and their usage (any user); ``walk``: after a fresh
+        count of the bucket (one walk, shared by every caller waiting)."""
+        if args.get("walk"):
+            await self.fs.quotas.wait_walked()
+        return {"quotas": self.fs.quotas.status()}
+
     async def _policy_reload(self, args: dict[str, Any], peer: Peer) -> Any:
-        return self.fs.lifecycle.reload()
+        """Reload; with quotas, reply once the bucket is counted for them,
+        so that they hold from the moment the command returns."""
+        reloaded = self.fs.reload_policy()
+        await self.fs.quotas.wait_walked()
+        return reloaded
 
     async def _flush(self, args: dict[str, Any], peer: Peer) -> Any:
         paths = _paths("flush", args)

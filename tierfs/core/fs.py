@@ -29,6 +29,7 @@ calls parts built before it):
     handles       open file handles and writers (``handles``)
     names         lookups, attributes, directory reads (``namereads``)
     sync          journal execution, upload, flush (``sync``)
+    quotas        directory quotas: usage, EDQUOT, the bucket walk (``quotas``)
     writes        POSIX mutations (``writes``)
     movement      fill / relocate / evict / check of a file's blocks (``movement``)
     lifecycle     the plan of moves, pin / evict / reload (``lifecycle``)
@@ -59,7 +60,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.config import Config
+from tierfs.config import Config, load_config
 from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotFound
 from tierfs.meta import ROOT_INO, BlockRecord, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
@@ -90,6 +91,7 @@ from .upkeep import Upkeep
 from .write.blockwrites import BlockWrites
 from .write.damage import DamageLog
 from .write.journal import Entry, Journal
+from .write.quotas import Quotas
 from .write.sharewrites import SharedWrites
 from .write.sync import Sync
 from .write.writes import FileWrites
@@ -278,6 +280,16 @@ class TierFS:
             endpoint=self.endpoint,
             shared_writes=self.shared_writes,
         )
+        self.quotas = Quotas(
+            config,
+            meta,
+            self.journal,
+            self.namespace,
+            store,
+            self.store_threads,
+            self.store_limiter,
+        )
+        self.quotas.start()
         self.writes = FileWrites(
             config,
             meta,
@@ -294,6 +306,7 @@ class TierFS:
             attributes=self.names.attributes,
             access_times=self.access_times,
             unlinked=self.unlinked,
+            quotas=self.quotas,
             write_through=self.policies.write_through,
         )
         # The POSIX mutations are FileWrites' own methods, bound here so
@@ -356,6 +369,7 @@ class TierFS:
             sync=self.sync,
             movement=self.movement,
             lifecycle=self.lifecycle,
+            quotas=self.quotas,
             shared_tier=self.shared_tier,
         )
         #: Extra sections of ``status()`` (``Reports``).
@@ -393,6 +407,7 @@ class TierFS:
             self.upkeep.start(nursery, self.supervisor)
             if self.shared_writes is not None:
                 await self.supervisor.start(nursery, "shared-writes", self.shared_writes.run)
+            await self.supervisor.start(nursery, "quota-walk", self.quotas.run)
             task_status.started()
 
     @contextlib.contextmanager
@@ -420,6 +435,17 @@ class TierFS:
             return
         with contextlib.suppress(trio.RunFinishedError):  # the daemon is stopping
             token.run_sync_soon(self.journal.retry_failed_now)
+
+    def reload_policy(self) -> dict[str, object]:
+        """``tierfs policy reload`` and SIGHUP: read the config file and its
+        policy files again; the rules and the quotas in them apply from now
+        on.  A file with any problem raises ``ConfigError`` and nothing
+        changes."""
+        fresh = load_config(self.config.source, check_paths=False)
+        reloaded = self.lifecycle.reload(fresh)
+        self.quotas.set_quotas(fresh.quotas)
+        log.info("policy reloaded: %d quotas in force", len(fresh.quotas))
+        return {**reloaded, "quotas": len(fresh.quotas)}
 
     def close(self) -> None:
         self.upkeep.flush()

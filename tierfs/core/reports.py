@@ -37,6 +37,7 @@ from .tiering.policies import FilePolicies
 from .tiering.space import SpaceManager
 from .write.damage import DamageLog
 from .write.journal import Journal
+from .write.quotas import Quotas
 from .write.sync import Sync
 
 
@@ -60,6 +61,7 @@ class Reports:
     sync: Sync
     movement: DataMovement
     lifecycle: Lifecycle
+    quotas: Quotas
     shared_tier: SharedTier | None = None
     #: Extra sections of ``status()``: name -> a function returning plain
     #: JSON data, called on the trio loop at each ``status``.
@@ -181,6 +183,7 @@ class Reports:
             "workers": self.supervisor.status(),
             "mover": self.lifecycle.status.as_dict(),
             "shared_tier": self.shared_tier.status() if self.shared_tier is not None else None,
+            "quotas": self.quotas.status(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,
             "open_files": len(self.open_files.files),
             "queues": self._queue_depths(),

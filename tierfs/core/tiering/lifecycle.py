@@ -442,10 +442,12 @@ class Lifecycle:
             for later, earlier in shadowed_rules(rules)
         ]
 
-    def reload(self) -> dict[str, Any]:
-        """Reread the rules (``tierfs policy reload``, SIGHUP).  A file with
+    def reload(self, fresh: Config | None = None) -> dict[str, Any]:
+        """Reread the rules (``tierfs policy reload``, SIGHUP), or take those
+        of ``fresh`` (the config file read again by the caller).  A file with
         any problem raises ``ConfigError`` and the rules in force stay."""
-        fresh = load_config(self.config.source, check_paths=False)
+        if fresh is None:
+            fresh = load_config(self.config.source, check_paths=False)
         names = [t.name for t in fresh.tiers]
         if names != [t.name for t in self.tiers]:
             log.warning(

@@ -448,6 +448,18 @@ class Journal:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def inodes_pending(self) -> set[int]:
+        """Every inode an entry still carries a change of (its ``ino`` or
+        ``shadow_ino``): an inode outside this set has its last change in
+        the bucket (entries leave the journal only once done)."""
+        pending: set[int] = set()
+        for entry in self.entries.values():
+            for field_name in ("ino", "shadow_ino"):
+                ino = entry.get(field_name)
+                if ino is not None:
+                    pending.add(ino)
+        return pending
+
     # --- scheduling --------------------------------------------------------------------
 
     def hold(self, ino: int) -> None:

@@ -86,6 +86,11 @@ a new file no longer reads its residency for the eviction tracker (it has
 none).  The rest of the loop's time is the 7 round trips
 through the kernel and the writer's own work.
 
+Quotas (``quotas``): every mutation that adds bytes or names checks the
+quotas above it first (``Quotas.grow``, ``admit_new``, ``plan_move``) and
+tells them what it did after its transaction, with no ``await`` between the
+check and the transaction; EDQUOT leaves nothing changed.
+
 Hard links are refused with EPERM, and so are device nodes; FIFOs and
 sockets are empty objects whose mode carries the type.  Extended attributes: ``user.*`` only,
 kept in LMDB on this node (not in the bucket).
@@ -133,6 +138,7 @@ from ..results import Attributes, OpenResult
 from ..tiering.space import SpaceManager
 from .blockwrites import BlockWrites
 from .journal import Journal, JournalWriter, child_key
+from .quotas import Quotas
 from .sync import Sync
 
 RENAME_NOREPLACE = 1
@@ -178,6 +184,7 @@ class FileWrites:
         attributes: Callable[[Inode], Attributes],
         access_times: AccessTimes,
         unlinked: UnlinkedInodes,
+        quotas: Quotas,
         write_through: Callable[[int], bool] | None = None,
     ) -> None:
         self.config = config
@@ -204,6 +211,8 @@ class FileWrites:
         self.unlinked = unlinked
         #: What the kernel sees of an inode (``NameReads.attributes``).
         self.attributes = attributes
+        #: Checked before a change adds bytes or names (``quotas``).
+        self.quotas = quotas
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -304,18 +313,21 @@ class FileWrites:
     # --- creating ----------------------------------------------------------------------------
 
     async def _new_child(
-        self, parent: int, name: bytes, mode: int, uid: int, gid: int
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, size: int = 0
     ) -> tuple[Inode, Inode, str]:
         """Checks and makes a new name in ``parent``, not linked yet: the
         directory's record, the new inode (type and permissions in
         ``mode``) and its key.  Raises if the name is bad, reserved or
-        taken."""
+        taken, or if a quota has no room for it (``size`` bytes and one
+        name).  The caller links it with no ``await`` in between and then
+        tells ``quotas.created``."""
         check_name(name)
         check_not_reserved(parent, name)
         dir_inode = await self._parent_for_change(parent)
         if self.meta.lookup(parent, name) is not None:
             raise Exists(name.decode(errors="replace"))
         key = self._new_key(dir_inode, name, is_dir=stat.S_ISDIR(mode))
+        self.quotas.admit_new(key, size)
         return dir_inode, self._new_inode(dir_inode, name, mode, uid, gid), key
 
     async def create(
@@ -329,12 +341,13 @@ class FileWrites:
         *,
         caller: Caller | None = None,
     ) -> tuple[OpenResult, Attributes]:
-        dir_inode, inode, _key = await self._new_child(
+        dir_inode, inode, key = await self._new_child(
             parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid
         )
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.ensure_upload(inode.ino)
+        self.quotas.created(inode.ino, key)
         opened = self.handles.open(inode, flags, caller=caller)
         return opened, self.attributes(self.namespace.get(inode.ino))
 
@@ -345,17 +358,21 @@ class FileWrites:
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.append({"op": "mkdir", "key": key + "/", "ino": inode.ino})
+        self.quotas.created(inode.ino, key)
         return self.attributes(inode)
 
     async def symlink(
         self, parent: int, name: bytes, target: bytes, uid: int, gid: int
     ) -> Attributes:
-        dir_inode, inode, _key = await self._new_child(parent, name, stat.S_IFLNK | 0o777, uid, gid)
+        dir_inode, inode, key = await self._new_child(
+            parent, name, stat.S_IFLNK | 0o777, uid, gid, size=len(target)
+        )
         inode.symlink_target = target
         inode.size = len(target)
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.ensure_upload(inode.ino)
+        self.quotas.created(inode.ino, key, inode.size)
         self.journal.schedule(inode.ino, self.config.write.upload_delay)
         return self.attributes(inode)
 
@@ -367,12 +384,13 @@ class FileWrites:
         kind = stat.S_IFMT(mode)
         if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK):
             raise NotPermitted("tierfs does not store device nodes")
-        dir_inode, inode, _key = await self._new_child(
+        dir_inode, inode, key = await self._new_child(
             parent, name, kind | (mode & 0o7777), uid, gid
         )
         with self.journal.write() as w:
             self._link_new(w, inode, dir_inode)
             w.ensure_upload(inode.ino)
+        self.quotas.created(inode.ino, key)
         self.journal.schedule(inode.ino, self.config.write.upload_delay)
         return self.attributes(inode)
 
@@ -415,6 +433,7 @@ class FileWrites:
                 w.tx.keep_unlinked(inode.ino)
             else:
                 tiers = w.tx.delete_inode(inode.ino)
+        self.quotas.removed(inode, key)
         self.unlinked.add(inode)
         if busy:
             self._orphans.add(inode.ino)  # deleted when the last handle closes
@@ -465,6 +484,7 @@ class FileWrites:
             self._unlink_name(w, parent, name)
             w.tx.delete_inode(inode.ino)
             w.append({"op": "delete", "key": key + "/", "shadow_ino": inode.ino})
+        self.quotas.removed(inode, key)
         self.unlinked.add(inode)
 
     # --- rename ----------------------------------------------------------------------------------
@@ -496,6 +516,7 @@ class FileWrites:
                 if self.meta.count_children(target.ino):
                     raise DirectoryNotEmpty(new_name.decode(errors="replace"))
         new_key = self._new_key(dst_dir, new_name, is_dir=inode.is_dir)
+        below: list[tuple[Inode, str]] = []
         if inode.is_dir:
             probe = dst_dir
             while True:
@@ -504,11 +525,18 @@ class FileWrites:
                 if probe.ino == ROOT_INO:
                     break
                 probe = self.namespace.get(probe.parent)
-            deepest = await self._list_subtree(inode)
+            deepest, below = await self._list_subtree(inode)
             if deepest:
                 self._check_key(new_key + "/" + deepest)  # every key below moves too
             inode = self.namespace.get(inode.ino)  # the listing updated its record
         old_key = child_key(self.namespace.key_of(src_dir), old_name)
+        # No await from the quota check to the transaction (see ``quotas``).
+        quota_plan = self.quotas.plan_move(
+            [
+                (inode, old_key, new_key),
+                *((child, f"{old_key}/{rel}", f"{new_key}/{rel}") for child, rel in below),
+            ]
+        )
         target_tiers: list[int] = []
         target_busy = target is not None and self.open_files.is_busy(target.ino)
         with self.journal.reshaping() as w:
@@ -540,6 +568,9 @@ class FileWrites:
             else:
                 self._queue_file_move(w, inode, old_key, new_key)
         if target is not None:
+            self.quotas.removed(target, new_key)
+        self.quotas.apply_move(quota_plan)
+        if target is not None:
             self.unlinked.add(target)
         if target is not None and not target.is_dir:
             if target_busy:
@@ -547,16 +578,18 @@ class FileWrites:
             else:
                 self.remove_cache_files(target.ino, target_tiers)
 
-    async def _list_subtree(self, top: Inode) -> str:
+    async def _list_subtree(self, top: Inode) -> tuple[str, list[tuple[Inode, str]]]:
         """List every directory below ``top`` so that every key is known;
         returns the longest key below it, relative to it ("" if it is
-        empty; a directory's ends in "/", as its marker's does).
+        empty; a directory's ends in "/", as its marker's does), and every
+        name below it with its path relative to ``top`` (for the quotas).
 
         The rename of a directory checks that key at its new place: no key
         of the subtree may grow past the bucket's limit.  Finding it costs
         one length per entry on this walk, which the rename makes anyway
         (it queues a copy per file): no extra I/O, no index to keep."""
         deepest, deepest_len = "", 0
+        members: list[tuple[Inode, str]] = []
         pending: list[tuple[Inode, str]] = [(top, "")]
         while pending:
             inode, rel = pending.pop()
@@ -568,9 +601,10 @@ class FileWrites:
                 child_rel = rel + name.decode() + ("/" if child_inode.is_dir else "")
                 if len(child_rel.encode()) > deepest_len:
                     deepest, deepest_len = child_rel, len(child_rel.encode())
+                members.append((child_inode, child_rel.rstrip("/")))
                 if child_inode.is_dir:
                     pending.append((child_inode, child_rel))
-        return deepest
+        return deepest, members
 
     def _queue_file_move(self, w: JournalWriter, live: Inode, old_key: str, new_key: str) -> None:
         """``live`` is the inode as this transaction sees it (the open file's
@@ -635,6 +669,9 @@ class FileWrites:
         if not handle.writable:
             raise PermissionDenied("file handle is not open for writing")
         cf = handle.cached
+        end = offset + len(data)
+        if end > cf.inode.size:
+            self.quotas.grow(cf.inode, end)  # EDQUOT before any byte lands
         await self._make_dirty(cf)
         written = await self.block_writes.write(cf, offset, data)
         self.sync.content_changed_locally(cf.ino)
@@ -662,9 +699,14 @@ class FileWrites:
             raise InvalidArgument(f"inode {inode.ino} is not a regular file")
         cf = self.open_files.acquire(inode)
         try:
+            if size > cf.inode.size:
+                self.quotas.grow(cf.inode, size)  # EDQUOT before anything changes
+            else:
+                self.quotas.track(cf.inode)  # its base, before the origin is cut
             await self._make_dirty(cf)
             self.sync.content_changed_locally(cf.ino)
             await self.block_writes.truncate(cf, size)
+            self.quotas.resized(cf.inode)
             cf.inode.mtime_ns = cf.inode.ctime_ns = time.time_ns()
             await self.block_writes.commit(cf, sync=False)
             if not self.handles.writers.get(cf.ino):
