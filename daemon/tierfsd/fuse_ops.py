@@ -157,7 +157,7 @@ from tierfs.core import Attributes, DirEntry, TierFS
 from tierfs.core.names.posix_attrs import Caller
 from tierfs.errors import EndpointUnreachable, NotFound, TierfsError
 from tierfs.metrics import LatencyTable, Metrics
-from tierfs.workers.audit import AuditLog, open_flags, opens_for_writing
+from tierfs.workers.audit import AuditLog, open_fields, opens_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,11 @@ R = TypeVar("R")
 
 
 #: What an audit record says of a request: (op, path, new path, extra fields),
-#: from the request's arguments; None: no record for this one.
-AuditTarget = tuple[str, str, str | None, dict[str, Any] | None] | None
+#: from the request's arguments; None: no record for this one.  The path may
+#: be a function, called once the request is answered (an ``open``: its
+#: inode is then in memory, so no LMDB read); the extra fields a dict or a
+#: string of JSON members (``open_fields``).
+AuditTarget = tuple[str, str | Callable[[], str], str | None, dict[str, Any] | str | None] | None
 
 
 def _errno(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -243,6 +246,8 @@ def _answer(name: str, exc: Exception) -> int:
 def _record(audit: AuditLog | None, what: AuditTarget, ctx: Any, err: int) -> None:
     assert audit is not None and what is not None
     op, path, new_path, extra = what
+    if callable(path):
+        path = path()
     audit.record(op, ctx.uid, ctx.gid, ctx.pid, path, err, new_path=new_path, extra=extra)
 
 
@@ -261,9 +266,9 @@ def _created(op: str) -> Callable[..., AuditTarget]:
     def target(
         ops: TierfsOperations, parent: int, name: bytes, mode: int, *rest: Any
     ) -> AuditTarget:
-        extra: dict[str, Any] = {"mode": f"{stat.S_IMODE(mode):04o}"}
+        extra = f'"mode": "{stat.S_IMODE(mode):04o}"'
         if op == "create":
-            extra["flags"] = open_flags(rest[0])
+            extra += ", " + open_fields(rest[0])
         return op, ops.fs.child_path(parent, name), None, extra
 
     return target
@@ -304,7 +309,7 @@ def _open_target(ops: TierfsOperations, inode: int, flags: int, ctx: Any) -> Aud
     audit = ops.audit
     if audit is None or not (audit.reads or opens_for_writing(flags)):
         return None
-    return "open", ops.fs.path_of(inode), None, {"flags": open_flags(flags)}
+    return "open", functools.partial(ops.fs.path_of, inode), None, open_fields(flags)
 
 
 def _setattr_target(
