@@ -66,6 +66,15 @@ never missed.
 Warnings: crossing ``warn_at`` (of either limit) logs one warning; going
 back under re-arms it.  The first refusal after each crossing of the limit
 is logged too.
+
+Cost.  A mount without quotas pays one attribute test per growing write
+and per new name.  With a quota, a new small file (its check, its record,
+its one growing write) costs about 8 us of the loop's time, timed alone
+(about 1 % of the daemon's CPU per create+write+close); a mount-to-mount
+A/B of 6,000 creates per round could not tell the two apart from the
+noise (median -4 % files/s, rounds from -21 % to +33 % CPU per file).
+The tracked inodes live until the walk after their upload (one small
+record each).
 """
 
 from __future__ import annotations
@@ -338,7 +347,7 @@ class Quotas:
             tracked.key, tracked.quotas = key, self.covering(key)
         tracked.bytes, tracked.files = size, files
         self._count(tracked, +1)
-        self._after_change(before + tracked.quotas)
+        self._after_change(before if before == tracked.quotas else before + tracked.quotas)
 
     def _admit(self, quotas: Iterable[Quota], more_bytes: int, more_files: int, what: str) -> None:
         """Raise EDQUOT if adding that much takes one of ``quotas`` past a
