@@ -306,3 +306,32 @@ async def test_quota_metrics_label_named_quotas_and_never_a_path(make_fs: Any) -
     assert value(samples, "tierfs_quota_warning", quota="alice") == 1
     labels = {v for (_n, labels) in samples for _k, v in labels}
     assert not any("/" in v or v == "tmp" for v in labels), labels
+
+
+async def test_a_failed_walk_keeps_the_last_counts_and_says_why(
+    make_fs: Any, s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tierfs.errors import StoreUnavailable
+
+    put(s3_store, "f/a", b"a" * MiB)
+    mount = await make_fs(quotas=[quota("f", bytes=2 * MiB)])
+    await walked(mount)
+    assert usage(mount, "f")["bytes_used"] == MiB
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("the endpoint does not answer")
+
+    parent = (await mount.fs.namespace.resolve("f")).ino
+    await mount.fs.namespace.resolve("f/a")  # listed: the mount needs no LIST below
+    monkeypatch.setattr(mount.fs.quotas.store, "list_pages", unreachable)
+    await walked(mount)  # returns: a failed walk ends the wait too
+    entry = usage(mount, "f")
+    assert entry["bytes_used"] == MiB and "does not answer" in entry["walk_error"]
+    fh = await open_new(mount, parent, "b")
+    await mount.fs.write(fh, 0, b"b" * MiB)
+    with pytest.raises(QuotaExceeded):  # still enforced from the last counts
+        await mount.fs.write(fh, MiB, b"b")
+    await mount.fs.release(fh)
+    monkeypatch.undo()
+    await walked(mount)
+    assert usage(mount, "f")["walk_error"] == ""

@@ -518,17 +518,30 @@ class Quotas:
         by_prefix = dict(self._by_prefix)
         try:
             counts = await self._count_bucket(by_prefix)
-        except StoreError as exc:
+        except* StoreError as group:  # raised in the listers' nursery
+            failure = _first_leaf(group)
             for quota in quotas:
-                quota.walk_error = str(exc)
-            log.warning("quota walk failed, the last counts stay: %s", exc)
-            return
+                quota.walk_error = str(failure)
+            log.warning("quota walk failed, the last counts stay: %s", failure)
+        else:
+            self._take_counts(counts, settled, trio.current_time() - began, began_wall)
         finally:
+            # Waiters (``wait_walked``) learn of the walk once its counts
+            # are in, or once it failed.
             self._walking = False
             self.walks += 1
             self._walked.set()
             self._walked = trio.Event()
-        took = trio.current_time() - began
+
+    def _take_counts(
+        self,
+        counts: dict[str, list[int]],
+        settled: dict[int, tuple[str | None, int, int]],
+        took: float,
+        began_wall: float,
+    ) -> None:
+        """A walk's counts become the quotas' ``listed``; the inodes settled
+        when it began are rebased (see the module docstring)."""
         changed: list[Quota] = []
         for quota in self._quotas:
             found = counts.get(quota.prefix)
@@ -635,6 +648,14 @@ def _covering(by_prefix: dict[str, Quota], key: str | None) -> tuple[Quota, ...]
             found.append(quota)
         end = key.find("/", end + 1)
     return tuple(found)
+
+
+def _first_leaf(group: BaseExceptionGroup[StoreError]) -> BaseException:
+    """The first exception of a (possibly nested) group."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def _usage_text(quota: Quota) -> str:
