@@ -1155,7 +1155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_unpin)
 
-    p = sub.add_parser("policy", help="lifecycle rules: check, show, plan, reload")
+    p = sub.add_parser("policy", help="lifecycle rules and quotas: check, show, plan, reload")
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     c = policy.add_parser("check", help="validate a config or policy file; errors as file:line")
     c.add_argument("file")
@@ -1184,9 +1184,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_policy_plan)
     c = policy.add_parser(
         "reload",
-        help="reread the rules of a mount (as SIGHUP does)",
-        description="Reread the config file's [[rules]] and its policy files. A broken file is "
-        "rejected with file:line and the rules in force stay.",
+        help="reread the rules and quotas of a mount (as SIGHUP does)",
+        description="Reread the config file's [[rules]] and [[quotas]] and its policy files. A "
+        "broken file is rejected with file:line and the rules and quotas in force stay. With "
+        "quotas, it returns once the bucket is counted for them.",
     )
     c.add_argument("mountpoint")
     c.add_argument("--json", action="store_true", help="one JSON document on stdout")
