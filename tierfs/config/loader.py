@@ -646,7 +646,7 @@ def _quotas(report: _Report, doc: _Doc, state: _QuotaState) -> list[QuotaConfig]
     quotas: list[QuotaConfig] = []
     for path, table in _array_of_tables(report, doc, doc.data, "quotas"):
         source = f"{doc.file}:{doc.line(path)}"
-        values, _good = _keys(report, doc, table, path, QuotaConfig, doc.path.parent)
+        values, good = _keys(report, doc, table, path, QuotaConfig, doc.path.parent)
         where = values["path"]
         if where is None:
             continue  # reported as missing
@@ -660,7 +660,7 @@ def _quotas(report: _Report, doc: _Doc, state: _QuotaState) -> list[QuotaConfig]
             )
             continue
         state.paths[where] = source
-        if values["bytes"] is None and values["files"] is None and _good:
+        if values["bytes"] is None and values["files"] is None and good:
             report.add(
                 doc,
                 path,

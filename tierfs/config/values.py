@@ -53,13 +53,11 @@ def parse_backing_url(url: str) -> BackingURL:
                 "letters, digits, dots and hyphens, starting and ending with a letter or digit"
             )
         prefix = prefix.rstrip("/")
-        if prefix:
-            bad = [s for s in prefix.split("/") if s in ("", ".", "..")]
-            if bad:
-                raise ValueError(
-                    f"the prefix {quote(prefix)} has an empty, '.' or '..' segment, "
-                    "which cannot map to a directory"
-                )
+        if prefix and has_bad_segment(prefix):
+            raise ValueError(
+                f"the prefix {quote(prefix)} has an empty, '.' or '..' segment, "
+                "which cannot map to a directory"
+            )
         return BackingURL("s3", bucket=bucket, prefix=prefix)
     if url.startswith("file:"):
         rest = url[5:]
@@ -335,6 +333,12 @@ def conv_backing_url(value: Any) -> str:
     return text
 
 
+def has_bad_segment(path: str) -> bool:
+    """Does a "/"-separated path have an empty, '.' or '..' segment (or a
+    NUL), so that it cannot name one directory?"""
+    return "\0" in path or any(s in ("", ".", "..") for s in path.split("/"))
+
+
 def conv_access_root(value: Any) -> str:
     """A directory of the bucket below the backing prefix: relative, no
     empty, '.' or '..' segment (a trailing '/' is dropped)."""
@@ -344,7 +348,7 @@ def conv_access_root(value: Any) -> str:
             f"{quote(text)} is not a directory of the bucket; write it relative to the "
             'backing url\'s prefix, like "users/alice"'
         )
-    if "\0" in text or any(s in ("", ".", "..") for s in text.split("/")):
+    if has_bad_segment(text):
         raise ValueError(
             f"the access root {quote(text)} has an empty, '.' or '..' segment; an access "
             "point must name one directory below the prefix"
@@ -359,7 +363,7 @@ def conv_quota_path(value: Any) -> str:
     text = "" if value == "" else conv_str(value).strip("/")
     if not text:
         return ""
-    if "\0" in text or any(s in ("", ".", "..") for s in text.split("/")):
+    if has_bad_segment(text):
         raise ValueError(
             f"the quota path {quote(text)} has an empty, '.' or '..' segment; write the "
             'directory from the mount root, like "users/alice"'

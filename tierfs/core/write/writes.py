@@ -98,6 +98,7 @@ kept in LMDB on this node (not in the bucket).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import stat
 import time
@@ -530,12 +531,13 @@ class FileWrites:
                 self._check_key(new_key + "/" + deepest)  # every key below moves too
             inode = self.namespace.get(inode.ino)  # the listing updated its record
         old_key = child_key(self.namespace.key_of(src_dir), old_name)
-        # No await from the quota check to the transaction (see ``quotas``).
+        # No await from the quota check to the transaction (see ``quotas``);
+        # the subtree's keys are made only if a quota looks at them.
         quota_plan = self.quotas.plan_move(
-            [
-                (inode, old_key, new_key),
-                *((child, f"{old_key}/{rel}", f"{new_key}/{rel}") for child, rel in below),
-            ]
+            itertools.chain(
+                [(inode, old_key, new_key)],
+                ((child, f"{old_key}/{rel}", f"{new_key}/{rel}") for child, rel in below),
+            )
         )
         target_tiers: list[int] = []
         target_busy = target is not None and self.open_files.is_busy(target.ino)
