@@ -49,6 +49,7 @@ import trio
 
 from tierfs import __version__
 from tierfs.config import Config, load_config
+from tierfs.control.limits import ControlLimits, raise_open_file_limit
 from tierfs.control.protocol import socket_path_for
 from tierfs.control.server import ControlServer
 from tierfs.core import TierFS
@@ -62,6 +63,7 @@ from tierfs.workers.audit import STATUS_SECTION as AUDIT_SECTION
 from tierfs.workers.audit import AuditLog, AuditWriter
 from tierfs.workers.dirahead import DirectoryReadahead
 from tierfs.workers.mover import Mover
+from tierfs.workers.pathlists import SpoolBudget
 from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader
 from tierfs.workers.uploader import run_uploader
@@ -297,7 +299,24 @@ class Daemon:
             shared=open_shared_tier(config.shared_tier) if config.shared_tier else None,
         )
         self.metrics.watch(self.fs)
-        self.control = ControlServer(self.fs, sock_path, mountpoint=mountpoint)
+        # Every local user may connect: the connections leave descriptors
+        # for the file system's own work (``tierfs.control.limits``).
+        open_files = raise_open_file_limit()
+        self.control = ControlServer(
+            self.fs,
+            sock_path,
+            mountpoint=mountpoint,
+            limits=ControlLimits.for_open_files(open_files),
+        )
+        log.info(
+            "open-file limit %d; control connections: %d per user, %d in all (root %d more)",
+            open_files,
+            self.control.limits.per_user,
+            self.control.limits.total,
+            self.control.limits.root,
+        )
+        #: What users' lists and orders may hold on the state disk (both workers).
+        self.spools = SpoolBudget()
         self._fuse_stopped = trio.Event()
 
     @staticmethod
@@ -330,10 +349,10 @@ class Daemon:
                 await supervisor.start(nursery, "audit", self.audit_writer.run)
             await supervisor.start(nursery, "uploader", run_uploader, self.fs)
             await supervisor.start(nursery, "mover", Mover(self.fs).run)
-            self.control.preloader = Preloader(self.fs)
+            self.control.preloader = Preloader(self.fs, spools=self.spools)
             self.metrics.watch_preloads(self.control.preloader.status)
             await supervisor.start(nursery, "preload", self.control.preloader.run)
-            self.control.prefetcher = Prefetcher(self.fs)
+            self.control.prefetcher = Prefetcher(self.fs, spools=self.spools)
             await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
             prefetcher = self.control.prefetcher
             dir_readahead = DirectoryReadahead(self.fs, defer=lambda: prefetcher.has_order)

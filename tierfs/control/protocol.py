@@ -21,10 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: The longest line the daemon reads (a request, or a chunk of a list).
 MAX_LINE = 1 << 20
 #: Paths per ``{"paths": [...]}`` line of a preload list the CLI streams
-#: after its request line (then ``{"end": true}``).
+#: after its request line (then ``{"end": true}``) ...
 PRELOAD_LIST_CHUNK = 1000
+#: ... and at most about this many bytes of them (JSON-escaped), well
+#: under ``MAX_LINE`` whatever the paths hold.
+LIST_CHUNK_BYTES = 256 * 1024
 CONTROL_XATTR = "user.tierfs.control_socket"
 
 
@@ -50,11 +54,15 @@ def list_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     """A list of paths as the messages that stream it to the daemon: chunks
     of ``PRELOAD_LIST_CHUNK`` paths, then the end."""
     chunk: list[str] = []
+    size = 0
     for path in lines:
         chunk.append(path)
-        if len(chunk) >= PRELOAD_LIST_CHUNK:
+        # A path's JSON text is at most 12 bytes per character (two \\uXXXX).
+        size += 12 * len(path) + 3
+        if len(chunk) >= PRELOAD_LIST_CHUNK or size >= LIST_CHUNK_BYTES:
             yield {"paths": chunk}
             chunk = []
+            size = 0
     if chunk:
         yield {"paths": chunk}
     yield {"end": True}

@@ -24,6 +24,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import math
 import os
 import socket
 import struct
@@ -35,12 +36,14 @@ from typing import Any
 import trio
 
 from tierfs import __version__
+from tierfs.control.limits import ConnectionGate, ControlLimits, LineBudget, Pace
 from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
-from tierfs.core.names.access import Caller, readable
+from tierfs.core.names.access import Caller
 from tierfs.errors import InvalidArgument, NotFound, PermissionDenied, TierfsError, describe
+from tierfs.text import check_label
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
-from tierfs.workers.prefetch import OrderKey, Prefetcher
+from tierfs.workers.prefetch import MAX_ORDER_FILES, OrderKey, Prefetcher
 from tierfs.workers.preload import Preloader, PreloadJob
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,9 @@ log = logging.getLogger(__name__)
 ADMIN_OPS = frozenset({"evict", "pin", "unpin", "policy_reload"})
 #: Characters of a preload's tag, at most.
 MAX_TAG = 128
+#: Seconds between two counts of the quotas' bucket that users (not root)
+#: may ask for (``tierfs quota --walk``).
+USER_WALK_INTERVAL = 30.0
 
 Handler = Callable[[dict[str, Any], "Peer"], Awaitable[Any]]
 
@@ -75,52 +81,81 @@ PROGRESS_INTERVAL = 0.5
 
 
 class _LineReader:
-    """JSON lines from a stream, keeping what a read brought past a newline."""
+    """JSON lines from a stream, keeping what a read brought past a newline.
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    Bounds (``tierfs.control.limits``): the line being read is at most
+    ``MAX_LINE`` bytes (whatever follows its newline in the same read does
+    not count against it), and every byte held here is charged to the
+    connection's uid in ``budget`` until its line is taken."""
+
+    def __init__(self, stream: trio.SocketStream, budget: LineBudget, uid: int) -> None:
         self.stream = stream
         self._buf = bytearray()
         self.eof = False
+        self._budget = budget
+        self._uid = uid
+        #: Bytes of ``_buf`` already known to hold no newline.
+        self._scanned = 0
 
     async def line(self) -> bytes | None:
         """The next line (without its newline); None at the end of the stream."""
-        while b"\n" not in self._buf:
+        while True:
+            newline = self._buf.find(b"\n", self._scanned)
+            if newline >= 0:
+                return self._take(newline, 1)
+            self._scanned = len(self._buf)
+            if self._scanned > MAX_LINE:
+                raise InvalidArgument(f"control request line longer than {MAX_LINE} bytes")
             if self.eof:
                 return None
             chunk = await self.stream.receive_some(65536)
             if not chunk:
                 self.eof = True
-                if self._buf:
-                    line, self._buf = bytes(self._buf), bytearray()
-                    return line
-                return None
+                return self._take(len(self._buf), 0) if self._buf else None
+            self._budget.charge(self._uid, len(chunk))
             self._buf += chunk
-            if len(self._buf) > MAX_LINE:
-                raise InvalidArgument("control request too long")
-        line, _, rest = bytes(self._buf).partition(b"\n")
-        self._buf = bytearray(rest)
+
+    def _take(self, end: int, skip: int) -> bytes:
+        line = bytes(self._buf[:end])
+        del self._buf[: end + skip]
+        self._scanned = 0
+        self._budget.release(self._uid, end + skip)
         return line
+
+    def close(self) -> None:
+        """Give back what is still held (the connection ends)."""
+        self._budget.release(self._uid, len(self._buf))
+        self._buf = bytearray()
 
 
 class ControlCall:
     """One streaming request's connection, for its handler."""
 
-    def __init__(self, stream: trio.SocketStream, reader: _LineReader, peer: Peer) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, reader: _LineReader, peer: Peer, limits: ControlLimits
+    ) -> None:
         self._stream = stream
         self._reader = reader
         #: Who sent the request.
         self.peer = peer
+        self._limits = limits
         self._send_lock = trio.Lock()
 
     async def send_event(self, event: str, **fields: Any) -> None:
-        """Send one event line; ``trio.BrokenResourceError`` if the client is gone."""
+        """Send one event line; ``trio.BrokenResourceError`` if the client is
+        gone or does not take it within the send deadline."""
         async with self._send_lock:
-            await self._stream.send_all(encode({"event": event, **fields}))
+            await _send(self._stream, encode({"event": event, **fields}), self._limits)
 
     async def receive(self) -> dict[str, Any] | None:
-        """The next line the client sent after its request (None: it closed)."""
-        line = await self._reader.line()
-        return None if line is None else decode(line)
+        """The next line the client sent after its request (None: it
+        closed); InvalidArgument if none comes within the line deadline."""
+        with trio.move_on_after(self._limits.line_deadline):
+            line = await self._reader.line()
+            return None if line is None else decode(line)
+        raise InvalidArgument(
+            f"no line of the list came for {self._limits.line_deadline:g} s; the request ends"
+        )
 
     async def wait_closed(self) -> None:
         """Return once the client closed its side (anything more it sends
@@ -132,14 +167,37 @@ class ControlCall:
             pass
 
 
+async def _send(stream: trio.SocketStream, data: bytes, limits: ControlLimits) -> None:
+    """``send_all`` within the send deadline (a client that does not read
+    must not hold the handler): BrokenResourceError past it."""
+    with trio.move_on_after(limits.send_deadline):
+        await stream.send_all(data)
+        return
+    raise trio.BrokenResourceError("the client took nothing for the send deadline")
+
+
 StreamingHandler = Callable[[dict[str, Any], ControlCall], Awaitable[Any]]
 
 
 class ControlServer:
-    def __init__(self, fs: TierFS, socket_path: Path, *, mountpoint: Path) -> None:
+    def __init__(
+        self,
+        fs: TierFS,
+        socket_path: Path,
+        *,
+        mountpoint: Path,
+        limits: ControlLimits | None = None,
+    ) -> None:
         self.fs = fs
         self.socket_path = socket_path
         self.mountpoint = mountpoint
+        #: What one user may make the server hold (``tierfs.control.limits``).
+        self.limits = limits if limits is not None else ControlLimits()
+        self._gate = ConnectionGate(self.limits)
+        self._line_budget = LineBudget(self.limits.buffered_per_user)
+        self._pace = Pace(self.limits)
+        #: When a user last had the quotas' bucket counted on request.
+        self._user_walk_at = -math.inf
         self._handlers: dict[str, Handler] = {
             "ping": self._ping,
             "status": self._status,
@@ -180,7 +238,7 @@ class ControlServer:
             sock.bind(str(self.socket_path))
         finally:
             os.umask(old_umask)
-        sock.listen(64)
+        sock.listen(512)
         return trio.socket.from_stdlib_socket(sock)
 
     async def serve(
@@ -196,11 +254,13 @@ class ControlServer:
 
     @staticmethod
     def _peer_of(stream: trio.SocketStream) -> Peer:
-        creds = stream.socket.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
-        )
+        """The process at the other end and its user, as the kernel says
+        (``SO_PEERCRED``, ``SO_PEERGROUPS``): taken when it connected, so a
+        PID reused since cannot change them."""
+        sock = stream.socket
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, gid = struct.unpack("3i", creds)
-        return Peer(pid, Caller.of_process(pid, uid, gid))
+        return Peer(pid, Caller(uid, frozenset({gid, *_peer_groups(sock)})))
 
     def _peer_refused(self, peer: Peer, op: object) -> str | None:
         """Why the peer may not run ``op`` (None: it may).  Every local user
@@ -224,44 +284,80 @@ class ControlServer:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            peer = self._peer_of(stream)
-            reader = _LineReader(stream)
             try:
-                request = decode((await reader.line()) or b"")
-                op = request.get("op")
-                args = request.get("args") or {}
-                if not isinstance(args, dict):
-                    raise InvalidArgument("control request 'args' must be an object")
-                refused = self._peer_refused(peer, op)
-                if refused is not None:
-                    raise PermissionDenied(refused)
-                if isinstance(op, str) and op in self._streaming:
-                    result = await self._streaming[op](args, ControlCall(stream, reader, peer))
-                else:
-                    handler = self._handlers.get(op) if isinstance(op, str) else None
-                    if handler is None:
-                        raise InvalidArgument(f"unknown control operation {op!r}")
+                peer = self._peer_of(stream)
+            except OSError:
+                return  # gone before we looked
+            refused = self._gate.admit(peer.uid)
+            if refused is not None:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await _send(
+                        stream,
+                        encode({"ok": False, "error": refused, "errno": errno.EAGAIN}),
+                        ControlLimits(send_deadline=1.0),
+                    )
+                return
+            reader = _LineReader(stream, self._line_budget, peer.uid)
+            try:
+                reply = await self._answer(stream, reader, peer)
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await _send(stream, encode(reply), self.limits)
+            finally:
+                reader.close()
+                self._gate.leave(peer.uid)
+
+    async def _answer(
+        self, stream: trio.SocketStream, reader: _LineReader, peer: Peer
+    ) -> dict[str, Any]:
+        """Read, check and run one request; its final reply."""
+        try:
+            line = None
+            with trio.move_on_after(self.limits.request_deadline) as waited:
+                line = await reader.line()
+            if waited.cancelled_caught:
+                raise InvalidArgument(
+                    f"no request came within {self.limits.request_deadline:g} s of the connect"
+                )
+            request = decode(line or b"")
+            op = request.get("op")
+            args = request.get("args") or {}
+            if not isinstance(args, dict):
+                raise InvalidArgument("control request 'args' must be an object")
+            refused = self._peer_refused(peer, op)
+            if refused is not None:
+                raise PermissionDenied(refused)
+            await self._pace.start(peer.uid)
+            if isinstance(op, str) and op in self._streaming:
+                call = ControlCall(stream, reader, peer, self.limits)
+                result = await self._streaming[op](args, call)
+            else:
+                handler = self._handlers.get(op) if isinstance(op, str) else None
+                if handler is None:
+                    raise InvalidArgument(f"unknown control operation {_shown(op)}")
+                async with self._pace.short(peer.uid):
                     result = await handler(args, peer)
-                reply: dict[str, Any] = {"ok": True, "result": result}
-            except TierfsError as exc:
-                # A missing path is named by its errno's text, never as a bare name.
-                text = describe(exc) if exc.errno in (errno.ENOENT, errno.ENOTDIR) else str(exc)
-                reply = {"ok": False, "error": text, "errno": exc.errno}
-            except (ValueError, UnicodeDecodeError) as exc:
-                reply = {
-                    "ok": False,
-                    "error": f"malformed control request: {exc}",
-                    "errno": errno.EINVAL,
-                }
-            except Exception:
-                log.exception("control request failed")
-                reply = {
-                    "ok": False,
-                    "error": "internal error (see the daemon log)",
-                    "errno": errno.EIO,
-                }
-            with contextlib.suppress(trio.BrokenResourceError):
-                await stream.send_all(encode(reply))
+            return {"ok": True, "result": result}
+        except TierfsError as exc:
+            # A missing path is named by its errno's text, never as a bare name.
+            text = describe(exc) if exc.errno in (errno.ENOENT, errno.ENOTDIR) else str(exc)
+            return {"ok": False, "error": text, "errno": exc.errno}
+        except (ValueError, UnicodeError, RecursionError) as exc:
+            return {
+                "ok": False,
+                "error": f"malformed control request: {_shown(str(exc))}",
+                "errno": errno.EINVAL,
+            }
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            # The client went away, or its socket failed: nobody to answer.
+            log.debug("control connection of uid %d ended: %r", peer.uid, exc)
+            return {"ok": False, "error": "connection lost", "errno": errno.EPIPE}
+        except Exception:
+            log.exception("control request failed")
+            return {
+                "ok": False,
+                "error": "internal error (see the daemon log)",
+                "errno": errno.EIO,
+            }
 
     # --- handlers ----------------------------------------------------------------------
 
@@ -269,13 +365,25 @@ class ControlServer:
         return {"pid": os.getpid(), "mountpoint": str(self.mountpoint), "version": __version__}
 
     async def _status(self, args: dict[str, Any], peer: Peer) -> Any:
+        """The mount's figures; a user sees only their own preloads and
+        prefetch orders (root: everyone's)."""
         status = self.fs.status()
         status["mountpoint"] = str(self.mountpoint)
         status["pid"] = os.getpid()
         status["version"] = __version__
-        status["preloads"] = self.preloader.status() if self.preloader is not None else []
-        status["prefetch"] = self.prefetcher.status() if self.prefetcher is not None else None
+        status["preloads"] = self._own_preloads(peer)
+        prefetch = self.prefetcher.status() if self.prefetcher is not None else None
+        if prefetch is not None and not peer.is_root:
+            prefetch["orders"] = [o for o in prefetch["orders"] if o["owner"] == peer.uid]
+        status["prefetch"] = prefetch
         return status
+
+    def _own_preloads(self, peer: Peer) -> list[dict[str, Any]]:
+        """The preloads ``peer`` may see: its own (root: all)."""
+        if self.preloader is None:
+            return []
+        jobs = self.preloader.status()
+        return jobs if peer.is_root else [job for job in jobs if job["owner"] == peer.uid]
 
     async def _preload(self, args: dict[str, Any], call: ControlCall) -> Any:
         """Validate every path (the arguments, then the list the client
@@ -299,10 +407,9 @@ class ControlServer:
             raise InvalidArgument(
                 "'bandwidth' must be a whole number of bytes per second, 0 or more"
             )
-        tag = _optional_str(args, "tag") or ""
-        if len(tag) > MAX_TAG:
-            raise InvalidArgument(f"a preload tag is at most {MAX_TAG} characters")
-        spool = preloader.new_spool()
+        tag = _name(args, "tag", "a preload tag")
+        preloader.admit(call.peer.caller)  # before the list is taken
+        spool = preloader.new_spool(call.peer.uid)
         await self._receive_paths(
             spool,
             paths,
@@ -347,8 +454,9 @@ class ControlServer:
         return summary
 
     async def _preload_list(self, args: dict[str, Any], peer: Peer) -> Any:
-        """Every preload the daemon knows (running, and the last finished)."""
-        return self.preloader.status() if self.preloader is not None else []
+        """The preloads the daemon knows (running, and the last finished):
+        the caller's own; root's call lists every user's."""
+        return self._own_preloads(peer)
 
     async def _preload_cancel(self, args: dict[str, Any], peer: Peer) -> Any:
         """Cancel the running preload ``id``, or every running one tagged
@@ -394,12 +502,15 @@ class ControlServer:
         stream: bool,
         noun: str,
         rejected: str,
+        max_count: int | None = None,
     ) -> None:
         """Validate every path (``paths``, then, if ``stream``, the chunks the
         client sends until ``{"end": true}``) into ``spool``.  Any bad one
         raises InvalidArgument naming the bad ones (up to
         ``BAD_LINES_NAMED``), ``rejected`` saying what that means; the spool
-        is closed whenever this raises.  ``noun``: "list", "order"."""
+        is closed whenever this raises.  ``noun``: "list", "order".  The
+        bounds hold while the list arrives: past ``max_count`` paths, or
+        past what the spool may hold (``SpoolFull``), it is refused at once."""
         bad: list[str] = []
         nbad = 0
 
@@ -412,7 +523,7 @@ class ControlServer:
             except InvalidArgument as exc:
                 nbad += 1
                 if len(bad) < BAD_LINES_NAMED:
-                    bad.append(f"{where} {path!r} {exc}")
+                    bad.append(f"{where} {_shown(path)} {exc}")
 
         try:
             for path in paths:
@@ -433,6 +544,10 @@ class ControlServer:
                 for path in chunk:
                     line += 1
                     add(path, f"line {line}:")
+                if max_count is not None and spool.count > max_count:
+                    raise InvalidArgument(
+                        f"a prefetch {noun} has at most {max_count:,} files; this one has more"
+                    )
                 await trio.sleep(0)
             if nbad:
                 more = f" (and {nbad - len(bad)} more)" if nbad > len(bad) else ""
@@ -467,7 +582,8 @@ class ControlServer:
         key = OrderKey(
             call.peer.uid, _optional_str(args, "job") or "", _optional_rank(args), session or ""
         )
-        spool = prefetcher.new_spool()
+        prefetcher.check_bounds(key, 1)  # before the order is taken
+        spool = prefetcher.new_spool(call.peer.uid)
         await self._receive_paths(
             spool,
             [],
@@ -475,6 +591,7 @@ class ControlServer:
             stream=True,
             noun="order",
             rejected="prefetch order, the previous order stays",
+            max_count=MAX_ORDER_FILES,
         )
         summary = await prefetcher.load_order(
             spool, key=key, bound=bound, caller=call.peer.caller, **window
@@ -513,16 +630,20 @@ class ControlServer:
         return {"ended": ended}
 
     async def _where(self, args: dict[str, Any], peer: Peer) -> Any:
+        """Each path's figures; a directory's totals count only what the
+        caller may list (``dirs_not_listed`` says how many were left out)."""
+        enter = self.fs.permissions.lister(peer.caller)
+
         async def where(path: str) -> dict[str, Any]:
             await self._check_readable(path, peer)
-            return await self.fs.where(path)
+            return await self.fs.where(path, enter=enter)
 
         return await self._each_path("where", args, where)
 
     async def _check_readable(self, path: str, peer: Peer) -> None:
         """PermissionDenied unless ``peer`` may read ``path`` (``access``)."""
         if not peer.is_root:
-            await readable(self.fs.namespace, path, peer.caller)
+            await self.fs.permissions.readable(path, peer.caller)
 
     @staticmethod
     async def _each_path(
@@ -558,14 +679,39 @@ class ControlServer:
         return await self.fs.lifecycle.show()
 
     async def _policy_plan(self, args: dict[str, Any], peer: Peer) -> Any:
-        return await self.fs.lifecycle.plan_report()
+        """The plan; a user sees the moves of the files whose names it may
+        list (the summary's figures stay whole; ``moves_hidden`` counts the
+        others)."""
+        report = await self.fs.lifecycle.plan_report()
+        if not peer.is_root:
+            moves = report["moves"]
+            report["moves"] = await self.fs.permissions.visible(
+                moves, lambda move: move["path"], peer.caller
+            )
+            report["moves_hidden"] = len(moves) - len(report["moves"])
+        return report
 
     async def _quota(self, args: dict[str, Any], peer: Peer) -> Any:
         """The quotas and their usage (any user); ``walk``: after a fresh
         count of the bucket (one walk, shared by every caller waiting)."""
+        note = None
         if args.get("walk"):
-            await self.fs.quotas.wait_walked()
-        return {"quotas": self.fs.quotas.status()}
+            # A user may have the bucket counted once per USER_WALK_INTERVAL
+            # (every user's asks together): a walk is a LIST per directory.
+            now = trio.current_time()
+            if peer.is_root or now - self._user_walk_at >= USER_WALK_INTERVAL:
+                if not peer.is_root:
+                    self._user_walk_at = now
+                await self.fs.quotas.wait_walked()
+            else:
+                note = (
+                    f"the bucket was counted on a user's request less than "
+                    f"{USER_WALK_INTERVAL:g} s ago: these are the last counts"
+                )
+        result: dict[str, Any] = {"quotas": self.fs.quotas.status()}
+        if note is not None:
+            result["note"] = note
+        return result
 
     async def _policy_reload(self, args: dict[str, Any], peer: Peer) -> Any:
         """Reload; with quotas, reply once the bucket is counted for them,
@@ -582,6 +728,34 @@ class ControlServer:
         for path in paths:
             waited += await self.fs.flush_path(path)
         return {"entries": waited}
+
+
+#: ``SO_PEERGROUPS`` (Linux 4.13+; Python names it from 3.14 only).
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+#: Supplementary groups a process may have (``NGROUPS_MAX``).
+NGROUPS_MAX = 65536
+
+
+def _peer_groups(sock: trio.socket.SocketType) -> list[int]:
+    """The peer's supplementary groups as of its connect (``SO_PEERGROUPS``)."""
+    size = 64 * 4
+    while True:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE and size < NGROUPS_MAX * 4:
+                size = NGROUPS_MAX * 4
+                continue
+            raise
+        count = len(raw) // 4
+        return list(struct.unpack(f"{count}I", raw[: count * 4]))
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """``value`` as a user sent it, safe to put in a reply or a log line:
+    ``repr`` (control characters escaped) and cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class _Sent:
@@ -610,6 +784,12 @@ def _optional_rank(args: dict[str, Any]) -> int | None:
     if rank is not None and (not _whole(rank) or rank < 0):
         raise InvalidArgument("'rank' must be a whole number, 0 or more")
     return rank
+
+
+def _name(args: dict[str, Any], key: str, what: str) -> str:
+    """A label the user chose (``key``, "" if absent): printable, at most
+    ``MAX_TAG`` characters (it is shown to other users and root)."""
+    return check_label(_optional_str(args, key) or "", what, MAX_TAG)
 
 
 def _optional_str(args: dict[str, Any], key: str) -> str | None:

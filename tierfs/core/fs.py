@@ -67,6 +67,7 @@ from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
 from tierfs.tiers import Tier
 
+from .names.access import Permissions
 from .names.inodekeys import InodeKeys
 from .names.listings import Identity, Listings
 from .names.namereads import NameReads
@@ -187,6 +188,8 @@ class TierFS:
             spawn=self.tasks.spawn,
         )
         self.namespace = Namespace(meta, store, ns, self.keys, self.listings, self.store_limiter)
+        #: What a local user asking through the control socket may reach.
+        self.permissions = Permissions(self.namespace, config.access.uid, config.access.gid)
         self.damage = DamageLog(
             meta, tiers, config.fetch.block_size, path_of=self.namespace.path_of
         )
@@ -594,8 +597,10 @@ class TierFS:
     def statfs(self) -> FsStats:
         return self.reports.statfs()
 
-    async def where(self, relpath: str) -> dict[str, object]:
-        return await self.reports.where(relpath)
+    async def where(
+        self, relpath: str, *, enter: Callable[[Inode, str], bool] | None = None
+    ) -> dict[str, object]:
+        return await self.reports.where(relpath, enter=enter)
 
     def status(self, *, sections: bool = True) -> dict[str, object]:
         """What ``tierfs status`` shows; ``sections=False`` leaves out the

@@ -80,10 +80,15 @@ class Reports:
             files=sum(self.meta.tier_usage(t.index).files for t in self.tiers),
         )
 
-    async def where(self, relpath: str) -> dict[str, object]:
+    async def where(
+        self, relpath: str, *, enter: Callable[[Inode, str], bool] | None = None
+    ) -> dict[str, object]:
+        """One file's figures, or a directory's totals (``enter``: which
+        directories of it to count, as ``Namespace.walk``; the others are
+        counted in ``dirs_not_listed``)."""
         inode = await self.namespace.resolve(relpath)
         if inode.is_dir:
-            return await self._where_tree(inode, relpath)
+            return await self._where_tree(inode, relpath, enter)
         residency = self.meta.residency(inode.ino)
         pin = self.policies.pinned_tier(inode.ino)
         open_file = self.open_files.files.get(inode.ino)
@@ -114,13 +119,24 @@ class Reports:
             "fetching_blocks": len(open_file.flights) if open_file else 0,
         }
 
-    async def _where_tree(self, top: Inode, relpath: str) -> dict[str, object]:
+    async def _where_tree(
+        self, top: Inode, relpath: str, enter: Callable[[Inode, str], bool] | None
+    ) -> dict[str, object]:
         """``where`` of a directory: the totals of its subtree (listed from
         the bucket where this node has no fresh listing).  Dirty bytes count
         whole files, as ``status`` does."""
         per_tier = [0] * len(self.tiers)
-        files = size = dirty_files = dirty = pinned = failed = 0
-        async for inode, _path in self.namespace.walk(relpath, list_dirs=True, top=top):
+        files = size = dirty_files = dirty = pinned = failed = not_listed = 0
+
+        def counted(inode: Inode, path: str) -> bool:
+            nonlocal not_listed
+            if enter is None or enter(inode, path):
+                return True
+            not_listed += 1
+            return False
+
+        walk = self.namespace.walk(relpath, list_dirs=True, top=top, enter=counted)
+        async for inode, _path in walk:
             files += 1
             size += inode.size
             for tier, nbytes in self.meta.residency(inode.ino).items():
@@ -144,6 +160,7 @@ class Reports:
             "dirty_bytes": dirty,
             "pinned_files": pinned,
             "failed_files": failed,
+            "dirs_not_listed": not_listed,
         }
 
     def status(self, *, sections: bool = True) -> dict[str, object]:

@@ -133,7 +133,7 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.names.access import READ, Caller, permits, searchable
+from tierfs.core.names.access import READ, Caller
 from tierfs.core.read.fetch_slots import FetchPriority
 from tierfs.core.read.openfiles import CachedFile
 from tierfs.errors import (
@@ -145,8 +145,9 @@ from tierfs.errors import (
     describe,
 )
 from tierfs.meta import Inode
+from tierfs.text import check_label
 
-from .pathlists import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool
+from .pathlists import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, SpoolBudget
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +201,7 @@ class OrderKey:
 
     def __post_init__(self) -> None:
         for what, text in (("job", self.job), ("session", self.session)):
-            if len(text) > MAX_NAME or any(ch in text for ch in "\x00\n\r"):
-                raise InvalidArgument(
-                    f"a prefetch {what} name is at most {MAX_NAME} characters, without line breaks"
-                )
+            check_label(text, f"a prefetch {what} name", MAX_NAME)
         if self.rank is not None and self.rank < 0:
             raise InvalidArgument("a prefetch rank is a whole number, 0 or more")
 
@@ -391,8 +389,11 @@ class Prefetcher:
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         tasks: int | None = None,
         readers_kept: int = DEFAULT_READERS_KEPT,
+        spools: SpoolBudget | None = None,
     ) -> None:
         self.fs = fs
+        #: What the spools of every user may hold (shared with the preloader).
+        self.spools = spools if spools is not None else SpoolBudget()
         self.movement = fs.movement
         self.default_window = (window_files, window_bytes)
         self.readers_kept = readers_kept
@@ -456,8 +457,9 @@ class Prefetcher:
                 self._holds_due = True
                 self._changed.set()
 
-    def new_spool(self) -> PathSpool:
-        return PathSpool(Path(self.spool_dir))
+    def new_spool(self, owner: int = 0) -> PathSpool:
+        """A spool whose bytes count against ``owner`` (``SpoolBudget``)."""
+        return PathSpool(Path(self.spool_dir), budget=self.spools, owner=owner)
 
     async def load_order(
         self,
@@ -480,7 +482,7 @@ class Prefetcher:
         if key is None:
             key = OrderKey(caller.uid if caller is not None else 0)
         try:
-            self._check_bounds(key, spool.count)
+            self.check_bounds(key, spool.count)
         except BaseException:
             spool.close()
             raise
@@ -496,7 +498,7 @@ class Prefetcher:
                     inode = await self._resolve(relpath, parents, caller)
                     if not inode.is_file:
                         raise IsADirectory("is not a regular file")
-                    if caller is not None and not permits(inode, caller, READ):
+                    if caller is not None and not self.fs.permissions.permits(inode, caller, READ):
                         raise PermissionDenied(f"Permission denied: {relpath}")
                 except TierfsError as exc:
                     nmissing += 1
@@ -538,7 +540,7 @@ class Prefetcher:
         )
         return summary
 
-    def _check_bounds(self, key: OrderKey, files: int) -> None:
+    def check_bounds(self, key: OrderKey, files: int) -> None:
         """Refuse an order past the per-user bounds (its session's previous
         order, which it replaces, does not count)."""
         if files > MAX_ORDER_FILES:
@@ -573,13 +575,13 @@ class Prefetcher:
             above = (
                 await namespace.resolve(parent_path)
                 if caller is None
-                else await searchable(namespace, parent_path, caller)
+                else await self.fs.permissions.searchable(parent_path, caller)
             )
             parent = above.ino
             if len(parents) >= PARENTS_KEPT:
                 parents.clear()
             parents[parent_path] = parent
-        return await namespace.lookup(parent, name.encode())
+        return await namespace.lookup(parent, name.encode(errors="surrogateescape"))
 
     def end(self, key: OrderKey, ident: int | None = None) -> bool:
         """End the order of session ``key`` (only if it is still order

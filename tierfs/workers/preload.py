@@ -179,9 +179,9 @@ from typing import Any
 import trio
 
 from tierfs.core import TierFS
-from tierfs.core.names.access import READ, Caller, permits, readable
+from tierfs.core.names.access import READ, Caller
 from tierfs.errors import Busy, InvalidArgument, TierfsError, describe
-from tierfs.workers.pathlists import SPOOL_BATCH, PathSpool
+from tierfs.workers.pathlists import SPOOL_BATCH, PathSpool, SpoolBudget, SpoolFull
 
 from .throttle import Throttle
 
@@ -362,8 +362,17 @@ class _FileProgress:
 class Preloader:
     """The preload worker: runs jobs in its own nursery (``run``)."""
 
-    def __init__(self, fs: TierFS, *, bandwidth: int = 0, tasks: int | None = None) -> None:
+    def __init__(
+        self,
+        fs: TierFS,
+        *,
+        bandwidth: int = 0,
+        tasks: int | None = None,
+        spools: SpoolBudget | None = None,
+    ) -> None:
         self.fs = fs
+        #: What the spools of every user may hold (shared with the prefetcher).
+        self.spools = spools if spools is not None else SpoolBudget()
         self.movement = fs.movement
         self.block_size = fs.config.fetch.block_size
         self.range_blocks = max(1, RANGE_BYTES // self.block_size)
@@ -385,8 +394,22 @@ class Preloader:
         finally:
             self._nursery = None
 
-    def new_spool(self) -> PathSpool:
-        return PathSpool(self.spool_dir)
+    def admit(self, caller: Caller | None) -> None:
+        """Busy if ``caller`` may start no more preloads now (checked before
+        its list is taken, and again at the start)."""
+        if self._nursery is None:
+            raise InvalidArgument("the preload worker is not running")
+        if caller is not None and not caller.is_root:
+            mine = [job for job in self.running() if job.owner == caller.uid]
+            if len(mine) >= PRELOADS_PER_USER:
+                raise Busy(
+                    f"uid {caller.uid} has {len(mine)} preloads running, the most one user "
+                    f"may ({', '.join(job.id for job in mine)}); cancel one or wait"
+                )
+
+    def new_spool(self, owner: int = 0) -> PathSpool:
+        """A spool whose bytes count against ``owner`` (``SpoolBudget``)."""
+        return PathSpool(self.spool_dir, budget=self.spools, owner=owner)
 
     def start(
         self,
@@ -402,17 +425,11 @@ class Preloader:
         capped at ``bandwidth`` bytes per second (0: no cap of its own),
         for ``caller`` (only what it may read is fetched; at most
         ``PRELOADS_PER_USER`` running per user but root), tagged ``tag``."""
-        if self._nursery is None:
+        try:
+            self.admit(caller)
+        except TierfsError:
             spool.close()
-            raise InvalidArgument("the preload worker is not running")
-        if caller is not None and not caller.is_root:
-            mine = [job for job in self.running() if job.owner == caller.uid]
-            if len(mine) >= PRELOADS_PER_USER:
-                spool.close()
-                raise Busy(
-                    f"uid {caller.uid} has {len(mine)} preloads running, the most one user "
-                    f"may ({', '.join(job.id for job in mine)}); cancel one or wait"
-                )
+            raise
         shared = self.fs.shared_tier
         into_shared = shared is not None and tier_name == shared.name
         try:
@@ -464,7 +481,7 @@ class Preloader:
     # --- one job -----------------------------------------------------------------------
 
     async def _run_job(self, job: PreloadJob, spool: PathSpool) -> None:
-        files = self.new_spool()
+        files = self.new_spool(job.owner)
         try:
             with job.cancel_scope:
                 room = self._room(job)
@@ -506,15 +523,21 @@ class Preloader:
     ) -> None:
         """Walk every path of the job; totals, and one line per file (the
         fetch pass follows, woken by ``scanned``)."""
+        caller = job.caller
+        permissions = self.fs.permissions
+
+        def not_listed(path: str) -> None:
+            job.fail(path or "/", f"Permission denied: {path or '/'} (not listed)")
+
+        enter = permissions.lister(caller, not_listed)
         for count, relpath in enumerate(spool.lines()):
             if count % SPOOL_BATCH == 0:
                 await trio.sleep(0)
-            caller = job.caller
             try:
                 if caller is not None and not caller.is_root:  # root: no second lookup
-                    await readable(self.fs.namespace, relpath, caller)
-                async for inode, path in self.fs.namespace.walk(relpath):
-                    if caller is not None and not permits(inode, caller, READ):
+                    await permissions.readable(relpath, caller)
+                async for inode, path in self.fs.namespace.walk(relpath, enter=enter):
+                    if caller is not None and not permissions.permits(inode, caller, READ):
                         job.fail(path, f"Permission denied: {path}")
                         continue
                     size = inode.size
@@ -531,6 +554,11 @@ class Preloader:
                     job.bytes_resident += resident
                     if files.count % SPOOL_BATCH == 0:
                         self._warn_if_too_big(job, room)
+            except SpoolFull as exc:
+                # The scan cannot write down more files: the files found so
+                # far are fetched, the rest is said to be left out.
+                job.fail(relpath or "/", f"{describe(exc)} (the scan stopped here)")
+                return
             except TierfsError as exc:
                 job.fail(relpath or "/", describe(exc))
 

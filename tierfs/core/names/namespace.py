@@ -73,7 +73,7 @@ from __future__ import annotations
 import logging
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -212,7 +212,12 @@ class Namespace:
         return inode
 
     async def walk(
-        self, relpath: str, *, list_dirs: bool = True, top: Inode | None = None
+        self,
+        relpath: str,
+        *,
+        list_dirs: bool = True,
+        top: Inode | None = None,
+        enter: Callable[[Inode, str], bool] | None = None,
     ) -> AsyncIterator[tuple[Inode, str]]:
         """Every regular file at or below ``relpath``, with its path relative
         to the mount root: depth first, in directory order.
@@ -227,7 +232,10 @@ class Namespace:
         (``ensure_listed``); without it, only what LMDB holds is walked.
         The walk yields to the loop after every page.  Symlinks and other
         special files are not yielded.  ``top``: the inode of ``relpath``
-        when the caller resolved it already.
+        when the caller resolved it already.  ``enter(dir inode, path)``:
+        whether to go into a directory (the top one too), asked before it
+        is listed; a directory it refuses is neither listed nor walked
+        (a caller's rights: ``access.walkable``).
 
         List-ahead (``list_dirs`` only): when the walk descends into a
         subdirectory, the never-listed subdirectories that follow it in the
@@ -247,7 +255,7 @@ class Namespace:
         if inode.is_file:
             yield inode, relpath
             return
-        if not inode.is_dir:
+        if not inode.is_dir or (enter is not None and not enter(inode, relpath)):
             return
         if list_dirs:
             await self.listings.ensure_listed_for_walk(inode)
@@ -268,6 +276,8 @@ class Namespace:
                 if child_inode.is_file:
                     yield child_inode, child_path
                 elif child_inode.is_dir:
+                    if enter is not None and not enter(child_inode, child_path):
+                        continue
                     descend = (child_inode, child_path)
                     if list_dirs:
                         self._list_ahead_of_walk(frame, page[index + 1 :])
