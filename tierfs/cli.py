@@ -372,11 +372,25 @@ def _print_where(results: list[dict[str, Any]]) -> None:
 
 
 def cmd_flush(args: argparse.Namespace) -> int:
-    waited = 0
+    waited = others = open_elsewhere = 0
     for sock, relpaths in by_mount(args.paths).values():
-        waited += request(sock, "flush", {"paths": relpaths}, timeout=None)["entries"]
+        result = request(sock, "flush", {"paths": relpaths}, timeout=None)
+        waited += result["entries"]
+        left = result.get("left") or {}
+        others += left.get("others", 0)
+        open_elsewhere += left.get("open_elsewhere", 0)
     if args.json:
-        _print_json({"flushed": args.paths, "entries_waited_for": waited})
+        document: dict[str, Any] = {"flushed": args.paths, "entries_waited_for": waited}
+        if others or open_elsewhere:
+            document["left"] = {"others": others, "open_elsewhere": open_elsewhere}
+        _print_json(document)
+    elif others or open_elsewhere:
+        print(
+            f"tierfs flush: left to their own schedule: {others} change(s) of other users' "
+            f"files, {open_elsewhere} of files another user's process has open for writing "
+            "(root's flush covers them)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -32,6 +32,7 @@ and the task restarts; only the FUSE session itself is not restartable.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import gc
 import logging
@@ -49,6 +50,7 @@ import trio
 
 from tierfs import __version__
 from tierfs.config import Config, load_config
+from tierfs.config.values import backing_url_above
 from tierfs.control.limits import ControlLimits, raise_open_file_limit
 from tierfs.control.protocol import socket_path_for
 from tierfs.control.server import ControlServer
@@ -57,7 +59,7 @@ from tierfs.core.write.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer
-from tierfs.store import open_shared_tier, open_store
+from tierfs.store import ObjectStore, open_shared_tier, open_store
 from tierfs.tiers import Tier
 from tierfs.workers.audit import STATUS_SECTION as AUDIT_SECTION
 from tierfs.workers.audit import AuditLog, AuditWriter
@@ -297,6 +299,7 @@ class Daemon:
             # The shared tier is not checked at mount: a node mounts and
             # reads from the bucket while the shared tier is away.
             shared=open_shared_tier(config.shared_tier) if config.shared_tier else None,
+            shadow_store=self._shadow_store(config),
         )
         self.metrics.watch(self.fs)
         # Every local user may connect: the connections leave descriptors
@@ -318,6 +321,20 @@ class Daemon:
         #: What users' lists and orders may hold on the state disk (both workers).
         self.spools = SpoolBudget()
         self._fuse_stopped = trio.Event()
+
+    def _shadow_store(self, config: Config) -> ObjectStore | None:
+        """For an access point, a store of the backing URL without its root:
+        the attribute shadow is one per object of the bucket, shared with
+        every mount of it (``tierfs.core.names.shadow``)."""
+        if not config.access.root:
+            return None
+        above = backing_url_above(config.backing.url, config.access.root.strip("/"))
+        return open_store(
+            dataclasses.replace(config.backing, url=above),
+            source=str(config.source),
+            max_pool_connections=8,
+            request_observer=self.metrics.s3_request,
+        )
 
     @staticmethod
     async def _invalidate(ino: int, data: bool) -> None:

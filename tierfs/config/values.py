@@ -376,6 +376,14 @@ def join_backing_url(url: str, below: str) -> str:
     return f"{url.rstrip('/')}/{below}"
 
 
+def backing_url_above(url: str, below: str) -> str:
+    """The URL ``join_backing_url`` joined ``below`` to (``url`` is the joined one)."""
+    suffix = f"/{below}"
+    if not url.endswith(suffix):
+        raise ValueError(f"{url!r} does not end in {suffix!r}")
+    return url[: -len(suffix)]
+
+
 def conv_shared_url(value: Any) -> str:
     """The shared tier's bucket: s3:// only (a local directory is a tier
     with a ``path``, and a node's own)."""

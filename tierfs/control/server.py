@@ -724,10 +724,16 @@ class ControlServer:
         paths = _paths("flush", args)
         for path in paths:  # every path checked before anything is waited for
             await self._check_readable(path, peer)
-        waited = 0
+        waited = others = open_elsewhere = 0
         for path in paths:
-            waited += await self.fs.flush_path(path)
-        return {"entries": waited}
+            outcome = await self.fs.flush_for(path, uid=None if peer.is_root else peer.uid)
+            waited += outcome.entries
+            others += outcome.others
+            open_elsewhere += outcome.open_elsewhere
+        result: dict[str, Any] = {"entries": waited}
+        if others or open_elsewhere:
+            result["left"] = {"others": others, "open_elsewhere": open_elsewhere}
+        return result
 
 
 #: ``SO_PEERGROUPS`` (Linux 4.13+; Python names it from 3.14 only).

@@ -73,6 +73,7 @@ from .names.listings import Identity, Listings
 from .names.namereads import NameReads
 from .names.namespace import Namespace
 from .names.posix_attrs import AccessTimes, Caller, UnlinkedInodes
+from .names.shadow import ShadowPlace
 from .read.blockcache import BlockCache
 from .read.buffers import RecentBlocks
 from .read.fetcher import Fetcher, Origin
@@ -94,7 +95,7 @@ from .write.damage import DamageLog
 from .write.journal import Entry, Journal
 from .write.quotas import Quotas
 from .write.sharewrites import SharedWrites
-from .write.sync import Sync
+from .write.sync import FlushOutcome, Sync
 from .write.writes import FileWrites
 
 if TYPE_CHECKING:
@@ -126,9 +127,13 @@ class TierFS:
         control_socket: str = "",
         invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
         shared: SharedBucket | None = None,
+        shadow_store: ObjectStore | None = None,
     ) -> None:
         """``shared``: the client of the shared tier's bucket, when the
-        config has a shared tier (``tierfs.store.open_shared_tier``)."""
+        config has a shared tier (``tierfs.store.open_shared_tier``).
+        ``shadow_store``: for an access point, a store of the backing URL
+        without the access root, where the attribute shadow of every mount
+        of the bucket lives (``names.shadow``, ``ShadowPlace``)."""
         self.config = config
         self.meta = meta
         self.store = store
@@ -186,6 +191,11 @@ class TierFS:
             protects=self.journal.protects,
             attrs_owed=self.journal.attrs_owed,
             spawn=self.tasks.spawn,
+            shadows=(
+                ShadowPlace(shadow_store, f"{config.access.root.strip('/')}/")
+                if shadow_store is not None and config.access.root
+                else ShadowPlace(store)
+            ),
         )
         self.namespace = Namespace(meta, store, ns, self.keys, self.listings, self.store_limiter)
         #: What a local user asking through the control socket may reach.
@@ -630,9 +640,16 @@ class TierFS:
     async def wait_uploaded(self, ino: int) -> None:
         await self.sync.wait_uploaded(ino)
 
-    async def flush_path(self, relpath: str) -> int:
-        """Wait until everything under ``relpath`` is durable in the bucket."""
-        return await self.sync.flush_path(relpath)
+    async def flush_path(self, relpath: str, *, uid: int | None = None) -> int:
+        """Wait until everything under ``relpath`` is durable in the bucket
+        (a user's ``uid``: what that user wrote, see ``Sync.flush_path``);
+        the number of changes waited for."""
+        return (await self.flush_for(relpath, uid=uid)).entries
+
+    async def flush_for(self, relpath: str, *, uid: int | None = None) -> FlushOutcome:
+        """``flush_path`` with what it left out."""
+        writing = self.handles.writing_uids() if uid is not None else None
+        return await self.sync.flush_path(relpath, uid=uid, writing=writing)
 
     async def abort_stale_uploads(self, older_than: float = 24 * 3600) -> int:
         return await self.sync.abort_stale_uploads(older_than)

@@ -1082,6 +1082,20 @@ class MetaDB:
                 out.append(bytes(key[8:]))
         return out
 
+    def xattr_bytes(self, ino: int | None = None) -> int:
+        """Bytes of names and values of ``ino``'s extended attributes (None:
+        of every inode's)."""
+        total = 0
+        with self._read() as txn:
+            if ino is None:
+                with txn.cursor(db=self._xattrs) as cursor:
+                    for key, value in cursor:
+                        total += len(key) - 8 + len(value)
+            else:
+                for key, value in prefixed(txn, self._xattrs, U64.pack(ino)):
+                    total += len(key) - 8 + len(value)
+        return total
+
     # --- files that failed their checksums ---------------------------------------------------
 
     def mark_failed(self, ino: int, blockno: int) -> bool:

@@ -175,11 +175,10 @@ from .inodekeys import InodeKeys
 from .shadow import (
     SHADOW_ROOT,
     ShadowAttrs,
+    ShadowPlace,
     attrs_from_metadata,
     combine,
-    longest_shadow_key,
     parse_shadow_name,
-    shadow_dir_prefix,
 )
 
 log = logging.getLogger(__name__)
@@ -261,6 +260,7 @@ class Listings:
         protects: Callable[[int], bool] | None = None,
         attrs_owed: Callable[[int], bool] | None = None,
         spawn: Spawn = _no_spawn,
+        shadows: ShadowPlace | None = None,
     ) -> None:
         """The callbacks come from the journal and the open-file table
         (the defaults suit listings on their own):
@@ -275,8 +275,12 @@ class Listings:
           alone (its object is not at its key in the bucket yet)?
         * ``attrs_owed``: does the bucket still owe a local change of this
           inode's attributes (a listing must not take the shadow's then)?
-        * ``spawn``: start a background task (see ``Spawn``).
+        * ``spawn``: start a background task (see ``Spawn``);
+        * ``shadows``: where the attribute shadow lives (default: under
+          ``store``'s own prefix; an access point's is the backing's).
         """
+        #: Where the attribute shadow of this mount's keys lives.
+        self.shadows = shadows if shadows is not None else ShadowPlace(store)
         self.meta = meta
         self.store = store
         self.config = config
@@ -445,7 +449,7 @@ class Listings:
     def shadow_fits(self, key: str) -> bool:
         """Can the object (or directory, no trailing "/") at ``key`` carry a
         shadow entry in this store?  Writers and readers decide alike."""
-        return self.store.key_fits(longest_shadow_key(key))
+        return self.shadows.fits(key)
 
     async def ensure_listed(self, dir_inode: Inode, stale_wait: float = STALE_LISTING_WAIT) -> None:
         """List ``dir_inode`` if its listing is older than ``list_ttl``.
@@ -731,11 +735,11 @@ class Listings:
 
     async def _list_shadow(self, prefix: str) -> dict[bytes, list[ShadowAttrs]]:
         """name -> shadow entries under the shadow prefix of a directory."""
-        shadow_prefix = shadow_dir_prefix(prefix)
+        shadow_prefix = self.shadows.dir_prefix(prefix)
         if not self.shadow_fits(prefix + "x"):
             return {}  # no child of this directory can have a shadow entry
         seen: dict[bytes, list[ShadowAttrs]] = {}
-        pages = self.store.list_pages(shadow_prefix)
+        pages = self.shadows.store.list_pages(shadow_prefix)
         while True:
             page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
             if page is None:
@@ -746,7 +750,7 @@ class Listings:
                     self._warn_once(obj.key, f"ignoring {obj.key!r}: not an attribute entry")
                     continue
                 name, found = parsed
-                seen.setdefault(name.encode(), []).append(found)
+                seen.setdefault(name.encode(errors="surrogateescape"), []).append(found)
 
     def _still_at(self, ino: int, prefix: str) -> bool:
         """Is directory ``ino`` still linked at ``prefix``?"""

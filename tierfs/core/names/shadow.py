@@ -42,6 +42,18 @@ shadow that guards an object it saw is in its shadow listing (S3 listings
 are strongly consistent).  At every instant, a reader therefore sees the
 attributes tierfs stored or more restrictive ones.
 
+One shadow per object of the bucket, whatever prefix a mount starts at.
+The shadow tree lives at the top of the BACKING URL's prefix, never below
+an access point's root: an access point rooted at ``users/alice`` keeps the
+shadow of its ``x`` at ``.tierfs-attrs/users/alice/x@...``, exactly where a
+full mount of the same backing looks for the shadow of ``users/alice/x``.
+So a mode or owner set through either mount is the one the other shows
+(``ShadowPlace``: the store of the backing URL's prefix, and the access
+root as the first segments below ``.tierfs-attrs``).  Shadows an access
+point wrote under its own root before this rule (``users/alice/.tierfs-attrs``)
+are not read any more: their objects keep their ``x-amz-meta-*``, and a
+``chmod`` through either mount writes the shared shadow.
+
 The reserved name ``.tierfs-attrs`` exists only at the top of the mount: a
 listing of the root never shows it, and creating or renaming something to
 it there fails with EPERM.
@@ -53,6 +65,10 @@ import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tierfs.store import ObjectStore
 
 #: The shadow tree's top-level name (reserved in the root of the mount).
 SHADOW_ROOT = ".tierfs-attrs"
@@ -112,6 +128,28 @@ def shadow_key(data_key: str, attrs: ShadowAttrs) -> str:
 
 def longest_shadow_key(data_key: str) -> str:
     return f"{SHADOW_ROOT}/{data_key.rstrip('/')}{LONGEST_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowPlace:
+    """Where the shadow objects of a mount's keys live: ``store`` is a
+    store of the backing URL's own prefix (a full mount's store; for an
+    access point, a second store without its root), ``below`` the access
+    root with a trailing "/" ("" for a full mount).  Data keys given here
+    are the mount's (relative to its root)."""
+
+    store: ObjectStore
+    below: str = ""
+
+    def key(self, data_key: str, attrs: ShadowAttrs) -> str:
+        return shadow_key(self.below + data_key, attrs)
+
+    def dir_prefix(self, dir_prefix: str) -> str:
+        return shadow_dir_prefix(self.below + dir_prefix)
+
+    def fits(self, data_key: str) -> bool:
+        """Would the longest shadow entry of ``data_key`` fit the store?"""
+        return self.store.key_fits(longest_shadow_key(self.below + data_key))
 
 
 def parse_shadow_name(entry: str) -> tuple[str, ShadowAttrs] | None:

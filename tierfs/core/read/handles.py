@@ -107,6 +107,16 @@ class Handles:
     def open_for_writing(self, ino: int) -> bool:
         return ino in self.writers
 
+    def writing_uids(self) -> dict[int, set[int]]:
+        """ino -> the uids whose processes hold it open for writing (one
+        pass over the handles; a handle of unknown caller counts as uid -1)."""
+        uids: dict[int, set[int]] = {}
+        for handle in self.handles.values():
+            if handle.writable:
+                uid = handle.caller.uid if handle.caller is not None else -1
+                uids.setdefault(handle.cached.ino, set()).add(uid)
+        return uids
+
     def content_dropped(self, ino: int, tiers: list[int], still_exists: bool) -> None:
         """Namespace event: the bucket changed the file (or it vanished).
         The kernel's pages of a changed file are stale: dropped now, in the

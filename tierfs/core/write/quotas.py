@@ -44,7 +44,11 @@ Invariants:
   the walk ran stays pending for one more walk: it may be counted twice
   meanwhile (the quota reads high for a while), never missed;
 * after a remount, the inodes with a pending upload are tracked again, their
-  base from their origin object (``start``).
+  base from their origin object (``start``);
+* a file removed while still open (an orphan) stays counted at its old key
+  until its last close, and its growth is checked against the quotas it was
+  under, as ext4 charges an unlinked file until it is closed; it is never
+  rebased meanwhile (the walk cannot see what it holds on this node).
 
 A quota's states: not walked yet (``listed`` is None: only this node's
 changes count) -> walked (``listed`` from the last walk that finished).  A
@@ -214,6 +218,9 @@ class _Tracked:
     bytes: int
     files: int
     quotas: tuple[Quota, ...]
+    #: Removed from the namespace while still open: it keeps its key (and
+    #: its place in the quotas) until its last close (``orphan_gone``).
+    orphan: bool = False
 
 
 #: A move planned by ``plan_move``: each inode's record and its new key.
@@ -445,10 +452,26 @@ class Quotas:
             tracked = self._track(inode)
             self._set_now(tracked, tracked.key, inode.size, tracked.files)
 
-    def removed(self, inode: Inode, key: str) -> None:
-        """``inode`` (at ``key`` until now) left the namespace."""
-        if self._quotas:
-            self._set_now(self._track(inode, key), None, 0, 0)
+    def removed(self, inode: Inode, key: str, *, still_open: bool = False) -> None:
+        """``inode`` (at ``key`` until now) left the namespace.  One
+        ``still_open`` keeps counting where it was, as ext4 charges an
+        unlinked file until its last close: its bytes are still on this
+        node and its writers may still grow it (checked against the quotas
+        it was under); ``orphan_gone`` ends that."""
+        if not self._quotas:
+            return
+        tracked = self._track(inode, key)
+        if still_open:
+            tracked.orphan = True
+        else:
+            self._set_now(tracked, None, 0, 0)
+
+    def orphan_gone(self, ino: int) -> None:
+        """The last user of a file removed while open let go of it."""
+        tracked = self._tracked.get(ino)
+        if tracked is not None and tracked.orphan:
+            tracked.orphan = False
+            self._set_now(tracked, None, 0, 0)
 
     def plan_move(self, members: Iterable[tuple[Inode, str, str]]) -> MovePlan:
         """Check a rename: each member (a file, or a directory and every
@@ -513,7 +536,9 @@ class Quotas:
         began, began_wall = trio.current_time(), self._clock()
         busy = self.journal.inodes_pending()
         settled = {
-            ino: (t.key, t.bytes, t.files) for ino, t in self._tracked.items() if ino not in busy
+            ino: (t.key, t.bytes, t.files)
+            for ino, t in self._tracked.items()
+            if ino not in busy and not t.orphan
         }
         by_prefix = dict(self._by_prefix)
         try:

@@ -134,7 +134,7 @@ from tierfs.tiers import Tier
 
 from ..names.listings import Listings
 from ..names.namespace import Namespace
-from ..names.shadow import ShadowAttrs, attrs_of, needs_shadow, shadow_key
+from ..names.shadow import ShadowAttrs, attrs_of, needs_shadow
 from ..read.openfiles import CachedFile, OpenFiles
 from ..store_threads import StoreThreads
 from .blockwrites import BlockWrites
@@ -219,6 +219,18 @@ class _Uploaded:
     #: Set by the batch instead of ``marked``: the file's shadow ledger lists
     #: other entries of the key, to be dropped before the file is clean.
     stale_shadows: bool = False
+
+
+@dataclass(slots=True)
+class FlushOutcome:
+    """What a flush waited for, and what it left to its own schedule."""
+
+    #: Journal entries waited for (each is durable in the bucket now).
+    entries: int = 0
+    #: Entries of files of other users (a user's flush hurries its own).
+    others: int = 0
+    #: Entries of files another user's process has open for writing.
+    open_elsewhere: int = 0
 
 
 def stale_shadows(
@@ -481,7 +493,8 @@ class Sync:
             with self.meta.write() as tx:
                 tx.set_shadow_ledger(ino, [*tx.shadow_ledger(ino), item])
             self.meta.commit()
-        await self._store_call(self.store.put, shadow_key(key, want), b"")
+        shadows = self.listings.shadows
+        await self._store_call(shadows.store.put, shadows.key(key, want), b"")
         return want
 
     async def _drop_shadows(self, ino: int, key: str, keep: ShadowAttrs | None) -> None:
@@ -489,8 +502,9 @@ class Sync:
         entries of that key in ``ino``'s ledger, except ``keep``."""
         key = key.rstrip("/")
         stale = stale_shadows(self.meta.shadow_ledger(ino), key, keep)
+        shadows = self.listings.shadows
         for item in stale:
-            await self._store_call(self.store.delete, shadow_key(key, ShadowAttrs(*item[1:])))
+            await self._store_call(shadows.store.delete, shadows.key(key, ShadowAttrs(*item[1:])))
         if stale:
             with self.meta.write() as tx:
                 tx.set_shadow_ledger(ino, [i for i in tx.shadow_ledger(ino) if i not in stale])
@@ -946,13 +960,24 @@ class Sync:
             f"{len(pending)} changes in all; they stay queued and go up when it is back"
         )
 
-    async def flush_path(self, relpath: str) -> int:
-        """Wait until everything under ``relpath`` is durable in the bucket;
-        returns the number of journal entries waited for."""
+    async def flush_path(
+        self, relpath: str, *, uid: int | None = None, writing: dict[int, set[int]] | None = None
+    ) -> FlushOutcome:
+        """Wait until everything under ``relpath`` is durable in the bucket.
+
+        ``uid`` None (root, the daemon): every change under it.  A user's
+        flush (``uid``) hurries only that user's changes: the entries of
+        files it owns or has open for writing (and those of no file: a
+        delete of a removed name, a directory marker), and never a file
+        another user's process still has open for writing (``writing``:
+        ino -> the uids of its writable handles; it is not uploaded
+        mid-write on someone else's request).  What it leaves is counted in
+        the outcome, not named."""
         inode = await self.namespace.resolve(relpath)
         prefix = self.namespace.key_of(inode) if inode.ino != 1 else ""
+        writing = writing or {}
         for cf in list(self.open_files.files.values()):
-            if cf.inode.state != SyncState.CLEAN:
+            if cf.inode.state != SyncState.CLEAN and (uid is None or cf.inode.uid == uid):
                 await self.block_writes.commit(cf, sync=False)
         if not prefix:  # the whole mount: every entry, no keys to work out
             seqs = set(self.journal.entries)
@@ -962,8 +987,34 @@ class Sync:
                 keys = self.entry_keys(seq, entry)
                 if keys is None or any(k == prefix or k.startswith(prefix + "/") for k in keys):
                     seqs.add(seq)
+        outcome = FlushOutcome()
+        if uid is not None:
+            seqs = self._users_entries(seqs, uid, writing, outcome)
         await self._wait_entries(seqs)
-        return len(seqs)
+        outcome.entries = len(seqs)
+        return outcome
+
+    def _users_entries(
+        self, seqs: set[int], uid: int, writing: dict[int, set[int]], outcome: FlushOutcome
+    ) -> set[int]:
+        """The entries of ``seqs`` a flush by ``uid`` may hurry (see ``flush_path``)."""
+        mine = set()
+        for seq in seqs:
+            entry = self.journal.entries.get(seq)
+            ino = entry.get("ino") if entry is not None else None
+            if ino is None:
+                mine.add(seq)
+                continue
+            writers = writing.get(ino, set())
+            if writers - {uid}:
+                outcome.open_elsewhere += 1
+                continue
+            inode = self.open_files.live_inode(ino) or self.meta.get_inode(ino)
+            if inode is not None and inode.uid != uid and uid not in writers:
+                outcome.others += 1
+                continue
+            mine.add(seq)
+        return mine
 
     async def abort_stale_uploads(self, older_than: float = 24 * 3600) -> int:
         """At mount, before any upload starts: abort multipart uploads under

@@ -113,6 +113,7 @@ from tierfs.errors import (
     IsADirectory,
     NameTooLong,
     NoData,
+    NoSpace,
     NotADirectory,
     NotFound,
     NotPermitted,
@@ -145,6 +146,12 @@ from .sync import Sync
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 XATTR_VALUE_MAX = 64 * 1024
+#: Bytes of names and values one inode's extended attributes hold at most
+#: (ext4 keeps them in one block; a user must not grow the state disk
+#: through them).
+XATTR_BYTES_PER_FILE = 64 * 1024
+#: ... and every inode's together.
+XATTR_BYTES_TOTAL = 64 * 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +212,8 @@ class FileWrites:
         self.handles = handles
         self.sync = sync
         self.control_xattr = control_xattr
+        #: Bytes of every inode's extended attributes (None: count them again).
+        self._xattr_total: int | None = None
         #: Unlinked files still in use: deleted when the last user lets go.
         self._orphans = journal.orphans
         self.access_times = access_times
@@ -434,7 +443,7 @@ class FileWrites:
                 w.tx.keep_unlinked(inode.ino)
             else:
                 tiers = w.tx.delete_inode(inode.ino)
-        self.quotas.removed(inode, key)
+        self.quotas.removed(inode, key, still_open=busy)
         self.unlinked.add(inode)
         if busy:
             self._orphans.add(inode.ino)  # deleted when the last handle closes
@@ -460,6 +469,7 @@ class FileWrites:
         if ino not in self._orphans:
             return
         self._orphans.discard(ino)
+        self.quotas.orphan_gone(ino)
         self.journal.namespace_gen += 1
         self.journal.wake()  # its object may be deleted now
         with self.meta.write() as tx:
@@ -570,7 +580,7 @@ class FileWrites:
             else:
                 self._queue_file_move(w, inode, old_key, new_key)
         if target is not None:
-            self.quotas.removed(target, new_key)
+            self.quotas.removed(target, new_key, still_open=target_busy and not target.is_dir)
         self.quotas.apply_move(quota_plan)
         if target is not None:
             self.unlinked.add(target)
@@ -820,14 +830,43 @@ class FileWrites:
             raise NotSupported("only user.* extended attributes are supported")
         if len(value) > XATTR_VALUE_MAX:
             raise InvalidArgument("extended attribute value too large")
+        grows = self._xattr_growth(ino, name, value)
         inode = self.namespace.get(ino)
         inode.ctime_ns = time.time_ns()  # an attribute of the inode changed
         with self.meta.write() as tx:
             tx.set_xattr(ino, name, value)
             tx.put_inode(inode)
+        if self._xattr_total is not None:
+            self._xattr_total = max(0, self._xattr_total + grows)
+
+    def _xattr_growth(self, ino: int, name: bytes, value: bytes) -> int:
+        """The bytes the attribute adds (an attribute replaced frees its old
+        value first); NoSpace if it would take the inode past
+        ``XATTR_BYTES_PER_FILE`` or every inode's past ``XATTR_BYTES_TOTAL``.
+        The running total is counted once and kept; removed inodes leave it
+        high until it is counted again, which a refusal does first.  No
+        await: the check and the write that follows are one step of the loop."""
+        old = self.meta.get_xattr(ino, name)
+        grows = len(name) + len(value) - (0 if old is None else len(name) + len(old))
+        if grows <= 0:
+            return grows
+        if self.meta.xattr_bytes(ino) + grows > XATTR_BYTES_PER_FILE:
+            raise NoSpace(
+                f"no room for more extended attributes on this file "
+                f"(at most {XATTR_BYTES_PER_FILE} bytes of names and values per file)"
+            )
+        if self._xattr_total is None or self._xattr_total + grows > XATTR_BYTES_TOTAL:
+            self._xattr_total = self.meta.xattr_bytes()
+        if self._xattr_total + grows > XATTR_BYTES_TOTAL:
+            raise NoSpace(
+                f"the mount's extended attributes hold {self._xattr_total} bytes, "
+                f"the most it keeps ({XATTR_BYTES_TOTAL})"
+            )
+        return grows
 
     async def removexattr(self, ino: int, name: bytes) -> None:
         inode = self.namespace.get(ino)
+        old = self.meta.get_xattr(ino, name)
         with self.meta.write() as tx:
             removed = tx.remove_xattr(ino, name)
             if removed:
@@ -835,3 +874,5 @@ class FileWrites:
                 tx.put_inode(inode)
         if not removed:
             raise NoData(name.decode(errors="replace"))
+        if self._xattr_total is not None and old is not None:
+            self._xattr_total = max(0, self._xattr_total - len(name) - len(old))
