@@ -32,6 +32,7 @@ from tierfs.control.client import Location, by_mount, locate, per_path, request
 from tierfs.control.protocol import list_chunks
 from tierfs.errors import ConfigError, ControlError, TierfsError
 from tierfs.policy.rules import shadowed_rules
+from tierfs.text import shown
 from tierfs.units import format_size, parse_rate
 
 MOUNT_TIMEOUT = 60.0
@@ -180,12 +181,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         from tierfs.watch import watch_status  # rich: only for --watch
 
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the watch
-            watch_status(lambda: request(location.socket_path, "status"))
+            watch_status(lambda: _for_humans(request(location.socket_path, "status")))
         return 0
     status = request(location.socket_path, "status")
     if args.json:
         _print_json(status)
         return 0
+    status = _for_humans(status)
     version = f", tierfs {status['version']}" if status.get("version") else ""
     print(f"mount:    {status['mountpoint']}  (pid {status['pid']}{version})")
     print(f"backing:  {status['backing']}")
@@ -336,6 +338,7 @@ def cmd_where(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(results)
     else:
+        results = _for_humans(results)
         _print_where(results)
     return _report_errors(results)
 
@@ -484,6 +487,7 @@ class _PreloadView:
     def event(self, event: dict[str, Any]) -> None:
         if self.as_json:
             print(json.dumps(event), flush=True)
+        event = _for_humans(event)
         kind = event.get("event")
         if kind == "warning":
             self._stderr(f"tierfs: warning: {event['message']}")
@@ -512,7 +516,7 @@ class _PreloadView:
             print(f"preload {_preload_line(job)}", flush=True)
 
     def summary(self, result: dict[str, Any], *, returned_early: bool) -> None:
-        for failure in result.get("failures", [])[self.failed_named :]:
+        for failure in _for_humans(result.get("failures", []))[self.failed_named :]:
             self.failure(failure["path"], failure["reason"])
         if self.as_json:
             print(json.dumps({"event": "summary", **result}), flush=True)
@@ -620,7 +624,7 @@ def _preload_jobs(args: argparse.Namespace) -> int:
             _print_json(jobs)
         elif not jobs:
             print(f"no preloads on {mount.mount_root}")
-        for job in [] if args.json else jobs:
+        for job in [] if args.json else _for_humans(jobs):
             tag = f" tag {job['tag']}" if job.get("tag") else ""
             print(f"{_preload_line(job)}; uid {job['owner']}{tag}; {' '.join(job['paths'])}")
         return 0
@@ -670,6 +674,7 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 1 if result["missing"] else 0
+    result = _for_humans(result)
     for line in result.get("missing_named", []):
         print(f"tierfs prefetch: left out: {line}", file=sys.stderr)
     if result["missing"] > len(result.get("missing_named", [])):
@@ -737,6 +742,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
     results = per_path("evict", args.paths, {"tier": args.tier})
     if args.json:
         _print_json(results)
+    else:
+        results = _for_humans(results)
     for item in results:
         if "error" in item:
             continue
@@ -753,6 +760,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(results)
     else:
+        results = _for_humans(results)
         for item in results:
             if "error" not in item:
                 print(
@@ -767,6 +775,7 @@ def cmd_unpin(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(results)
     else:
+        results = _for_humans(results)
         for item in results:
             if "error" not in item:
                 state = "unpinned" if item["was_pinned"] else "was not pinned"
@@ -838,16 +847,17 @@ def _mount_socket(mountpoint: str) -> str:
 
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
-    shown = request(_mount_socket(args.mountpoint), "policy_show")
+    policy = request(_mount_socket(args.mountpoint), "policy_show")
     if args.json:
-        _print_json(shown)
+        _print_json(policy)
         return 0
-    for warning in shown.get("warnings", []):
+    policy = _for_humans(policy)
+    for warning in policy.get("warnings", []):
         print(f"tierfs: warning: {warning}", file=sys.stderr)
-    if not shown["rules"]:
+    if not policy["rules"]:
         print("no [[rules]]: every file gets the defaults (place on the first tier with room,")
         print("watermark demotion, promote on access, cache)")
-    for number, rule in enumerate(shown["rules"], 1):
+    for number, rule in enumerate(policy["rules"], 1):
         settings = ", ".join(f"{k} = {_toml_value(v)}" for k, v in rule["settings"].items())
         print(f"{number:>3}. {rule['match']!r:<30} {settings or '(defaults)'}   [{rule['source']}]")
     return 0
@@ -892,10 +902,13 @@ def cmd_policy_reload(args: argparse.Namespace) -> int:
 
 def cmd_quota(args: argparse.Namespace) -> int:
     answer = request(_mount_socket(args.mountpoint), "quota", {"walk": args.walk}, timeout=None)
-    quotas: list[dict[str, Any]] = answer["quotas"]
     if args.json:
         _print_json(answer)
         return 0
+    answer = _for_humans(answer)
+    quotas: list[dict[str, Any]] = answer["quotas"]
+    if answer.get("note"):
+        print(f"tierfs quota: {answer['note']}", file=sys.stderr)
     if not quotas:
         print("no [[quotas]] on this mount")
         return 0
@@ -936,6 +949,19 @@ def _quota_line(quota: dict[str, Any]) -> str:
 
 
 # --- plumbing ----------------------------------------------------------------------------------
+
+
+def _for_humans(value: Any) -> Any:
+    """Every string of a daemon's answer escaped for a terminal (``shown``):
+    paths, tags and job names are other users' text and may hold newlines
+    or escape sequences.  (``--json`` needs none: JSON escapes them.)"""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, list):
+        return [_for_humans(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _for_humans(item) for key, item in value.items()}
+    return value
 
 
 def _print_json(document: Any) -> None:
@@ -1240,7 +1266,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):  # one JSON document, the error too
             _print_json({"ok": False, "error": str(exc), "errno": getattr(exc, "errno", None)})
         else:
-            print(f"tierfs: {exc}", file=sys.stderr)
+            # A daemon's sentence may name other users' paths: escaped.
+            text = shown(str(exc)) if isinstance(exc, ControlError) else str(exc)
+            print(f"tierfs: {text}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

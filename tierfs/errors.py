@@ -83,6 +83,13 @@ class NameTooLong(TierfsError):
     errno = _errno.ENAMETOOLONG
 
 
+class NameNotUtf8(TierfsError):
+    """A new name that is not UTF-8: a bucket's keys are UTF-8 text, so no
+    object can carry it (``EILSEQ``, as ZFS with ``utf8only`` answers)."""
+
+    errno = _errno.EILSEQ
+
+
 class NotSupported(TierfsError):
     errno = _errno.EOPNOTSUPP
 

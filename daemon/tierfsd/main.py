@@ -60,6 +60,7 @@ from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer
 from tierfs.store import ObjectStore, open_shared_tier, open_store
+from tierfs.text import shown
 from tierfs.tiers import Tier
 from tierfs.workers.audit import STATUS_SECTION as AUDIT_SECTION
 from tierfs.workers.audit import AuditLog, AuditWriter
@@ -142,7 +143,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def setup_logging(config: Config | None, foreground: bool, debug: bool) -> None:
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if debug else logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler: logging.Handler
     if foreground or config is None:
         handler = logging.StreamHandler(sys.stderr)
@@ -246,6 +247,17 @@ def sd_notify(message: str) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.connect(address)
         sock.sendall(message.encode())
+
+
+class OneLineFormatter(logging.Formatter):
+    """Each record's message on one line: the names and labels users choose
+    (a file name may hold a newline or a terminal escape) are escaped
+    (``tierfs.text.shown``), so no user can forge or hide a log line.  A
+    traceback that follows the message keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = shown(record.message)
+        return super().formatMessage(record)
 
 
 class Daemon:

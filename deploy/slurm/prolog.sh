@@ -22,6 +22,12 @@
 # TIERFS_PRELOAD_TIMEOUT (seconds; on timeout the preload goes on in the
 # daemon only if the ready fraction was reached, else it is cancelled).
 #
+# The preload runs as the job's user (SLURM_JOB_UID, SLURM_JOB_GID and that
+# user's groups, through setpriv), never as root: the daemon then fetches only
+# what that user may read and counts the preload against that user's bounds,
+# as if the user had typed the command. Without SLURM_JOB_UID nothing is
+# preloaded.
+#
 # The preload is tagged slurm-<job id>; the epilog (epilog.sh) cancels it if
 # it is still running when the job ends.
 #
@@ -45,7 +51,24 @@ if [[ -z $paths && ${SLURM_JOB_EXTRA:-} =~ (^|[[:space:],\&])tierfs_preload=([^[
 fi
 [[ -n $paths ]] || exit 0
 
-if ! "$TIERFS" preload --help >/dev/null 2>&1; then
+job_uid=${SLURM_JOB_UID:-}
+if [[ ! $job_uid =~ ^[0-9]+$ ]]; then
+    log "no SLURM_JOB_UID: not preloading $paths (it runs as the job's user, never as root)"
+    exit 0
+fi
+as_job_user=()
+if ((job_uid != 0)); then
+    job_gid=${SLURM_JOB_GID:-}
+    [[ $job_gid =~ ^[0-9]+$ ]] || job_gid=$(id -g "$job_uid" 2>/dev/null) || {
+        log "no group for uid $job_uid: not preloading $paths"
+        exit 0
+    }
+    groups=--init-groups
+    id -nu "$job_uid" >/dev/null 2>&1 || groups=--clear-groups  # no passwd entry: no more groups
+    as_job_user=(setpriv --reuid="$job_uid" --regid="$job_gid" "$groups" --)
+fi
+
+if ! "${as_job_user[@]}" "$TIERFS" preload --help >/dev/null 2>&1; then
     log "$TIERFS preload does not run; not preloading $paths"
     exit 0
 fi
@@ -66,9 +89,9 @@ for p in "${items[@]}"; do
 done
 ((${#args[@]} > 0)) || exit 0
 
-log "preloading ${args[*]} (returning at $READY resident)"
+log "preloading ${args[*]} as uid $job_uid (returning at $READY resident)"
 # Tagged with the job id: the epilog cancels what is left when the job ends.
-if timeout "$TIMEOUT" "$TIERFS" preload --ready-fraction "$READY" --tag "slurm-${SLURM_JOB_ID:-none}" \
+if timeout "$TIMEOUT" "${as_job_user[@]}" "$TIERFS" preload --ready-fraction "$READY" --tag "slurm-${SLURM_JOB_ID:-none}" \
     "${args[@]}" >/dev/null; then
     log "preload ready ($READY of the bytes resident; the rest goes on in the daemon)"
 else

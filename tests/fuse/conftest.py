@@ -36,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -566,3 +567,22 @@ def run_as_user(uid: int, fn: Callable[[], str]) -> str:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, text
     return text
+
+
+@contextlib.contextmanager
+def traversable(path: Path) -> Iterator[None]:
+    """The directories above ``path`` (pytest's, 0700) searchable by every
+    user meanwhile, as a mount point's parents are on a node."""
+    changed = []
+    for parent in path.parents:
+        if parent == Path(tempfile.gettempdir()) or parent == parent.parent:
+            break
+        mode = parent.stat().st_mode & 0o7777
+        if mode & 0o001 == 0:
+            changed.append((parent, mode))
+            os.chmod(parent, mode | 0o001)
+    try:
+        yield
+    finally:
+        for parent, mode in changed:
+            os.chmod(parent, mode)

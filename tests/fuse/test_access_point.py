@@ -101,11 +101,15 @@ def test_an_access_point_shows_one_directory_with_a_fixed_owner(
     done = run_tierfs("flush", str(new))
     assert done.returncode == 0, done.stderr
 
-    # What was written is under the root in the bucket; nothing else changed.
+    # What was written is under the root in the bucket; nothing else changed
+    # but the attribute shadow, which is the bucket's one for every mount of
+    # it: under the backing prefix, at the root's path.
     after = keys(s3_client, bucket[1])
     assert f"{PREFIX}/users/alice/runs/r2.log" in after
-    outside = {k for k in after if not k.startswith(f"{PREFIX}/users/alice/")}
+    shadows = f"{PREFIX}/.tierfs-attrs/users/alice/"
+    outside = {k for k in after if not k.startswith((f"{PREFIX}/users/alice/", shadows))}
     assert outside == {f"{PREFIX}/users/bob/secret.txt", f"{PREFIX}/top.txt"}, outside
+    assert f"{shadows}runs/r2.log@m0640,u{OWNER},g{OWNER}" in after
 
 
 def test_a_read_only_access_point_refuses_every_change(mount: MountFactory) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from tests.fuse.conftest import (
     run_as_user,
     run_tierfs,
     tierfs_command,
+    traversable,
     wait_until,
 )
 from tierfs.control.client import locate, request
@@ -231,25 +230,6 @@ def test_a_user_job_reads_and_steers_what_it_may_read(mount: MountFactory, other
     m = mount(objects, options="allow_other")
     with traversable(m.path):
         steered_by_another_user(m, other_uid)
-
-
-@contextlib.contextmanager
-def traversable(path: Path) -> Iterator[None]:
-    """The directories above ``path`` (pytest's, 0700) searchable by every
-    user meanwhile, as a mount point's parents are on a node."""
-    changed = []
-    for parent in path.parents:
-        if parent == Path(tempfile.gettempdir()) or parent == parent.parent:
-            break
-        mode = parent.stat().st_mode & 0o7777
-        if mode & 0o001 == 0:
-            changed.append((parent, mode))
-            os.chmod(parent, mode | 0o001)
-    try:
-        yield
-    finally:
-        for parent, mode in changed:
-            os.chmod(parent, mode)
 
 
 def steered_by_another_user(m: Mount, other_uid: int) -> None:

@@ -27,6 +27,7 @@ from tests.fuse.conftest import (
     daemon_env,
     run_tierfs,
     tierfs_command,
+    traversable,
     wait_until,
 )
 
@@ -142,7 +143,9 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
     env.update(
         {
             "SLURM_JOB_ID": "4242",
-            "SLURM_JOB_USER": "alice",
+            "SLURM_JOB_USER": "root",
+            "SLURM_JOB_UID": "0",
+            "SLURM_JOB_GID": "0",
             "SLURM_JOB_EXTRA": "tierfs_preload=jobdata",
             "TIERFS": str(wrapper),
             "TIERFS_MOUNT": str(m.path),
@@ -161,7 +164,7 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
 
     done = slurm("prolog.sh")
     assert done.returncode == 0, done.stderr
-    assert f"preloading {m.path}/jobdata" in done.stderr
+    assert f"preloading {m.path}/jobdata as uid 0" in done.stderr
     assert "preload ready" in done.stderr
     names = [n for n in data if n.startswith("jobdata/")]
 
@@ -181,3 +184,54 @@ def test_slurm_prolog_preloads_the_jobs_dataset(mount: MountFactory, tmp_path: P
     assert done.returncode == 0 and "dead or broken" not in done.stderr, done.stderr
     assert f"orders ended on {m.path}: {mine['id']}" in done.stderr
     assert [order["id"] for order in m.status()["prefetch"]["orders"]] == [other["id"]]
+
+
+def test_slurm_prolog_preloads_as_the_jobs_user(
+    mount: MountFactory, tmp_path: Path, other_uid: int
+) -> None:
+    """The prolog runs as root but runs the preload as the job's user
+    (its uid, gid and groups), so the daemon checks that user's rights and
+    bounds; with no SLURM_JOB_UID it preloads nothing."""
+    m = mount({"jobdata/a.bin": blob(1000, 1)})
+    record = tmp_path / "shared"
+    record.mkdir()
+    record.chmod(0o1777)
+    # A stand-in CLI any user can run: it writes down who ran it and with what.
+    wrapper = record / "tierfs"
+    wrapper.write_text(f'#!/bin/sh\necho "$(id -u) $(id -g) $*" >> {record}/calls\n')
+    wrapper.chmod(0o755)
+    env = daemon_env()
+    for key in ("TIERFS_PRELOAD", "SPANK_TIERFS_PRELOAD", "SLURM_JOB_UID", "SLURM_JOB_GID"):
+        env.pop(key, None)
+    env.update(
+        {
+            "SLURM_JOB_ID": "77",
+            "SLURM_JOB_EXTRA": "tierfs_preload=jobdata",
+            "TIERFS": str(wrapper),
+            "TIERFS_MOUNT": str(m.path),
+        }
+    )
+
+    def prolog(**more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(REPO / "deploy/slurm/prolog.sh")],
+            env={**env, **more},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    with traversable(record):
+        done = prolog()
+        assert done.returncode == 0, done.stderr
+        assert "no SLURM_JOB_UID: not preloading jobdata" in done.stderr, done.stderr
+        assert not (record / "calls").exists()
+        done = prolog(SLURM_JOB_UID=str(other_uid), SLURM_JOB_GID=str(other_uid))
+    assert done.returncode == 0, done.stderr
+    assert f"as uid {other_uid}" in done.stderr, done.stderr
+    calls = (record / "calls").read_text().splitlines()
+    assert calls[0] == f"{other_uid} {other_uid} preload --help", calls
+    assert calls[1].startswith(
+        f"{other_uid} {other_uid} preload --ready-fraction 0.3 --tag slurm-77 "
+    ), calls
+    assert calls[1].endswith(f"{m.path}/jobdata"), calls

@@ -49,14 +49,18 @@ files in one order and ``USER_ORDER_FILES`` in all of a user's orders, so
 one user cannot fill the daemon's memory; beyond them a new order is
 refused (EBUSY / EINVAL) and the user's other orders stay.
 
-Sharing.  The ``tasks`` fills at once are shared by the orders that have
-something to fill: each free task goes to the order with the fewest fills
-running (``_schedule``: water-filling), so two orders that both want more
-run ``tasks / 2`` each, and one alone may use them all.  The first tier's
-room: the windows of all orders together hold at most ``ROOM_SHARE`` of the
-first tier's capacity below its high watermark; each order's window is
-held to an equal part of it (``_Follower.room_bytes``; at least one file),
-recomputed when an order comes or goes.  Why equal parts and not the
+Sharing, per user first, then per order.  The ``tasks`` fills at once are
+shared by the users whose orders have something to fill: each free task
+goes to the user with the fewest fills running, and within that user to
+its order with the fewest (``_schedule``: water-filling at both levels),
+so two users that both want more run ``tasks / 2`` each however many
+orders each has, and one alone may use them all.  The first tier's room:
+the windows of all orders together hold at most ``ROOM_SHARE`` of the
+first tier's capacity below its high watermark; each user with an order
+gets an equal part of it, and each of that user's orders an equal part of
+the user's (``_Follower.room_bytes``; at least one file), recomputed when
+an order comes or goes.  One user's 32 orders therefore take no more of
+either than another user's one.  Why equal parts and not the
 readers' speed: the window is sized in files ahead of a reader, and a
 fast reader's window empties faster, so it takes more of the tasks already.
 
@@ -638,7 +642,8 @@ class Prefetcher:
         log.info("prefetch order %d of uid %d ended", follower.ident, follower.key.uid)
 
     def _share_room(self) -> None:
-        """Give each order an equal part of the first tier's room."""
+        """Give each user an equal part of the first tier's room, and each
+        of a user's orders an equal part of the user's."""
         if not self.followers:
             return
         first = self.fs.space.tiers[0]
@@ -646,8 +651,9 @@ class Prefetcher:
             room = int(first.capacity * first.high_watermark * ROOM_SHARE)
         except OSError:  # the tier's file system did not answer: leave the windows be
             return
-        part = max(1, room // len(self.followers))
+        orders_of = collections.Counter(key.uid for key in self.followers)
         for follower in self.followers.values():
+            part = max(1, room // len(orders_of) // orders_of[follower.key.uid])
             if follower.room_bytes != part:
                 follower.room_bytes = part
                 follower.window_low = None  # the window changed: sweep it
@@ -697,7 +703,8 @@ class Prefetcher:
 
     def _schedule(self) -> None:
         """Cancel fills that left their window, then start the next ones:
-        each free task to the order with the fewest fills running."""
+        each free task to the user with the fewest fills running, and to
+        that user's order with the fewest."""
         if self._nursery is None:
             return
         holds_due, self._holds_due = self._holds_due, False
@@ -709,9 +716,15 @@ class Prefetcher:
             if idle:
                 waiting.append((follower, idle))
         free = self.tasks - self.in_flight
+        per_user: collections.Counter[int] = collections.Counter()
+        for follower in self.followers.values():
+            per_user[follower.key.uid] += len(follower.in_flight)
         while free > 0 and waiting:
-            follower, idle = min(waiting, key=lambda entry: len(entry[0].in_flight))
+            follower, idle = min(
+                waiting, key=lambda entry: (per_user[entry[0].key.uid], len(entry[0].in_flight))
+            )
             self._start_fill(follower, idle.popleft())
+            per_user[follower.key.uid] += 1
             free -= 1
             if not idle:
                 waiting = [entry for entry in waiting if entry[1]]

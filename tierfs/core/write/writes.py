@@ -111,6 +111,7 @@ from tierfs.errors import (
     Exists,
     InvalidArgument,
     IsADirectory,
+    NameNotUtf8,
     NameTooLong,
     NoData,
     NoSpace,
@@ -161,6 +162,13 @@ def check_name(name: bytes) -> None:
         raise NameTooLong(f"name longer than {NAME_MAX} bytes")
     if name in (b"", b".", b"..") or b"/" in name or b"\0" in name:
         raise InvalidArgument(f"invalid name {name!r}")
+    try:
+        name.decode()
+    except UnicodeDecodeError:
+        raise NameNotUtf8(
+            f"the name {name!r} is not UTF-8: object keys are UTF-8, so the bucket cannot "
+            "hold it"
+        ) from None
 
 
 def check_not_reserved(parent: int, name: bytes) -> None:
