@@ -5,9 +5,11 @@ sequences too) and arrive as ``str`` with ``surrogateescape`` for the bytes
 that are not UTF-8.  Tags, job and session names are a user's free text.
 Anything of these that reaches a terminal, a log line or a one-line record
 goes through ``shown``: control characters, non-printable characters and
-undecodable bytes become backslash escapes (``\\n``, ``\\x1b``, ``\\xff``,
-``\\u200b``) and a backslash is doubled, so the text stays on one line, can
-drive no terminal, and reads back unambiguously (as ``ls -b`` shows names).
+undecodable bytes become backslash escapes (``\\n``, ``\\x1b``,
+``\\u0085``, ``\\u200b``; a byte that is not UTF-8 is ``\\xHH`` with HH at
+least 80, a character never is) and a backslash is doubled, so the text
+stays on one line, can drive no terminal, and reads back unambiguously (as
+``ls -b`` shows names).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def shown(text: str) -> str:
             out.append(f"\\x{code - 0xDC00:02x}")
         elif ch.isprintable():
             out.append(ch)
-        elif code < 0x100:
+        elif code < 0x80:  # \xHH of 80 and above is a raw byte (above)
             out.append(f"\\x{code:02x}")
         elif code < 0x10000:
             out.append(f"\\u{code:04x}")

@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 ADMIN_OPS = frozenset({"evict", "pin", "unpin", "policy_reload"})
 #: Characters of a preload's tag, at most.
 MAX_TAG = 128
+#: After its reply, a connection reads what the client still sends for at
+#: most this long and this much (see ``_close_gently``).
+DRAIN_SECONDS = 1.0
+DRAIN_BYTES = 4 * 1024 * 1024
+#: ... and a connection refused at once (past a bound) this long.
+REFUSED_DRAIN_SECONDS = 0.2
 #: Seconds between two counts of the quotas' bucket that users (not root)
 #: may ask for (``tierfs quota --walk``).
 USER_WALK_INTERVAL = 30.0
@@ -296,15 +302,36 @@ class ControlServer:
                         encode({"ok": False, "error": refused, "errno": errno.EAGAIN}),
                         ControlLimits(send_deadline=1.0),
                     )
+                    await self._close_gently(stream, eof=False, seconds=REFUSED_DRAIN_SECONDS)
                 return
             reader = _LineReader(stream, self._line_budget, peer.uid)
             try:
                 reply = await self._answer(stream, reader, peer)
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                with contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, OSError
+                ):
                     await _send(stream, encode(reply), self.limits)
+                    await self._close_gently(stream, eof=reader.eof)
             finally:
                 reader.close()
                 self._gate.leave(peer.uid)
+
+    @staticmethod
+    async def _close_gently(stream: trio.SocketStream, *, eof: bool, seconds: float = 0.0) -> None:
+        """End our side, then read (and drop) what the client still sends,
+        briefly: closing a Unix socket with unread data resets the peer,
+        which then loses the reply it has not read yet.  ``eof``: the
+        client's side has ended already."""
+        await stream.send_eof()
+        if eof:
+            return
+        drained = 0
+        with trio.move_on_after(seconds or DRAIN_SECONDS):
+            while drained < DRAIN_BYTES:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
 
     async def _answer(
         self, stream: trio.SocketStream, reader: _LineReader, peer: Peer

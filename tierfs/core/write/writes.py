@@ -166,8 +166,7 @@ def check_name(name: bytes) -> None:
         name.decode()
     except UnicodeDecodeError:
         raise NameNotUtf8(
-            f"the name {name!r} is not UTF-8: object keys are UTF-8, so the bucket cannot "
-            "hold it"
+            f"the name {name!r} is not UTF-8: object keys are UTF-8, so the bucket cannot hold it"
         ) from None
 
 
