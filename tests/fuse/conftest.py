@@ -569,6 +569,19 @@ def run_as_user(uid: int, fn: Callable[[], str]) -> str:
     return text
 
 
+def as_user(uid: int, fn: Callable[[], str]) -> str:
+    """``fn()`` in a forked child running as ``uid`` (no groups); its result
+    or the error it raised, as text."""
+
+    def child() -> str:
+        try:
+            return f"ok: {fn()}"
+        except Exception as exc:  # reported to the parent
+            return f"{type(exc).__name__}: {exc}"
+
+    return run_as_user(uid, child)
+
+
 @contextlib.contextmanager
 def traversable(path: Path) -> Iterator[None]:
     """The directories above ``path`` (pytest's, 0700) searchable by every

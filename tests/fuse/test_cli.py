@@ -14,9 +14,9 @@ import pytest
 from tests.fuse.conftest import (
     Mount,
     MountFactory,
+    as_user,
     daemon_env,
     daemons_using,
-    run_as_user,
     run_tierfs,
     tierfs_command,
     traversable,
@@ -176,19 +176,6 @@ def test_mount_foreground_stays_until_umount(mount: MountFactory, tmp_path: Path
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
-
-
-def as_user(uid: int, fn: Callable[[], str]) -> str:
-    """``fn()`` in a forked child running as ``uid`` (no groups); its result
-    or the error it raised, as text."""
-
-    def child() -> str:
-        try:
-            return f"ok: {fn()}"
-        except Exception as exc:  # reported to the parent
-            return f"{type(exc).__name__}: {exc}"
-
-    return run_as_user(uid, child)
 
 
 def test_other_users_are_refused_clearly_and_logged(mount: MountFactory, other_uid: int) -> None:
