@@ -94,6 +94,17 @@ async def ask(path: str, data: bytes, **kw: Any) -> list[dict[str, Any]]:
     return await trio.to_thread.run_sync(lambda: exchange(path, data, **kw))
 
 
+def idle_connections(path: str, count: int, partial: bytes) -> list[socket.socket]:
+    """``count`` connections, each holding ``partial`` (a line never ended)."""
+    held = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(path)
+        sock.sendall(partial)
+        held.append(sock)
+    return held
+
+
 def request_line(op: str, args: dict[str, Any] | None = None) -> bytes:
     return encode({"op": op, "args": args or {}})
 
@@ -130,13 +141,8 @@ async def test_connections_past_a_users_bound_are_refused_and_root_still_gets_in
         tmp_path,
         limits=ControlLimits(per_user=4, total=8, root=2, request_deadline=30),
     )
-    held = []
+    held = idle_connections(path, 4, b'{"op": "pi')
     try:
-        for _ in range(4):  # idle connections, each holding a partial line
-            sock = socket.socket(socket.AF_UNIX)
-            sock.connect(path)
-            sock.sendall(b'{"op": "pi')
-            held.append(sock)
         await trio.sleep(0.2)
         (reply,) = await ask(path, request_line("ping"))
         assert reply["errno"] == errno.EAGAIN and "uid 1000 has 4 connections" in reply["error"]
@@ -161,13 +167,8 @@ async def test_one_users_unfinished_lines_are_bounded_together(
         tmp_path,
         limits=ControlLimits(buffered_per_user=300_000, request_deadline=30),
     )
-    held = []
+    held = idle_connections(path, 2, b"x" * 140_000)
     try:
-        for _ in range(2):
-            sock = socket.socket(socket.AF_UNIX)
-            sock.connect(path)
-            sock.sendall(b"x" * 140_000)  # unfinished lines
-            held.append(sock)
         await trio.sleep(0.3)
         (reply,) = await ask(path, b"y" * 100_000, shut=False)
         assert reply["errno"] == errno.EINVAL and "unfinished lines" in reply["error"]

@@ -495,6 +495,36 @@ async def test_the_windows_share_the_first_tier(
     assert sorted(prefetcher.followers[first].held) == [0, 1, 2]
 
 
+async def test_fills_and_room_are_shared_per_user_first(
+    make_fs: Any, s3_store: Any, nursery: trio.Nursery
+) -> None:
+    """A user with two orders gets what a user with one gets: the fill
+    tasks and the first tier's room go to users in equal parts, then to
+    each user's orders."""
+    paths = put_files(s3_store, 36)
+    fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=8)
+    # Room for 180,000 bytes of windows: 90,000 per user, more than the
+    # 8 files (24,000 bytes) a window asks for, so each order wants more.
+    mount = await make_fs(fetch=fetch, capacities=(400_000, 16 * MiB))
+    gets = GetsOneByOne(mount)
+    try:
+        prefetcher = Prefetcher(mount.fs, window_files=8, tasks=4)
+        # The three orders are in before the worker schedules its first fill.
+        await load(prefetcher, paths[:12], OrderKey(1000, "a"))
+        await load(prefetcher, paths[12:24], OrderKey(1000, "b"))
+        await load(prefetcher, paths[24:], OrderKey(1001, "c"))
+        await nursery.start(prefetcher.run)
+        room = {key.job: f.room_bytes for key, f in prefetcher.followers.items()}
+        assert room == {"a": 45_000, "b": 45_000, "c": 90_000}, room
+        with trio.fail_after(10):
+            while len(gets.started) < 4:
+                await trio.sleep(0.01)
+        running = {key.job: len(f.in_flight) for key, f in prefetcher.followers.items()}
+        assert running == {"a": 1, "b": 1, "c": 2}, running
+    finally:
+        gets.release_all()
+
+
 async def test_clear_ends_a_jobs_orders_and_a_stale_end_ends_nothing(
     make_fs: Any, s3_store: Any, nursery: trio.Nursery
 ) -> None:

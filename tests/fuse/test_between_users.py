@@ -3,7 +3,7 @@ tries against another's data (the victim's files, owned by ``VICTIM``) and
 against the node, through an ``allow_other`` mount, an access point of the
 same bucket, and the control socket every local user may reach.
 
-Each test is one attempt of issue 41's list, made as the user made it, and
+Each test is one attempt an ordinary user made against the daemon, and
 checks that it is refused or bounded with a clear message and that nothing
 of the victim's is fetched, shown or uploaded.  The attacker runs in a
 forked child (``as_user``: its own uid and group, no other groups); root

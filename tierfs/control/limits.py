@@ -43,6 +43,7 @@ import trio
 
 from tierfs.control.protocol import MAX_LINE
 from tierfs.errors import InvalidArgument
+from tierfs.tally import Tally
 
 #: Open files the daemon asks for at start (``raise_open_file_limit``).
 WANTED_OPEN_FILES = 65536
@@ -95,7 +96,7 @@ class ConnectionGate:
     """Open connections per uid, against ``ControlLimits``."""
 
     limits: ControlLimits
-    per_uid: dict[int, int] = field(default_factory=dict)
+    per_uid: Tally = field(default_factory=Tally)
     others: int = 0
 
     def admit(self, uid: int) -> str | None:
@@ -111,17 +112,13 @@ class ConnectionGate:
             )
         elif self.others >= self.limits.total:
             return "the daemon has as many connections open as it serves; try again shortly"
-        self.per_uid[uid] = held + 1
+        self.per_uid.add(uid, 1)
         if uid != 0:
             self.others += 1
         return None
 
     def leave(self, uid: int) -> None:
-        held = self.per_uid.get(uid, 0) - 1
-        if held > 0:
-            self.per_uid[uid] = held
-        else:
-            self.per_uid.pop(uid, None)
+        self.per_uid.take(uid, 1)
         if uid != 0:
             self.others -= 1
 
@@ -131,7 +128,7 @@ class LineBudget:
     """Bytes of unfinished lines held per uid (root is not bounded)."""
 
     per_user: int
-    held: dict[int, int] = field(default_factory=dict)
+    held: Tally = field(default_factory=Tally)
 
     def charge(self, uid: int, nbytes: int) -> None:
         now = self.held.get(uid, 0) + nbytes
@@ -143,11 +140,7 @@ class LineBudget:
         self.held[uid] = now
 
     def release(self, uid: int, nbytes: int) -> None:
-        left = self.held.get(uid, 0) - nbytes
-        if left > 0:
-            self.held[uid] = left
-        else:
-            self.held.pop(uid, None)
+        self.held.take(uid, nbytes)
 
 
 class _UserPace:

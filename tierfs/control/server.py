@@ -1,9 +1,15 @@
 """Control server: runs inside the daemon's trio loop.
 
 Each connection carries one request (see ``protocol``).  The peer is known
-by ``SO_PEERCRED`` (``Peer``): every local user may connect; the admin
-operations (``ADMIN_OPS``) are for root and the daemon's own user, and the
-others act only on paths the caller may read (``access``).
+by ``SO_PEERCRED`` and ``SO_PEERGROUPS`` (``Peer``): every local user may
+connect; the admin operations (``ADMIN_OPS``) are for root and the daemon's
+own user, and the others act only on paths the caller may read, and show a
+user only its own jobs (``access``, ``Permissions``).  Every request is
+hostile input: what one user can make the server hold (connections, lines,
+time, pace) is bounded by ``tierfs.control.limits``, and a connection's life
+is: admitted by the gate (or refused with one error line) -> its request
+line read within the deadline -> paced -> handled -> one final reply ->
+our side shut, leftovers read briefly -> closed, its counts given back.
 Handlers are thin: they call ``TierFS`` methods and shape the JSON result.
 
 Streaming handlers (``preload``) also get a ``ControlCall``: they send
@@ -56,8 +62,10 @@ MAX_TAG = 128
 #: most this long and this much (see ``_close_gently``).
 DRAIN_SECONDS = 1.0
 DRAIN_BYTES = 4 * 1024 * 1024
-#: ... and a connection refused at once (past a bound) this long.
+#: ... and a connection refused at once (past a bound) this long, while
+#: fewer than REFUSED_DRAINING_MAX such are read.
 REFUSED_DRAIN_SECONDS = 0.2
+REFUSED_DRAINING_MAX = 32
 #: Seconds between two counts of the quotas' bucket that users (not root)
 #: may ask for (``tierfs quota --walk``).
 USER_WALK_INTERVAL = 30.0
@@ -151,7 +159,9 @@ class ControlCall:
         """Send one event line; ``trio.BrokenResourceError`` if the client is
         gone or does not take it within the send deadline."""
         async with self._send_lock:
-            await _send(self._stream, encode({"event": event, **fields}), self._limits)
+            await _send(
+                self._stream, encode({"event": event, **fields}), self._limits.send_deadline
+            )
 
     async def receive(self) -> dict[str, Any] | None:
         """The next line the client sent after its request (None: it
@@ -173,10 +183,10 @@ class ControlCall:
             pass
 
 
-async def _send(stream: trio.SocketStream, data: bytes, limits: ControlLimits) -> None:
-    """``send_all`` within the send deadline (a client that does not read
-    must not hold the handler): BrokenResourceError past it."""
-    with trio.move_on_after(limits.send_deadline):
+async def _send(stream: trio.SocketStream, data: bytes, deadline: float) -> None:
+    """``send_all`` within ``deadline`` seconds (a client that does not
+    read must not hold the handler): BrokenResourceError past it."""
+    with trio.move_on_after(deadline):
         await stream.send_all(data)
         return
     raise trio.BrokenResourceError("the client took nothing for the send deadline")
@@ -204,6 +214,8 @@ class ControlServer:
         self._pace = Pace(self.limits)
         #: When a user last had the quotas' bucket counted on request.
         self._user_walk_at = -math.inf
+        #: Refused connections whose leftovers are being read (``_refuse``).
+        self._refused_draining = 0
         self._handlers: dict[str, Handler] = {
             "ping": self._ping,
             "status": self._status,
@@ -296,13 +308,7 @@ class ControlServer:
                 return  # gone before we looked
             refused = self._gate.admit(peer.uid)
             if refused is not None:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await _send(
-                        stream,
-                        encode({"ok": False, "error": refused, "errno": errno.EAGAIN}),
-                        ControlLimits(send_deadline=1.0),
-                    )
-                    await self._close_gently(stream, eof=False, seconds=REFUSED_DRAIN_SECONDS)
+                await self._refuse(stream, refused)
                 return
             reader = _LineReader(stream, self._line_budget, peer.uid)
             try:
@@ -310,11 +316,25 @@ class ControlServer:
                 with contextlib.suppress(
                     trio.BrokenResourceError, trio.ClosedResourceError, OSError
                 ):
-                    await _send(stream, encode(reply), self.limits)
+                    await _send(stream, encode(reply), self.limits.send_deadline)
                     await self._close_gently(stream, eof=reader.eof)
             finally:
                 reader.close()
                 self._gate.leave(peer.uid)
+
+    async def _refuse(self, stream: trio.SocketStream, why: str) -> None:
+        """Answer a connection past a bound with one error line.  Its
+        leftovers are read briefly only while few refused connections are
+        (a flood of them must not hold descriptors)."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await _send(stream, encode({"ok": False, "error": why, "errno": errno.EAGAIN}), 1.0)
+            if self._refused_draining >= REFUSED_DRAINING_MAX:
+                return
+            self._refused_draining += 1
+            try:
+                await self._close_gently(stream, eof=False, seconds=REFUSED_DRAIN_SECONDS)
+            finally:
+                self._refused_draining -= 1
 
     @staticmethod
     async def _close_gently(stream: trio.SocketStream, *, eof: bool, seconds: float = 0.0) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from tierfs.errors import InvalidArgument, QuotaExceeded
+from tierfs.tally import Tally
 
 #: Bad lines named when a list is rejected; more are counted only.
 BAD_LINES_NAMED = 20
@@ -86,7 +87,7 @@ class SpoolBudget:
     #: Bytes the state disk keeps free (None: ``RESERVE_FRACTION`` of its
     #: size, at most ``RESERVE_MAX``, worked out at the first look).
     reserve_bytes: int | None = None
-    used: dict[int, int] = field(default_factory=dict)
+    used: Tally = field(default_factory=Tally)
     _unchecked: int = 0
 
     def charge(self, owner: int, nbytes: int, directory: Path) -> None:
@@ -104,11 +105,7 @@ class SpoolBudget:
         self.used[owner] = held + nbytes
 
     def release(self, owner: int, nbytes: int) -> None:
-        left = self.used.get(owner, 0) - nbytes
-        if left > 0:
-            self.used[owner] = left
-        else:
-            self.used.pop(owner, None)
+        self.used.take(owner, nbytes)
 
     def _check_free(self, directory: Path, nbytes: int) -> None:
         try:
