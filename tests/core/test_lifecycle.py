@@ -182,6 +182,7 @@ async def test_where_of_a_directory_totals_its_subtree(make_fs: Any, s3_store: A
         "dirty_bytes": 0,
         "pinned_files": 0,
         "failed_files": 0,
+        "dirs_not_listed": 0,
     }
     assert await mount.read_file("ds/a/x.bin") == data(2 * MiB, 3)
     await mount.write_file("ds/a/new.bin", b"n" * 1000)  # not uploaded (upload_delay)

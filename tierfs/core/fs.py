@@ -194,7 +194,7 @@ class TierFS:
             shadows=(
                 ShadowPlace(shadow_store, f"{config.access.root.strip('/')}/")
                 if shadow_store is not None and config.access.root
-                else ShadowPlace(store)
+                else None
             ),
         )
         self.namespace = Namespace(meta, store, ns, self.keys, self.listings, self.store_limiter)

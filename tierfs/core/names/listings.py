@@ -279,8 +279,9 @@ class Listings:
         * ``shadows``: where the attribute shadow lives (default: under
           ``store``'s own prefix; an access point's is the backing's).
         """
-        #: Where the attribute shadow of this mount's keys lives.
-        self.shadows = shadows if shadows is not None else ShadowPlace(store)
+        #: Where the attribute shadow lives when it is not under ``store``'s own
+        #: prefix (an access point's: the backing's); None: under ``store``.
+        self._shadows = shadows
         self.meta = meta
         self.store = store
         self.config = config
@@ -445,6 +446,11 @@ class Listings:
             ):
                 raise
             await self.ensure_listed(current)
+
+    @property
+    def shadows(self) -> ShadowPlace:
+        """Where the attribute shadow of this mount's keys lives."""
+        return self._shadows if self._shadows is not None else ShadowPlace(self.store)
 
     def shadow_fits(self, key: str) -> bool:
         """Can the object (or directory, no trailing "/") at ``key`` carry a
