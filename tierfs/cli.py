@@ -208,6 +208,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"prefetch: {_prefetch_line(order)}")
     for quota in status.get("quotas", []):
         print(f"quota:    {_quota_line(quota)}")
+    control = status.get("control")
+    if control and control["refused"]:
+        print(
+            f"control:  {control['connections']} connections open; {control['refused']:,} "
+            f"refused past a bound (per user {control['per_user']}, in all {control['total']})"
+        )
     audit = status.get("audit")
     if audit:
         print(

@@ -276,6 +276,8 @@ def test_one_user_holding_every_connection_it_can_starves_nobody(
             reads.append(time.monotonic() - start)
             time.sleep(0.5)
         assert max(pings) < 1.0 and max(reads) < 1.0, (pings, reads)
+        control = control_request(m.path, "status")["control"]
+        assert control["refused"] > 0 and control["connections"] <= 64 + 1, control
         # The daemon holds a bounded amount for that user (16 MiB of lines).
         assert rss_kib(pid) - rss_before < 48 * 1024, (rss_before, rss_kib(pid))
     finally:

@@ -40,6 +40,7 @@ def test_the_gate_bounds_each_user_and_all_users_and_keeps_root_its_own_room() -
     # Root is not counted with the others and has room of its own.
     assert gate.admit(0) is None and gate.admit(0) is None
     assert "root has 2" in (gate.admit(0) or "")
+    assert gate.status() == {"connections": 7, "refused": 3, "per_user": 3, "total": 5}
     gate.leave(1000)
     assert gate.admit(1002) is None
     for uid in (1000, 1000, 1001, 1001, 1002, 0, 0):

@@ -98,9 +98,21 @@ class ConnectionGate:
     limits: ControlLimits
     per_uid: Tally = field(default_factory=Tally)
     others: int = 0
+    #: Connections refused past a bound, since the start.
+    refused: int = 0
 
     def admit(self, uid: int) -> str | None:
         """Count a new connection of ``uid``; why not (and nothing counted)."""
+        why = self._past_bound(uid)
+        if why is not None:
+            self.refused += 1
+            return why
+        self.per_uid.add(uid, 1)
+        if uid != 0:
+            self.others += 1
+        return None
+
+    def _past_bound(self, uid: int) -> str | None:
         held = self.per_uid.get(uid, 0)
         if uid == 0:
             if held >= self.limits.root:
@@ -112,15 +124,21 @@ class ConnectionGate:
             )
         elif self.others >= self.limits.total:
             return "the daemon has as many connections open as it serves; try again shortly"
-        self.per_uid.add(uid, 1)
-        if uid != 0:
-            self.others += 1
         return None
 
     def leave(self, uid: int) -> None:
         self.per_uid.take(uid, 1)
         if uid != 0:
             self.others -= 1
+
+    def status(self) -> dict[str, int]:
+        """``status``'s ``control`` section."""
+        return {
+            "connections": sum(self.per_uid.values()),
+            "refused": self.refused,
+            "per_user": self.limits.per_user,
+            "total": self.limits.total,
+        }
 
 
 @dataclass

@@ -423,6 +423,7 @@ class ControlServer:
         if prefetch is not None and not peer.is_root:
             prefetch["orders"] = [o for o in prefetch["orders"] if o["owner"] == peer.uid]
         status["prefetch"] = prefetch
+        status["control"] = self._gate.status()
         return status
 
     def _own_preloads(self, peer: Peer) -> list[dict[str, Any]]:
