@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.fuse.conftest import PREFIX, MountFactory, run_tierfs
+from tests.fuse.conftest import PREFIX, MountFactory, run_tierfs, wait_until
 from tierfs.control.client import locate, request
 from tierfs.errors import ControlError
 
@@ -126,3 +126,25 @@ def test_a_read_only_access_point_refuses_every_change(mount: MountFactory) -> N
         with pytest.raises(OSError) as exc_info:
             change()
         assert exc_info.value.errno == errno.EROFS
+
+
+def test_an_access_points_old_shadows_move_to_the_buckets_shadow_tree(
+    mount: MountFactory, s3_client: Any, bucket: tuple[str, str]
+) -> None:
+    """Before the shadow was one per bucket, an access point kept its own
+    under its root: its next mount moves them where every mount reads them,
+    so a file made 0600 through it stays 0600 on both."""
+    old = f"{PREFIX}/users/alice/.tierfs-attrs/runs/r1.log@m0600,u{OWNER},g{OWNER}"
+    s3_client.put_object(Bucket=bucket[1], Key=f"{PREFIX}/users/alice/runs/r1.log", Body=b"log")
+    s3_client.put_object(Bucket=bucket[1], Key=old, Body=b"")
+    new = f"{PREFIX}/.tierfs-attrs/users/alice/runs/r1.log@m0600,u{OWNER},g{OWNER}"
+    point = mount(extra_config=ACCESS)
+
+    def moved() -> bool:
+        now = keys(s3_client, bucket[1])
+        return new in now and old not in now
+
+    assert wait_until(moved, timeout=15), keys(s3_client, bucket[1])
+    full = mount()
+    assert (full.path / "users/alice/runs/r1.log").stat().st_mode & 0o777 == 0o600
+    assert (point.path / "runs/r1.log").stat().st_mode & 0o777 == 0o600

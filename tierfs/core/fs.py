@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from tierfs.config import Config, load_config
-from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotFound
+from tierfs.errors import InvalidArgument, IsADirectory, NoData, NotFound, StoreError
 from tierfs.meta import ROOT_INO, BlockRecord, Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
 from tierfs.store.breaker import breaker_of
@@ -421,7 +421,16 @@ class TierFS:
             if self.shared_writes is not None:
                 await self.supervisor.start(nursery, "shared-writes", self.shared_writes.run)
             await self.supervisor.start(nursery, "quota-walk", self.quotas.run)
+            self.tasks.spawn_once("legacy-shadows", self._adopt_legacy_shadows)
             task_status.started()
+
+    async def _adopt_legacy_shadows(self) -> None:
+        """Once per mount (see ``Listings.adopt_legacy_shadows``); an
+        unreachable bucket leaves it to the next mount."""
+        try:
+            await self.listings.adopt_legacy_shadows()
+        except StoreError as exc:
+            log.warning("attribute shadows of this access point not moved yet: %s", exc)
 
     @contextlib.contextmanager
     def following_opens(

@@ -447,6 +447,43 @@ class Listings:
                 raise
             await self.ensure_listed(current)
 
+    async def adopt_legacy_shadows(self) -> int:
+        """An access point's shadow objects from before the shadow was one
+        per bucket (under its own root: ``<root>/.tierfs-attrs/...``) are
+        moved to the backing's shadow tree (``.tierfs-attrs/<root>/...``),
+        where every mount reads them: put there first, then deleted here, so
+        a crash between leaves both and the next mount moves it again.
+        Returns how many were moved; a full mount has nothing to move."""
+        place = self._shadows
+        if place is None or not place.below:
+            return 0
+        moved = 0
+        prefixes = [f"{SHADOW_ROOT}/"]
+        while prefixes:
+            pages = self.store.list_pages(prefixes.pop())
+            while True:
+                page = await trio.to_thread.run_sync(next, pages, None, limiter=self._limiter)
+                if page is None:
+                    break
+                prefixes.extend(page.prefixes)
+                for obj in page.objects:
+                    rest = obj.key[len(SHADOW_ROOT) + 1 :]
+                    target = f"{SHADOW_ROOT}/{place.below}{rest}"
+                    await trio.to_thread.run_sync(
+                        place.store.put, target, b"", limiter=self._limiter
+                    )
+                    await trio.to_thread.run_sync(self.store.delete, obj.key, limiter=self._limiter)
+                    moved += 1
+        if moved:
+            log.info(
+                "moved %d attribute shadow objects of this access point to the bucket's "
+                "shadow tree (%s%s)",
+                moved,
+                SHADOW_ROOT,
+                f"/{place.below}",
+            )
+        return moved
+
     @property
     def shadows(self) -> ShadowPlace:
         """Where the attribute shadow of this mount's keys lives."""

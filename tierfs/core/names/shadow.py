@@ -51,8 +51,8 @@ So a mode or owner set through either mount is the one the other shows
 (``ShadowPlace``: the store of the backing URL's prefix, and the access
 root as the first segments below ``.tierfs-attrs``).  Shadows an access
 point wrote under its own root before this rule (``users/alice/.tierfs-attrs``)
-are not read any more: their objects keep their ``x-amz-meta-*``, and a
-``chmod`` through either mount writes the shared shadow.
+are moved to the shared tree at its next mount
+(``Listings.adopt_legacy_shadows``: put there, then deleted here).
 
 The reserved name ``.tierfs-attrs`` exists only at the top of the mount: a
 listing of the root never shows it, and creating or renaming something to
