@@ -275,6 +275,8 @@ def test_one_user_holding_every_connection_it_can_starves_nobody(
             assert len((m.path / f"cold/{i}.bin").read_bytes()) == 200 * KiB
             reads.append(time.monotonic() - start)
             time.sleep(0.5)
+        grew = rss_kib(pid) - rss_before
+        print(f"held {opened} connections: pings {pings}, cold reads {reads}, rss +{grew} KiB")
         assert max(pings) < 1.0 and max(reads) < 1.0, (pings, reads)
         control = control_request(m.path, "status")["control"]
         assert control["refused"] > 0 and control["connections"] <= 64 + 1, control
@@ -326,6 +328,7 @@ def test_a_user_looping_on_expensive_requests_does_not_slow_roots(
             time.sleep(0.1)
         child.join()
     assert isinstance(results[0], int) and results[0] > 0, results
+    print(f"{results[0]} where requests of the other user; root's pings: {latencies}")
     assert max(latencies) < 1.0, latencies
 
 
