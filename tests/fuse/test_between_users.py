@@ -397,7 +397,19 @@ def test_a_users_flush_hurries_its_own_files_only(mount: MountFactory, other_uid
     (m.path / "victim").mkdir()
     os.chown(m.path / "victim", VICTIM, VICTIM)
     half = b"h" * (2 * MiB)
+    (m.path / "shared.txt").write_bytes(b"root's")
+    os.chmod(m.path / "shared.txt", 0o666)
+    assert run_tierfs("flush", str(m.path)).returncode == 0
     with traversable(m.path):
+        # What a user wrote, in a file it does not own, its flush hurries.
+        def write_and_flush() -> Any:
+            (m.path / "shared.txt").write_bytes(b"the user's")
+            return request(locate(m.path).socket_path, "flush", {"paths": [""]})
+
+        result = attacker(other_uid, write_and_flush)
+        assert isinstance(result, dict) and result["entries"] >= 1, result
+        shared = m.s3.get_object(Bucket=m.bucket, Key=f"{PREFIX}/shared.txt")["Body"].read()
+        assert shared == b"the user's"
         with open(m.path / "victim/ckpt.pt", "wb") as writer:
             writer.write(half)
             writer.flush()

@@ -658,7 +658,9 @@ class TierFS:
     async def flush_for(self, relpath: str, *, uid: int | None = None) -> FlushOutcome:
         """``flush_path`` with what it left out."""
         writing = self.handles.writing_uids() if uid is not None else None
-        return await self.sync.flush_path(relpath, uid=uid, writing=writing)
+        return await self.sync.flush_path(
+            relpath, uid=uid, writing=writing, wrote_by=self.handles.wrote_by
+        )
 
     async def abort_stale_uploads(self, older_than: float = 24 * 3600) -> int:
         return await self.sync.abort_stale_uploads(older_than)

@@ -69,6 +69,11 @@ class Handle:
     reads_through_cache: bool = False
 
 
+#: Files whose writers ``Handles.wrote`` keeps before it drops those no
+#: longer owed to the bucket.
+WROTE_KEPT = 65536
+
+
 class Handles:
     def __init__(
         self,
@@ -91,6 +96,10 @@ class Handles:
         self.handles: dict[int, Handle] = {}
         #: ino -> handles open for writing (absent when none).
         self.writers: dict[int, int] = {}
+        #: ino -> the uids that opened it for writing since its upload was
+        #: last owed (``wrote_by``: a user's flush hurries what it wrote);
+        #: pruned to the files still owed once it holds ``WROTE_KEPT``.
+        self.wrote: dict[int, set[int]] = {}
         #: Inodes whose kernel page cache must not be kept at their next open.
         self.stale_page_cache: set[int] = set()
         #: ino -> open handles whose reads go through the kernel page cache.
@@ -106,6 +115,16 @@ class Handles:
 
     def open_for_writing(self, ino: int) -> bool:
         return ino in self.writers
+
+    def _wrote(self, ino: int, uid: int) -> None:
+        if len(self.wrote) >= WROTE_KEPT and ino not in self.wrote:
+            owed = self.journal.upload_seq
+            self.wrote = {i: u for i, u in self.wrote.items() if i in owed or i in self.writers}
+        self.wrote.setdefault(ino, set()).add(uid)
+
+    def wrote_by(self, ino: int) -> set[int]:
+        """The uids that opened ``ino`` for writing (while its upload is owed)."""
+        return self.wrote.get(ino, set())
 
     def writing_uids(self) -> dict[int, set[int]]:
         """ino -> the uids whose processes hold it open for writing (one
@@ -145,6 +164,8 @@ class Handles:
         if writable:
             self.writers[ino] = self.writers.get(ino, 0) + 1
             self.journal.hold(ino)
+            if caller is not None:
+                self._wrote(ino, caller.uid)
         fh = self._next_fh
         self._next_fh += 1
         direct_io = flags & os.O_ACCMODE == os.O_WRONLY  # see below

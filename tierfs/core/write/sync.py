@@ -221,6 +221,10 @@ class _Uploaded:
     stale_shadows: bool = False
 
 
+def _nobody(ino: int) -> set[int]:
+    return set()
+
+
 @dataclass(slots=True)
 class FlushOutcome:
     """What a flush waited for, and what it left to its own schedule."""
@@ -961,18 +965,24 @@ class Sync:
         )
 
     async def flush_path(
-        self, relpath: str, *, uid: int | None = None, writing: dict[int, set[int]] | None = None
+        self,
+        relpath: str,
+        *,
+        uid: int | None = None,
+        writing: dict[int, set[int]] | None = None,
+        wrote_by: Callable[[int], set[int]] | None = None,
     ) -> FlushOutcome:
         """Wait until everything under ``relpath`` is durable in the bucket.
 
         ``uid`` None (root, the daemon): every change under it.  A user's
         flush (``uid``) hurries only that user's changes: the entries of
-        files it owns or has open for writing (and those of no file: a
-        delete of a removed name, a directory marker), and never a file
-        another user's process still has open for writing (``writing``:
-        ino -> the uids of its writable handles; it is not uploaded
-        mid-write on someone else's request).  What it leaves is counted in
-        the outcome, not named."""
+        files it owns (as the mount shows them) or wrote (``wrote_by``: the
+        uids that opened a file for writing), and those of no file (a delete
+        of a removed name, a directory marker); and never a file another
+        user's process still has open for writing (``writing``: ino -> the
+        uids of its writable handles; it is not uploaded mid-write on
+        someone else's request).  What it leaves is counted in the outcome,
+        not named."""
         inode = await self.namespace.resolve(relpath)
         prefix = self.namespace.key_of(inode) if inode.ino != 1 else ""
         writing = writing or {}
@@ -989,15 +999,21 @@ class Sync:
                     seqs.add(seq)
         outcome = FlushOutcome()
         if uid is not None:
-            seqs = self._users_entries(seqs, uid, writing, outcome)
+            seqs = self._users_entries(seqs, uid, writing, wrote_by or _nobody, outcome)
         await self._wait_entries(seqs)
         outcome.entries = len(seqs)
         return outcome
 
     def _users_entries(
-        self, seqs: set[int], uid: int, writing: dict[int, set[int]], outcome: FlushOutcome
+        self,
+        seqs: set[int],
+        uid: int,
+        writing: dict[int, set[int]],
+        wrote_by: Callable[[int], set[int]],
+        outcome: FlushOutcome,
     ) -> set[int]:
         """The entries of ``seqs`` a flush by ``uid`` may hurry (see ``flush_path``)."""
+        shown_owner = self.config.access.uid  # an access point's fixed owner
         mine = set()
         for seq in seqs:
             entry = self.journal.entries.get(seq)
@@ -1010,7 +1026,8 @@ class Sync:
                 outcome.open_elsewhere += 1
                 continue
             inode = self.open_files.live_inode(ino) or self.meta.get_inode(ino)
-            if inode is not None and inode.uid != uid and uid not in writers:
+            owner = None if inode is None else shown_owner if shown_owner is not None else inode.uid
+            if owner is not None and owner != uid and uid not in wrote_by(ino):
                 outcome.others += 1
                 continue
             mine.add(seq)
