@@ -293,7 +293,8 @@ def _mover_line(mover: dict[str, Any]) -> str:
         return f"{mover['state']}{capped}; {done}"
     share = current["done"] / current["bytes"] if current["bytes"] else 1.0
     return (
-        f"{mover['state']} {current['src']} -> {current['dst'] or 'drop'} {current['path']} "
+        f"{mover['state']} {current['src']} -> {current['dst'] or 'drop'} "
+        f"{current['path'] or '(a file you may not list)'} "
         f"({share:.0%}) at {format_size(int(mover.get('rate') or 0))}/s{capped}; {done}"
     )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from tierfs.control.limits import ControlLimits
 from tierfs.control.protocol import MAX_LINE, encode
 from tierfs.control.server import ControlServer, Peer
 from tierfs.core.names.access import Caller
+from tierfs.meta import ROOT_INO
 from tierfs.workers.pathlists import SpoolBudget
 from tierfs.workers.prefetch import Prefetcher
 from tierfs.workers.preload import Preloader
@@ -338,3 +340,46 @@ def server_thread(s3_store: Any, tmp_path: Path) -> Iterator[tuple[str, list[log
         trio.from_thread.run_sync(box["stop"].cancel, trio_token=box["token"])
         thread.join(30)
         logging.getLogger("tierfs").removeHandler(handler)
+
+
+async def test_status_names_to_a_user_only_the_files_it_may_list(
+    make_fs: Any, tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts of ``status`` that name files (refused uploads, the
+    mover's current file) show a user only what it may list; the last
+    errors, which name keys, are root's to read."""
+    server, path = await serve(nursery, make_fs, tmp_path)
+    fs = server.fs
+    for name, mode, owner in ((b"vic", 0o700, 4243), (b"pub", 0o755, USER)):
+        attrs = await fs.mkdir(ROOT_INO, name, mode, owner, owner)
+        opened, _ = await fs.create(attrs.ino, b"f.bin", 0o600, os.O_WRONLY, owner, owner)
+        await fs.release(opened.fh)
+    real_status = fs.status
+
+    def status(**kw: Any) -> dict[str, Any]:
+        report = real_status(**kw)
+        report["failed"] = [
+            {"path": "vic/f.bin", "reason": "r"},
+            {"path": "pub/f.bin", "reason": "r"},
+        ]
+        report["mover"]["current"] = {
+            "path": "vic/f.bin",
+            "src": "nvme",
+            "dst": "hdd",
+            "bytes": 1,
+            "done": 0,
+        }
+        report["last_sync_error"] = "upload of 'vic/f.bin': refused"
+        return report
+
+    monkeypatch.setattr(fs, "status", status)
+    (reply,) = await ask(path, request_line("status"))
+    mine = reply["result"]
+    assert [item["path"] for item in mine["failed"]] == ["pub/f.bin"]
+    assert mine["mover"]["current"]["path"] is None
+    shown = json.dumps(mine)
+    assert "vic/" not in shown, shown[shown.find("vic") - 200 : shown.find("vic") + 100]
+    server.uid = 0
+    (reply,) = await ask(path, request_line("status"))
+    assert [item["path"] for item in reply["result"]["failed"]] == ["vic/f.bin", "pub/f.bin"]
+    assert reply["result"]["last_sync_error"] == "upload of 'vic/f.bin': refused"

@@ -36,6 +36,7 @@ writes of the counters.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from dataclasses import dataclass, field
 
@@ -198,20 +199,10 @@ class Pace:
                 return
             await trio.sleep((1 - user.tokens) / limits.rate)
 
-    def short(self, uid: int) -> trio.Semaphore | _NoLimit:
-        """What a short request of ``uid`` holds while it runs."""
-        return _NO_LIMIT if uid == 0 else self._user(uid).at_once
+    def short(self, uid: int) -> contextlib.AbstractAsyncContextManager[object]:
+        """What a short request of ``uid`` holds while it runs (root: nothing)."""
+        return contextlib.nullcontext() if uid == 0 else self._user(uid).at_once
 
-
-class _NoLimit:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_LIMIT = _NoLimit()
 
 __all__ = [
     "FD_RESERVE",

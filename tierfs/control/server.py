@@ -47,7 +47,7 @@ from tierfs.control.protocol import MAX_LINE, decode, encode
 from tierfs.core import TierFS
 from tierfs.core.names.access import Caller
 from tierfs.errors import InvalidArgument, NotFound, PermissionDenied, TierfsError, describe
-from tierfs.text import check_label
+from tierfs.text import check_label, shown
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
 from tierfs.workers.prefetch import MAX_ORDER_FILES, OrderKey, Prefetcher
 from tierfs.workers.preload import Preloader, PreloadJob
@@ -66,6 +66,8 @@ DRAIN_BYTES = 4 * 1024 * 1024
 #: fewer than REFUSED_DRAINING_MAX such are read.
 REFUSED_DRAIN_SECONDS = 0.2
 REFUSED_DRAINING_MAX = 32
+#: What a user is shown of an error text that may name other users' files.
+HIDDEN_ERROR = "(in the daemon log; root's tierfs status shows it)"
 #: Seconds between two counts of the quotas' bucket that users (not root)
 #: may ask for (``tierfs quota --walk``).
 USER_WALK_INTERVAL = 30.0
@@ -337,7 +339,9 @@ class ControlServer:
                 self._refused_draining -= 1
 
     @staticmethod
-    async def _close_gently(stream: trio.SocketStream, *, eof: bool, seconds: float = 0.0) -> None:
+    async def _close_gently(
+        stream: trio.SocketStream, *, eof: bool, seconds: float = DRAIN_SECONDS
+    ) -> None:
         """End our side, then read (and drop) what the client still sends,
         briefly: closing a Unix socket with unread data resets the peer,
         which then loses the reply it has not read yet.  ``eof``: the
@@ -346,7 +350,7 @@ class ControlServer:
         if eof:
             return
         drained = 0
-        with trio.move_on_after(seconds or DRAIN_SECONDS):
+        with trio.move_on_after(seconds):
             while drained < DRAIN_BYTES:
                 chunk = await stream.receive_some(65536)
                 if not chunk:
@@ -424,7 +428,26 @@ class ControlServer:
             prefetch["orders"] = [o for o in prefetch["orders"] if o["owner"] == peer.uid]
         status["prefetch"] = prefetch
         status["control"] = self._gate.status()
+        if not peer.is_root:
+            await self._names_for_user(status, peer)
         return status
+
+    async def _names_for_user(self, status: dict[str, Any], peer: Peer) -> None:
+        """What of ``status`` names files is cut to what ``peer`` may list:
+        the files whose uploads were refused, the mover's current file; the
+        last errors (which name keys and files) are root's to read."""
+        visible = self.fs.permissions.visible
+        status["failed"] = await visible(status["failed"], lambda item: item["path"], peer.caller)
+        current = status["mover"].get("current")
+        if current and not await visible([current], lambda item: item["path"], peer.caller):
+            current["path"] = None
+        if status["last_sync_error"]:
+            status["last_sync_error"] = HIDDEN_ERROR
+        if status["endpoint"].get("last_error"):
+            status["endpoint"]["last_error"] = HIDDEN_ERROR
+        for worker in status["workers"].values():
+            if worker.get("last_error"):
+                worker["last_error"] = HIDDEN_ERROR
 
     def _own_preloads(self, peer: Peer) -> list[dict[str, Any]]:
         """The preloads ``peer`` may see: its own (root: all)."""
@@ -806,9 +829,9 @@ def _peer_groups(sock: trio.socket.SocketType) -> list[int]:
 
 
 def _shown(value: object, limit: int = 200) -> str:
-    """``value`` as a user sent it, safe to put in a reply or a log line:
-    ``repr`` (control characters escaped) and cut to ``limit`` characters."""
-    text = repr(value)
+    """``value`` as a user sent it, quoted, safe to put in a reply or a log
+    line (``tierfs.text.shown``) and cut to ``limit`` characters."""
+    text = f"'{shown(value)}'" if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
 

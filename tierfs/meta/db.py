@@ -1082,18 +1082,18 @@ class MetaDB:
                 out.append(bytes(key[8:]))
         return out
 
-    def xattr_bytes(self, ino: int | None = None) -> int:
+    def xattr_bytes(self, ino: int | None = None, *, entry_min: int = 0) -> int:
         """Bytes of names and values of ``ino``'s extended attributes (None:
-        of every inode's)."""
+        of every inode's), each attribute counted as at least ``entry_min``."""
         total = 0
         with self._read() as txn:
             if ino is None:
                 with txn.cursor(db=self._xattrs) as cursor:
                     for key, value in cursor:
-                        total += len(key) - 8 + len(value)
+                        total += max(entry_min, len(key) - 8 + len(value))
             else:
                 for key, value in prefixed(txn, self._xattrs, U64.pack(ino)):
-                    total += len(key) - 8 + len(value)
+                    total += max(entry_min, len(key) - 8 + len(value))
         return total
 
     # --- files that failed their checksums ---------------------------------------------------

@@ -235,7 +235,7 @@ class Namespace:
         when the caller resolved it already.  ``enter(dir inode, path)``:
         whether to go into a directory (the top one too), asked before it
         is listed; a directory it refuses is neither listed nor walked
-        (a caller's rights: ``access.walkable``).
+        (a caller's rights: ``access.Permissions.lister``).
 
         List-ahead (``list_dirs`` only): when the walk descends into a
         subdirectory, the never-listed subdirectories that follow it in the

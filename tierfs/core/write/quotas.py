@@ -453,7 +453,7 @@ class Quotas:
             self._set_now(tracked, tracked.key, inode.size, tracked.files)
 
     def removed(self, inode: Inode, key: str, *, still_open: bool = False) -> None:
-        """``inode`` (at ``key`` until now) left the namespace.  One
+        """``inode`` (at ``key`` until now) left the namespace.  One that is
         ``still_open`` keeps counting where it was, as ext4 charges an
         unlinked file until its last close: its bytes are still on this
         node and its writers may still grow it (checked against the quotas

@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import stat
 import time
 from collections.abc import Callable
@@ -153,6 +154,13 @@ XATTR_VALUE_MAX = 64 * 1024
 XATTR_BYTES_PER_FILE = 64 * 1024
 #: ... and every inode's together.
 XATTR_BYTES_TOTAL = 64 * 1024 * 1024
+#: An attribute counts at least this many bytes against both bounds (as a
+#: filesystem counts an entry's overhead): the total then holds at most
+#: 262,144 attributes, so counting it again is a short pass over LMDB.
+XATTR_ENTRY_MIN = 256
+#: Seconds between two counts of every inode's attributes (a refusal counts
+#: again, to see the attributes of removed files gone, at most this often).
+XATTR_RECOUNT_INTERVAL = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +176,11 @@ def check_name(name: bytes) -> None:
         raise NameNotUtf8(
             f"the name {name!r} is not UTF-8: object keys are UTF-8, so the bucket cannot hold it"
         ) from None
+
+
+def _xattr_cost(name: bytes, value: bytes) -> int:
+    """What an extended attribute counts against the bounds."""
+    return max(XATTR_ENTRY_MIN, len(name) + len(value))
 
 
 def check_not_reserved(parent: int, name: bytes) -> None:
@@ -219,8 +232,10 @@ class FileWrites:
         self.handles = handles
         self.sync = sync
         self.control_xattr = control_xattr
-        #: Bytes of every inode's extended attributes (None: count them again).
+        #: Bytes of every inode's extended attributes (None: not counted yet),
+        #: and when they were last counted (``_xattr_growth``).
         self._xattr_total: int | None = None
+        self._xattr_counted_at = -math.inf
         #: Unlinked files still in use: deleted when the last user lets go.
         self._orphans = journal.orphans
         self.access_times = access_times
@@ -848,22 +863,28 @@ class FileWrites:
 
     def _xattr_growth(self, ino: int, name: bytes, value: bytes) -> int:
         """The bytes the attribute adds (an attribute replaced frees its old
-        value first); NoSpace if it would take the inode past
-        ``XATTR_BYTES_PER_FILE`` or every inode's past ``XATTR_BYTES_TOTAL``.
-        The running total is counted once and kept; removed inodes leave it
-        high until it is counted again, which a refusal does first.  No
+        value first; each counts at least ``XATTR_ENTRY_MIN``); NoSpace if it
+        would take the inode past ``XATTR_BYTES_PER_FILE`` or every inode's
+        past ``XATTR_BYTES_TOTAL``.  The running total is counted once and
+        kept; removed files leave it high until it is counted again, which a
+        refusal does first, at most every ``XATTR_RECOUNT_INTERVAL``.  No
         await: the check and the write that follows are one step of the loop."""
         old = self.meta.get_xattr(ino, name)
-        grows = len(name) + len(value) - (0 if old is None else len(name) + len(old))
+        grows = _xattr_cost(name, value) - (0 if old is None else _xattr_cost(name, old))
         if grows <= 0:
             return grows
-        if self.meta.xattr_bytes(ino) + grows > XATTR_BYTES_PER_FILE:
+        if self.meta.xattr_bytes(ino, entry_min=XATTR_ENTRY_MIN) + grows > XATTR_BYTES_PER_FILE:
             raise NoSpace(
                 f"no room for more extended attributes on this file "
                 f"(at most {XATTR_BYTES_PER_FILE} bytes of names and values per file)"
             )
-        if self._xattr_total is None or self._xattr_total + grows > XATTR_BYTES_TOTAL:
-            self._xattr_total = self.meta.xattr_bytes()
+        now = time.monotonic()
+        if self._xattr_total is None or (
+            self._xattr_total + grows > XATTR_BYTES_TOTAL
+            and now - self._xattr_counted_at >= XATTR_RECOUNT_INTERVAL
+        ):
+            self._xattr_total = self.meta.xattr_bytes(entry_min=XATTR_ENTRY_MIN)
+            self._xattr_counted_at = now
         if self._xattr_total + grows > XATTR_BYTES_TOTAL:
             raise NoSpace(
                 f"the mount's extended attributes hold {self._xattr_total} bytes, "
@@ -882,4 +903,4 @@ class FileWrites:
         if not removed:
             raise NoData(name.decode(errors="replace"))
         if self._xattr_total is not None and old is not None:
-            self._xattr_total = max(0, self._xattr_total - len(name) - len(old))
+            self._xattr_total = max(0, self._xattr_total - _xattr_cost(name, old))
