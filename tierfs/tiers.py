@@ -95,6 +95,30 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         written += os.pwrite(fd, view[written:], offset + written)
 
 
+#: A cache file's copy being made (``Tier.replace_with_copy``) has this suffix.
+COPY_SUFFIX = ".copy"
+
+
+def copy_range(src: int, dst: int, offset: int, length: int) -> None:
+    """Copy ``length`` bytes at ``offset`` of ``src`` to the same offset of
+    ``dst`` (in the kernel, a reflink where the filesystem has them); bytes
+    past ``src``'s end are left as holes."""
+    end = offset + length
+    while offset < end:
+        try:
+            n = os.copy_file_range(src, dst, end - offset, offset, offset)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            data = os.pread(src, min(end - offset, 1 << 20), offset)
+            n = len(data)
+            if n:
+                pwrite_all(dst, data, offset)
+        if n == 0:
+            return  # the source ends here
+        offset += n
+
+
 class Tier:
     """One cache tier.  Methods are synchronous and cheap, except ``remove``,
     ``copy`` style bulk work, which callers run in threads."""
@@ -209,6 +233,57 @@ class Tier:
             return False
         raise OSError(err, os.strerror(err))
 
+    def file_id(self, ino: int) -> int | None:
+        """The cache file's own inode number (None: there is none), which
+        tells it from a later file at the same path."""
+        try:
+            return os.stat(self._relpath(ino), dir_fd=self._dir_fd, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            return None
+
+    def open_for_reader(self, ino: int) -> tuple[int, os.stat_result] | None:
+        """A read-only fd on the cache file, for a reader outside the daemon
+        (``tierfs.core.read.leases``), and its stat; None if there is none."""
+        try:
+            fd = os.open(
+                self._relpath(ino), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd
+            )
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise TierfsError(f"tier {self.name}: cache file of inode {ino} is not a file")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def replace_with_copy(self, ino: int, ranges: list[tuple[int, int]]) -> None:
+        """Thread: put a copy of the cache file's ``ranges`` (offset, length)
+        at its path, in place of the file (which lives on, unlinked, for
+        whoever holds it open).  The copy is made under a temporary name
+        and renamed over the path, so the path always names a whole file."""
+        rel = self._relpath(ino)
+        tmp = rel + COPY_SUFFIX
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=self._dir_fd)
+        src = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        try:
+            dst = os.open(tmp, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=self._dir_fd)
+            try:
+                os.ftruncate(dst, os.fstat(src).st_size)
+                for offset, length in ranges:
+                    copy_range(src, dst, offset, length)
+            except BaseException:
+                os.close(dst)
+                os.unlink(tmp, dir_fd=self._dir_fd)
+                raise
+            os.close(dst)
+            os.rename(tmp, rel, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        finally:
+            os.close(src)
+
     def remove_file(self, ino: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._relpath(ino), dir_fd=self._dir_fd)
@@ -222,6 +297,12 @@ class Tier:
             except NotADirectoryError:
                 continue
             out.extend(int(n) for n in names if n.isdigit())
+            for name in names:
+                if name.endswith(COPY_SUFFIX):  # a copy a crash left half made
+                    leftover = os.path.join(str(self.path), "data", fan, name)
+                    with contextlib.suppress(OSError):
+                        if os.stat(leftover).st_mtime < time.time() - 60:
+                            os.unlink(leftover)
         return out
 
     def close(self) -> None:

@@ -322,6 +322,7 @@ class Daemon:
             sock_path,
             mountpoint=mountpoint,
             limits=ControlLimits.for_open_files(open_files),
+            audit=self.audit,
         )
         log.info(
             "open-file limit %d; control connections: %d per user, %d in all (root %d more)",

@@ -54,7 +54,7 @@ FD_RESERVE = 1024
 
 @dataclass(frozen=True)
 class ControlLimits:
-    per_user: int = 64
+    per_user: int = 256
     total: int = 1024
     root: int = 256
     request_deadline: float = 10.0

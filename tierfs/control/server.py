@@ -26,6 +26,7 @@ never stops the server.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import itertools
@@ -44,10 +45,12 @@ import trio
 from tierfs import __version__
 from tierfs.control.limits import ConnectionGate, ControlLimits, LineBudget, Pace
 from tierfs.control.protocol import MAX_LINE, decode, encode
+from tierfs.control.readers import ReaderSession
 from tierfs.core import TierFS
 from tierfs.core.names.access import Caller
 from tierfs.errors import InvalidArgument, NotFound, PermissionDenied, TierfsError, describe
 from tierfs.text import check_label, shown
+from tierfs.workers.audit import AuditLog
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
 from tierfs.workers.prefetch import MAX_ORDER_FILES, OrderKey, Prefetcher
 from tierfs.workers.preload import Preloader, PreloadJob
@@ -82,6 +85,8 @@ class Peer:
 
     pid: int
     caller: Caller
+    #: The primary group (for the audit log).
+    gid: int = -1
 
     @property
     def uid(self) -> int:
@@ -175,6 +180,27 @@ class ControlCall:
             f"no line of the list came for {self._limits.line_deadline:g} s; the request ends"
         )
 
+    async def receive_idle(self) -> dict[str, Any] | None:
+        """The next line the client sends, however long it takes (None: it
+        closed): for a connection that waits idle by design (a reader's)."""
+        line = await self._reader.line()
+        return None if line is None else decode(line)
+
+    async def send_with_fds(self, message: dict[str, Any], fds: list[int]) -> None:
+        """Send one line with ``fds`` passed along (``SCM_RIGHTS``, with its
+        first bytes); the caller still owns and closes its copies."""
+        data = encode(message)
+        async with self._send_lock:
+            with trio.move_on_after(self._limits.send_deadline):
+                sent = 0
+                if fds:
+                    sent = await self._stream.socket.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                await self._stream.send_all(data[sent:])
+                return
+            raise trio.BrokenResourceError("the client took nothing for the send deadline")
+
     async def wait_closed(self) -> None:
         """Return once the client closed its side (anything more it sends
         is ignored)."""
@@ -205,8 +231,11 @@ class ControlServer:
         *,
         mountpoint: Path,
         limits: ControlLimits | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.fs = fs
+        #: The audit log: a reader's open is recorded as the mount's would be.
+        self.audit = audit
         self.socket_path = socket_path
         self.mountpoint = mountpoint
         #: What one user may make the server hold (``tierfs.control.limits``).
@@ -236,6 +265,7 @@ class ControlServer:
         }
         self._streaming: dict[str, StreamingHandler] = {"preload": self._preload}
         self._streaming["prefetch"] = self._prefetch
+        self._streaming["reader"] = self._reader
         #: The preload worker (set by the daemon when it starts it).
         self.preloader: Preloader | None = None
         #: The prefetch worker (set by the daemon when it starts it).
@@ -280,7 +310,7 @@ class ControlServer:
         sock = stream.socket
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, gid = struct.unpack("3i", creds)
-        return Peer(pid, Caller(uid, frozenset({gid, *_peer_groups(sock)})))
+        return Peer(pid, Caller(uid, frozenset({gid, *_peer_groups(sock)})), gid)
 
     def _peer_refused(self, peer: Peer, op: object) -> str | None:
         """Why the peer may not run ``op`` (None: it may).  Every local user
@@ -688,6 +718,25 @@ class ControlServer:
         finally:
             prefetcher.end(key, summary["id"])
         return summary
+
+    async def _reader(self, args: dict[str, Any], call: ControlCall) -> Any:
+        """A reader connection of ``tierfs.client`` (``readers``): lines of
+        files to hand out, answered with their descriptors, until the
+        client closes; its leases end with it."""
+        session = ReaderSession(
+            self.fs,
+            call.peer.caller,
+            pid=call.peer.pid,
+            gid=call.peer.gid,
+            connection=next(self._connections),
+            mountpoint=str(self.mountpoint),
+            prefetcher=self.prefetcher,
+            audit=self.audit,
+        )
+        try:
+            return await session.serve(call.receive_idle, call.send_with_fds)
+        except trio.BrokenResourceError:
+            return {"answered": None}
 
     async def _prefetch_clear(self, args: dict[str, Any], peer: Peer) -> Any:
         """End prefetch orders: the caller's of job ``job`` ("": no job

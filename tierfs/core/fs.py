@@ -78,6 +78,8 @@ from .read.blockcache import BlockCache
 from .read.buffers import RecentBlocks
 from .read.fetcher import Fetcher, Origin
 from .read.handles import Handles
+from .read.handout import HandOut
+from .read.leases import ReaderLeases
 from .read.openfiles import OpenFiles
 from .read.sharedtier import SharedOrigin, SharedTier
 from .reports import Reports
@@ -167,11 +169,14 @@ class TierFS:
         self._orphans = self.journal.orphans
         self.clock = Clock()
         self.tasks = BackgroundTasks(self.supervisor)
+        #: Tier files handed out to readers outside the daemon (``hand_out``).
+        self.leases = ReaderLeases(tiers)
         self.open_files = OpenFiles(
             meta,
             tiers,
             RecentBlocks.sized_for(config.fetch.block_size, config.fetch.readahead_max),
             self.journal,
+            self.leases,
         )
         self.keys = InodeKeys(
             meta,
@@ -361,6 +366,22 @@ class TierFS:
             open_for_write=self.handles.open_for_writing,
         )
 
+        #: Warm files' tier files for ``tierfs.client.open`` (``read.handout``).
+        self.handout = HandOut(
+            meta,
+            self.namespace,
+            self.permissions,
+            self.journal,
+            self.open_files,
+            self.blocks,
+            self.handles,
+            self.space,
+            self.access_times,
+            block_size=config.fetch.block_size,
+            revalidation_expired=self._revalidation_expired,
+            invalidate_kernel_cache=invalidate_kernel_cache,
+        )
+
         self.upkeep = Upkeep(
             meta, tiers, self.open_files, self.space, self.access_times, self.fetcher.buffers
         )
@@ -387,6 +408,7 @@ class TierFS:
         )
         #: Extra sections of ``status()`` (``Reports``).
         self.status_sections = self.reports.status_sections
+        self.status_sections["readers"] = self.leases.status
 
         # Events that climb up: each goes to the parts that follow it.
         self.open_files.idle_listeners.append(self.writes.file_idle)

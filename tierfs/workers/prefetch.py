@@ -660,6 +660,29 @@ class Prefetcher:
 
     # --- following the readers ---------------------------------------------------------
 
+    def following(
+        self, uid: int, ino: int, spans: list[tuple[int, int]]
+    ) -> tuple[int | None, list[tuple[int, int]]]:
+        """For a reader of ``uid`` opening ``ino``: its position in the
+        first of that user's orders that lists it, and the files at
+        ``position + offset`` for ``count`` positions of each span, as
+        (position, ino) (the descriptors a reader gets ahead,
+        ``tierfs.control.readers``).
+        (None, []) when no order of the user lists it."""
+        for follower in self.followers.values():
+            if follower.key.uid != uid:
+                continue
+            position = follower.position_of(ino)
+            if position is None:
+                continue
+            inos = follower.order.inos
+            wanted: list[tuple[int, int]] = []
+            for offset, count in spans:
+                start = max(0, position + offset)
+                wanted.extend((p, inos[p]) for p in range(start, min(len(inos), start + count)))
+            return position, wanted
+        return None, []
+
     def opened(self, ino: int) -> None:
         """An open of ``ino`` (synchronous, from ``Handles.open``)."""
         moved = False

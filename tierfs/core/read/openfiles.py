@@ -50,6 +50,7 @@ from ..write.journal import Journal
 from .buffers import RecentBlocks
 from .digests import BlockHasher
 from .fetch_slots import FetchPriority
+from .leases import ReaderLeases
 
 
 class Flight:
@@ -95,6 +96,13 @@ class CachedFile:
     #: now are that open's use, not a fetch nobody asked for yet
     #: (``SpaceManager.block_added(used=...)``).
     opened: bool = False
+    #: Fds of cache files replaced under the file (``OpenFiles.unshare``,
+    #: ``content_changed``): a thread may still be using one, so they are
+    #: closed with the file, not when replaced.
+    retired_fds: list[int] = field(default_factory=list)
+    #: Set while ``OpenFiles.unshare`` copies a leased tier file: no byte
+    #: of the file changes until it is done.
+    unsharing: trio.Event | None = None
 
     @property
     def ino(self) -> int:
@@ -124,11 +132,14 @@ class OpenFiles:
         tiers: list[Tier],
         recent: RecentBlocks,
         journal: Journal,
+        leases: ReaderLeases | None = None,
     ) -> None:
         self.meta = meta
         self.tiers = tiers
         self.recent = recent
         self.journal = journal
+        #: Tier files handed out to readers outside the daemon.
+        self.leases = leases if leases is not None else ReaderLeases(tiers)
         self.files: dict[int, CachedFile] = {}
         self.stats = ReadStats(tier_hit_blocks=[0] * len(tiers))
         #: Called with an inode number once nothing uses its CachedFile any
@@ -172,6 +183,9 @@ class OpenFiles:
             if direct is not None:
                 os.close(direct)
         cf.direct_fds.clear()
+        for fd in cf.retired_fds:
+            os.close(fd)
+        cf.retired_fds.clear()
         self.recent.forget(cf.ino)
         if self.files.get(cf.ino) is cf:
             del self.files[cf.ino]
@@ -222,8 +236,13 @@ class OpenFiles:
             cf.transient.clear()
             cf.hashers.clear()
             cf.contended.update(cf.writing)
-            for fd in cf.fds.values():
-                os.ftruncate(fd, 0)
+            for tier, fd in list(cf.fds.items()):
+                if self.leases.leased(tier, ino):
+                    # A reader holds this file: never truncated under it.
+                    self.tiers[tier].remove_file(ino)
+                    self.retire_cache_fds(cf, tier)
+                else:
+                    os.ftruncate(fd, 0)
             if inode is not None:
                 cf.inode = inode
             return
@@ -234,6 +253,10 @@ class OpenFiles:
 
     def mark_verified(self, ino: int, blockno: int) -> None:
         self._verified.add((ino, blockno))
+
+    def verified(self, ino: int, blockno: int) -> bool:
+        """Was the block checked (or written and checked) in this mount?"""
+        return (ino, blockno) in self._verified
 
     def forget_verified(self, ino: int, blocknos: Iterable[int]) -> None:
         """These blocks moved or changed: check each again on its first read."""
@@ -285,12 +308,57 @@ class OpenFiles:
         return fd
 
     @staticmethod
+    def retire_cache_fds(cf: CachedFile, tier: int) -> None:
+        """``cf``'s fds on ``tier`` name a file no longer at its path: the
+        next use opens the path again; these close with ``cf``."""
+        for fds in (cf.fds, cf.direct_fds):
+            fd = fds.pop(tier, None)
+            if fd is not None:
+                cf.retired_fds.append(fd)
+
+    async def unshare(self, cf: CachedFile) -> None:
+        """Before the first byte of ``cf`` changes here: replace each of its
+        tier files that a reader holds (``leases``) with a copy, so the
+        reader keeps the bytes it opened.  A second caller waits for the
+        first; the copy runs in a thread."""
+        while cf.unsharing is not None:
+            await cf.unsharing.wait()
+        tiers = self.leases.leased_tiers(cf.ino)
+        if not tiers:
+            return
+        cf.unsharing = done = trio.Event()
+        try:
+            for tier in tiers:
+                ranges = block_ranges(
+                    [(b, rec.nbytes) for b, rec in cf.blocks.items() if rec.tier == tier],
+                    self.recent.pool.block_size,
+                )
+                await trio.to_thread.run_sync(self.tiers[tier].replace_with_copy, cf.ino, ranges)
+                self.retire_cache_fds(cf, tier)
+                self.leases.unshared += 1
+        finally:
+            cf.unsharing = None
+            done.set()
+
+    @staticmethod
     def close_cache_fds(cf: CachedFile, tier: int) -> None:
         """Close ``cf``'s fds on ``tier`` (the next use opens the file again)."""
         for fds in (cf.fds, cf.direct_fds):
             fd = fds.pop(tier, None)
             if fd is not None:
                 os.close(fd)
+
+
+def block_ranges(blocks: list[tuple[int, int]], block_size: int) -> list[tuple[int, int]]:
+    """(offset, length) runs of the blocks ``(blockno, nbytes)``, neighbours joined."""
+    runs: list[tuple[int, int]] = []
+    for blockno, nbytes in sorted(blocks):
+        offset = blockno * block_size
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + nbytes)
+        else:
+            runs.append((offset, nbytes))
+    return runs
 
 
 async def wait_flights(cf: CachedFile, waits: Iterable[Flight]) -> None:

@@ -94,7 +94,9 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    meanwhile goes elsewhere, never into the file being unlinked.  The
    unlink waits for the commit of the switch (step 5).  Otherwise the moved
    ranges are punched out of it (``Tier.punch_hole``), before ``relocate``
-   returns, after committing the switch if no commit did yet.
+   returns, after committing the switch if no commit did yet; unless a
+   reader outside the daemon holds that file (``leases``): its bytes then
+   stay, unindexed, until the file is dropped.
 
 Crash safety (kill -9 at any point; states as LMDB has them after the
 last commit, and the cache files):
@@ -749,6 +751,10 @@ class DataMovement:
                 self._old_copies_queued.set()
             else:
                 await self._unlink_old_copies([old])
+            return
+        if self.open_files.leases.leased(src, cf.ino):
+            # A reader holds this file: its bytes stay (unindexed space
+            # until the file is dropped), never punched under the reader.
             return
         if self.meta.commits <= switched_before:
             self.meta.commit()  # nothing is punched before the switch is on disk

@@ -688,7 +688,11 @@ class FileWrites:
     # --- data --------------------------------------------------------------------------------------
 
     async def _make_dirty(self, cf: CachedFile) -> None:
-        """CLEAN -> DIRTY, committed before the first byte changes."""
+        """CLEAN -> DIRTY, committed before the first byte changes.  A tier
+        file of it that a reader holds is replaced by a copy first
+        (``OpenFiles.unshare``; a write that comes meanwhile waits here)."""
+        if cf.unsharing is not None or cf.inode.state == SyncState.CLEAN:
+            await self.open_files.unshare(cf)
         if cf.inode.state != SyncState.CLEAN:
             return
         cf.inode.state = SyncState.DIRTY
