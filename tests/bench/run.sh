@@ -24,6 +24,10 @@
 #   bash tests/bench/run.sh audit [bench_audit.py options]  # the audit log's cost on small
 #                                      # files: warm open+read+close, create+write+close,
 #                                      # with and without [audit] (root; the venv only)
+#   bash tests/bench/run.sh fastread [bench_fastread.py options]  # warm reads through
+#                                      # tierfs.client.open vs the mount vs a local copy:
+#                                      # a DataLoader epoch, torch.load, a 1 GiB file
+#                                      # (root; the venv only)
 #   bash tests/bench/run.sh [read|write|preload|meta] --help  # options of that bench
 #
 # On demand only, never in CI.  Run as root on Debian 12 (drop_caches, FUSE
@@ -75,6 +79,13 @@ case ${1:-} in
             fi
         done
         exec .venv/bin/python "$BENCH_DIR/bench_lifecycle.py" "$@"
+        ;;
+    fastread)
+        # Fast reads (tierfs.client.open) vs the mount and a local copy: a real mount
+        # over a file:// backing, torch from the venv.
+        shift
+        [[ -x .venv/bin/python ]] || bash scripts/install.sh
+        exec .venv/bin/python "$BENCH_DIR/bench_fastread.py" "$@"
         ;;
     audit)
         # The audit log's cost on small files: real mounts over a file:// backing.

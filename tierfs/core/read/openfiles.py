@@ -236,13 +236,14 @@ class OpenFiles:
             cf.transient.clear()
             cf.hashers.clear()
             cf.contended.update(cf.writing)
-            for tier, fd in list(cf.fds.items()):
+            for tier in sorted(set(tiers) | set(cf.fds)):
                 if self.leases.leased(tier, ino):
-                    # A reader holds this file: never truncated under it.
+                    # A reader holds this file: never truncated under it
+                    # (nor filled again with the new content: a new file).
                     self.tiers[tier].remove_file(ino)
                     self.retire_cache_fds(cf, tier)
-                else:
-                    os.ftruncate(fd, 0)
+                elif tier in cf.fds:
+                    os.ftruncate(cf.fds[tier], 0)
             if inode is not None:
                 cf.inode = inode
             return
