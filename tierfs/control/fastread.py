@@ -46,6 +46,7 @@ import errno
 import io
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -184,14 +185,21 @@ class ReaderConnection:
             self._sock.close()
             raise
         self._buffer = bytearray()
+        #: Descriptors received, in order; each reply takes its own from the front.
         self._fds: collections.deque[int] = collections.deque()
         self._cache: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._closes: list[int] = []
         self._sent_at = time.monotonic()
+        #: Replies owed for requests sent without waiting (the next run's).
+        self._pending = 0
         self._last_position: int | None = None
         self._run_start: int | None = None
         self._run_length: int | None = None
+        self._stride: int | None = None
+        #: The furthest run start asked for ahead.
+        self._asked_to = -1
         self.broken = False
+        self.why = ""
         #: Counters, for tests and benchmarks.
         self.hits = 0
         self.asked = 0
@@ -204,53 +212,98 @@ class ReaderConnection:
         with self._lock:
             if self.broken:
                 return None
-            entry = self._cache.pop(relpath, None)
-            if entry is not None and time.monotonic() - entry.at > CACHE_SECONDS:
-                self._drop(entry)
-                entry = None
-            if entry is not None:
-                self.hits += 1
-            else:
-                entry = self._ask(relpath)
+            try:
+                entry = self._cached(relpath)
+                if entry is None and self._pending:
+                    self._collect(wait=True)  # it may be in the reply on its way
+                    entry = self._cached(relpath)
+                if entry is not None:
+                    self.hits += 1
+                    self._follow(entry.position)
+                    self._ask_next_run(relpath, entry.position)
+                else:
+                    entry = self._ask(relpath)
+                    if entry is None:
+                        self.via_mount += 1
+                        return None
+                    self._follow(entry.position)
+            except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+                self._break(exc)
                 if entry is None:
-                    self.via_mount += 1
                     return None
-            self._follow(entry.position)
         lease, size = entry.lease, entry.size
         raw = TierFile(entry.fd, size, shown_name, lambda: self._closed(lease, size))
         return io.BufferedReader(raw)  # type: ignore[return-value]
 
+    def _cached(self, relpath: str) -> _Entry | None:
+        entry = self._cache.pop(relpath, None)
+        if entry is not None and time.monotonic() - entry.at > CACHE_SECONDS:
+            self._drop(entry)
+            return None
+        return entry
+
+    def _spans(self) -> list[list[int]]:
+        """What to ask for with a miss: the rest of this run and the next."""
+        if self._run_length is None or self._stride is None:
+            return [[1, DEFAULT_AHEAD]]
+        rest = min(self._run_length - 1, MAX_AHEAD)
+        spans = [[1, rest]] if rest > 0 else []
+        spans.append([self._stride, min(self._run_length, MAX_AHEAD - rest)])
+        return spans
+
     def _ask(self, relpath: str) -> _Entry | None:
         """One round trip: ``relpath`` and the files ahead of it."""
-        ahead = DEFAULT_AHEAD if self._run_length is None else self._run_length - 1
-        request: dict[str, Any] = {"open": [relpath]}
-        if ahead > 0:
-            request["ahead"] = [[1, min(ahead, MAX_AHEAD)]]
+        self._collect(wait=True)  # replies owed come first, in order
+        request: dict[str, Any] = {"open": [relpath], "ahead": self._spans()}
         if self._closes:
             request["close"], self._closes = self._closes, []
-        try:
-            self._send(request)
-            reply, fds = self._receive()
-        except (OSError, ValueError) as exc:
-            self._break(exc)
-            return None
+        self._send(request)
+        reply = self._receive()
         if "files" not in reply:  # refused at the door, or a malformed line
             self._break(reply.get("error", reply))
-            for fd in fds:
-                os.close(fd)
             return None
-        try:
-            return self._take(reply, fds)
-        except (KeyError, IndexError, TypeError) as exc:  # not the daemon we know
-            for fd in fds:
-                os.close(fd)
-            self._break(f"malformed reply: {exc!r}")
-            return None
+        mine = self._take(reply)
+        position = reply.get("position")
+        if position is not None and self._stride is not None:
+            self._asked_to = position + self._stride
+        return mine
 
-    def _take(self, reply: dict[str, Any], fds: list[int]) -> _Entry | None:
-        """The opened file's entry; the ahead ones go to the cache."""
-        if len(fds) != sum("fd" in item for item in reply["files"] + reply.get("ahead", [])):
-            raise IndexError("descriptors and entries do not match")
+    def _ask_next_run(self, relpath: str, position: int | None) -> None:
+        """At the start of a run read from the cache, ask (without waiting)
+        for the run after the next one asked for: the daemon works on it
+        while this process reads."""
+        if (
+            position is None
+            or self._stride is None
+            or self._run_length is None
+            or position != self._run_start
+            or position + self._stride <= self._asked_to
+        ):
+            return
+        self._send({"anchor": relpath, "ahead": [[self._stride, self._run_length]]})
+        self._pending += 1
+        self._asked_to = position + self._stride
+
+    def _collect(self, *, wait: bool) -> None:
+        """Take the replies owed (all of them, waiting if ``wait``; else
+        those already here)."""
+        while self._pending:
+            reply = self._receive(wait=wait)
+            if reply is None:
+                return
+            self._pending -= 1
+            if "files" not in reply:
+                raise ValueError(f"the daemon refused: {reply.get('error', reply)}")
+            self._take(reply)
+
+    def _take(self, reply: dict[str, Any]) -> _Entry | None:
+        """The opened file's entry, if any; the ahead ones go to the cache.
+        The reply's descriptors are the next ones received, in order."""
+        items = [*reply["files"], *reply.get("ahead", [])]
+        count = sum("fd" in item for item in items)
+        if count > len(self._fds):
+            raise IndexError("fewer descriptors came than the reply names")
+        fds = [self._fds.popleft() for _ in range(count)]
         now = time.monotonic()
         position = reply.get("position")
         mine: _Entry | None = None
@@ -275,34 +328,36 @@ class ReaderConnection:
         self.asked += 1
         return mine
 
-    def _receive(self) -> tuple[dict[str, Any], list[int]]:
-        """One reply line and the descriptors that came with it."""
+    def _receive(self, *, wait: bool = True) -> Any:
+        """The next reply line (None if ``wait`` is false and none is
+        complete yet); the descriptors that came go to ``_fds``."""
         while True:
             newline = self._buffer.find(b"\n")
             if newline >= 0:
                 line = bytes(self._buffer[:newline])
                 del self._buffer[: newline + 1]
-                fds = list(self._fds)
-                self._fds.clear()
-                return json.loads(line), fds
-            data, fds, flags, _addr = socket.recv_fds(
+                return json.loads(line)
+            if not wait and not select.select([self._sock], [], [], 0)[0]:
+                return None
+            data, fds, msg_flags, _addr = socket.recv_fds(
                 self._sock, 1 << 16, _MAX_FDS, socket.MSG_CMSG_CLOEXEC
             )
             self._fds.extend(fds)
-            if flags & socket.MSG_CTRUNC:
+            if msg_flags & socket.MSG_CTRUNC:
                 raise OSError(errno.EMSGSIZE, "descriptors were lost in transit")
             if not data:
                 raise OSError(errno.ECONNRESET, "the tierfs daemon closed the connection")
             self._buffer += data
 
     def _follow(self, position: int | None) -> None:
-        """Learn the run length from the positions opened."""
+        """Learn the run length and the stride from the positions opened."""
         if position is None:
             return
         last = self._last_position
         if last is None or position != last + 1:
             if last is not None and self._run_start is not None and position > last:
                 self._run_length = max(1, last - self._run_start + 1)
+                self._stride = position - self._run_start
             self._run_start = position
         self._last_position = position
 

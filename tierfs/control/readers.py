@@ -21,6 +21,9 @@ descriptors of the files handed out passed along (``SCM_RIGHTS``)::
   order (``tierfs.client``: the runs and the stride a DataLoader worker
   reads) gets the descriptors of its next files in the same reply.  Files
   that cannot be handed out are left out silently.
+* ``anchor`` (instead of ``open``): a path the spans count from, not
+  opened; a client asks this way, without waiting for the reply, for its
+  next run while it reads the current one.
 * ``close``: leases the client is done with (it closed their descriptors).
   A line with nothing but ``close`` gets no reply (the client sends it
   when it closes a large file, or every ``CLOSE_BATCH`` closes, without
@@ -40,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -55,6 +59,8 @@ from tierfs.workers.prefetch import Prefetcher
 MAX_FILES = 128
 #: Leases one line may end.
 MAX_CLOSES = 4096
+#: The caller's search rights on directories are reused this long (ahead files).
+SEARCHABLE_SECONDS = 1.0
 #: An offset of an ``ahead`` span, at most (either way).
 MAX_OFFSET = 1 << 20
 _READ_ONLY_FIELDS = open_fields(os.O_RDONLY)
@@ -83,6 +89,9 @@ class ReaderSession:
         self.mountpoint = mountpoint
         self.prefetcher = prefetcher
         self.audit = audit
+        #: Directories this caller may search (``_searchable``).
+        self._dirs: dict[int, bool] = {}
+        self._searchable_since = time.monotonic()
 
     async def serve(
         self,
@@ -115,12 +124,18 @@ class ReaderSession:
         caller closes them once sent).  A malformed line changes nothing
         and is answered with its error."""
         try:
-            paths, spans, closes = _parse(message, self.mountpoint)
+            paths, spans, closes, anchor = _parse(message, self.mountpoint)
         except InvalidArgument as exc:
             return {"error": str(exc), "errno": exc.errno}, []
         for ident in closes:
             self.fs.leases.end(ident, self.connection)
         fds: list[int] = []
+        if anchor is not None:  # where the spans count from, not opened
+            try:
+                inode = await self.fs.permissions.readable(anchor, self.caller)
+            except TierfsError as exc:
+                return {"files": [], "ahead": [], "why": str(exc)}, []
+            return {"files": [], **await self._ahead(inode.ino, spans, 0, fds)}, fds
         files: list[dict[str, Any]] = []
         first_ino: int | None = None
         for relpath in paths:
@@ -129,32 +144,46 @@ class ReaderSession:
             if first_ino is None:
                 first_ino = ino
         reply: dict[str, Any] = {"files": files}
-        if spans and first_ino is not None and self.prefetcher is not None:
-            position, inos = self.prefetcher.following(self.caller.uid, first_ino, spans)
-            reply["position"] = position
-            ahead: list[dict[str, Any]] = []
-            for at, ino in inos[: MAX_FILES - len(paths)]:
-                try:
-                    relpath = self.fs.path_of(ino)
-                except TierfsError:
-                    continue
-                entry, handed = await self._one(relpath, fds, quiet=True)
-                if handed is not None:
-                    entry["position"] = at
-                    ahead.append(entry)
-            reply["ahead"] = ahead
+        if spans and first_ino is not None:
+            reply.update(await self._ahead(first_ino, spans, len(paths), fds))
         return reply, fds
 
-    async def _one(
-        self, relpath: str, fds: list[int], *, quiet: bool = False
-    ) -> tuple[dict[str, Any], int | None]:
+    async def _ahead(
+        self, ino: int, spans: list[tuple[int, int]], taken: int, fds: list[int]
+    ) -> dict[str, Any]:
+        """``position`` of ``ino`` in the caller's order and the files of
+        ``spans`` from it that can be handed out (``ahead``)."""
+        reply: dict[str, Any] = {}
+        if self.prefetcher is not None:
+            position, inos = self.prefetcher.following(self.caller.uid, ino, spans)
+            reply["position"] = position
+            wanted = inos[: MAX_FILES - taken]
+            positions = {ino: at for at, ino in wanted}
+            ahead: list[dict[str, Any]] = []
+            for relpath, outcome in await self.fs.handout.hand_out_ahead(
+                [ino for _at, ino in wanted], self.caller, self.connection, self._searchable()
+            ):
+                self._record(relpath, 0)
+                fds.append(outcome.fd)
+                ahead.append(
+                    {
+                        "path": relpath,
+                        "size": outcome.size,
+                        "lease": outcome.lease,
+                        "fd": len(fds) - 1,
+                        "position": positions[outcome.ino],
+                    }
+                )
+            reply["ahead"] = ahead
+        return reply
+
+    async def _one(self, relpath: str, fds: list[int]) -> tuple[dict[str, Any], int | None]:
         """Hand out ``relpath``: its entry and inode (None: not handed out);
         its descriptor is appended to ``fds``."""
         try:
             outcome = await self.fs.handout.hand_out(relpath, self.caller, self.connection)
         except TierfsError as exc:
-            if not quiet:
-                self._record(relpath, exc.errno)
+            self._record(relpath, exc.errno)
             text = describe(exc) if exc.errno in (errno.ENOENT, errno.ENOTDIR) else str(exc)
             return {"path": relpath, "via": "mount", "why": text}, None
         if not isinstance(outcome, Handed):
@@ -163,6 +192,16 @@ class ReaderSession:
         fds.append(outcome.fd)
         entry = {"path": relpath, "size": outcome.size, "lease": outcome.lease, "fd": len(fds) - 1}
         return entry, outcome.ino
+
+    def _searchable(self) -> dict[int, bool]:
+        """The caller's search rights per directory, as found in the last
+        ``SEARCHABLE_SECONDS`` (the kernel, too, checks a path against the
+        attributes it cached for ``list_ttl``)."""
+        now = time.monotonic()
+        if now - self._searchable_since > SEARCHABLE_SECONDS or len(self._dirs) > 65536:
+            self._dirs = {}
+            self._searchable_since = now
+        return self._dirs
 
     def _end(self, closes: object) -> None:
         if isinstance(closes, list) and len(closes) <= MAX_CLOSES:
@@ -189,9 +228,17 @@ class ReaderSession:
 
 def _parse(
     message: dict[str, Any], mountpoint: str
-) -> tuple[list[str], list[tuple[int, int]], list[int]]:
-    """The line's paths (normalised), ahead spans and leases to end; any
-    malformed part raises InvalidArgument."""
+) -> tuple[list[str], list[tuple[int, int]], list[int], str | None]:
+    """The line's paths (normalised), ahead spans, leases to end and
+    anchor; any malformed part raises InvalidArgument."""
+    anchor = message.get("anchor")
+    if anchor is not None:
+        if not isinstance(anchor, str) or message.get("open"):
+            raise InvalidArgument("'anchor' must be a path, without 'open'")
+        try:
+            anchor = normalize_path(anchor, mountpoint)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"anchor {anchor[:200]!r} {exc}") from None
     opens = message.get("open", [])
     if not isinstance(opens, list) or not all(isinstance(p, str) for p in opens):
         raise InvalidArgument("'open' must be a list of paths")
@@ -228,4 +275,4 @@ def _parse(
         room -= count
         if count:
             spans.append((span[0], count))
-    return paths, spans, closes
+    return paths, spans, closes, anchor

@@ -735,7 +735,17 @@ class Prefetcher:
         for follower in self.followers.values():
             wanted = follower.window()
             self._sweep(follower, wanted, holds_due)
-            idle = collections.deque(p for p in wanted if follower.order.fill_state[p] == _IDLE)
+            order = follower.order
+            idle: collections.deque[int] = collections.deque()
+            for position in wanted:
+                if order.fill_state[position] != _IDLE:
+                    continue
+                if self._resident(order.inos[position], order.sizes[position]):
+                    # Nothing to fetch: no fill task (its bookkeeping cost
+                    # a warm epoch more than the reads it served).
+                    order.fill_state[position] = _RESIDENT
+                    continue
+                idle.append(position)
             if idle:
                 waiting.append((follower, idle))
         free = self.tasks - self.in_flight

@@ -151,6 +151,36 @@ class Permissions:
                 await trio.sleep(0)
         return shown
 
+    def readable_inode(self, ino: int, caller: Caller, searchable: dict[int, bool]) -> Inode:
+        """The file ``ino`` if ``caller`` may read it: read on it, search
+        on every directory above it, checked from the file up (the same
+        directories a walk down its path checks).  ``searchable``: the
+        caller's answers per directory so far (a batch of files in a few
+        directories checks each directory once); filled here."""
+        namespace = self.namespace
+        inode = namespace.get(ino)
+        if not self.permits(inode, caller, READ):
+            raise PermissionDenied(f"Permission denied: {namespace.path_of(ino)}")
+        parent = inode.parent
+        chain: list[int] = []
+        allowed = True
+        while parent not in searchable:
+            chain.append(parent)
+            directory = namespace.get(parent)
+            if not self.permits(directory, caller, SEARCH):
+                allowed = False
+                break
+            if parent == ROOT_INO:
+                break
+            parent = directory.parent
+        else:
+            allowed = searchable[parent]
+        for directory_ino in chain:
+            searchable[directory_ino] = allowed
+        if not allowed:
+            raise PermissionDenied(f"Permission denied: {namespace.path_of(ino)}")
+        return inode
+
     async def _reach(self, relpath: str, caller: Caller, want: int) -> Inode:
         namespace = self.namespace
         inode = namespace.get(ROOT_INO)

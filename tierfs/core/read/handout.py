@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tierfs.errors import TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 
 from ..names.access import Caller, Permissions
@@ -108,6 +109,37 @@ class HandOut:
         docstring).  A path the caller may not reach raises the error an
         open would (``PermissionDenied``, ``NotFound``...)."""
         inode = await self.permissions.readable(relpath, caller)
+        return await self._hand_out_inode(inode, caller, connection)
+
+    async def hand_out_ahead(
+        self,
+        inos: list[int],
+        caller: Caller,
+        connection: int,
+        searchable: dict[int, bool] | None = None,
+    ) -> list[tuple[str, Handed]]:
+        """The files ``inos`` (a prefetch order's next files, for a reader
+        that will open them soon) that can be handed out to ``caller``,
+        with their paths; the others are left out.  Rights are checked
+        from each file up to the root (``Permissions.readable_inode``; the
+        caller may keep ``searchable``, the answers per directory, for a
+        short while), the rest as for ``hand_out``."""
+        if searchable is None:
+            searchable = {}
+        handed: list[tuple[str, Handed]] = []
+        for ino in inos:
+            try:
+                inode = self.permissions.readable_inode(ino, caller, searchable)
+                outcome = await self._hand_out_inode(inode, caller, connection)
+                if isinstance(outcome, Handed):
+                    handed.append((self.namespace.key_of(inode), outcome))
+            except TierfsError:
+                continue
+        return handed
+
+    async def _hand_out_inode(
+        self, inode: Inode, caller: Caller, connection: int
+    ) -> Handed | NotHanded:
         if not inode.is_file:
             return NotHanded("not a regular file")
         if not self.open_files.is_busy(inode.ino) and self.revalidation_expired(inode):
