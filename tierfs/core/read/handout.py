@@ -191,6 +191,22 @@ class HandOut:
         if self.handles.open_for_writing(ino):
             return NotHanded("it is open for writing")
         cf = self.open_files.files.get(ino)
+        count = -(-inode.size // self.block_size)
+        if cf is None:
+            # Not in use: LMDB's per-tier bytes say where it is (a CLEAN
+            # file has only clean blocks: an upload marks them clean and
+            # the file CLEAN in one transaction), without decoding its
+            # block map.
+            residency = self.meta.residency(ino)
+            if len(residency) != 1:
+                if not residency or sum(residency.values()) < inode.size:
+                    return NotHanded("not all of it is on a local tier")
+                return NotHanded("its blocks are on two tiers")
+            ((tier, nbytes),) = residency.items()
+            if nbytes < inode.size:
+                return NotHanded("not all of it is on a local tier")
+            verified = self.open_files.verified
+            return tier, [b for b in range(count) if not verified(ino, b)]
         blocks: dict[int, BlockRecord]
         if cf is not None:
             if (
@@ -203,9 +219,6 @@ class HandOut:
             ):
                 return NotHanded("it is being changed")
             blocks = cf.blocks
-        else:
-            blocks = self.meta.get_blocks(ino)
-        count = -(-inode.size // self.block_size)
         if len(blocks) < count:
             return NotHanded("not all of it is on a local tier")
         tiers: set[int] = set()
