@@ -214,6 +214,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"control:  {control['connections']} connections open; {control['refused']:,} "
             f"refused past a bound (per user {control['per_user']}, in all {control['total']})"
         )
+    readers = status.get("readers")
+    if readers and readers["handed_out"]:
+        held = [
+            f"{name} {format_size(h['bytes'])} in {h['files']} files"
+            for name, h in readers["held"].items()
+            if h["files"]
+        ]
+        print(
+            f"readers:  {readers['leases']:,} tier files held by {readers['users']} users; "
+            f"{readers['handed_out']:,} handed out, {readers['refused']:,} refused, "
+            f"{readers['unshared']:,} copied before a write"
+            + (f"; evicted or replaced but still read: {', '.join(held)}" if held else "")
+        )
     audit = status.get("audit")
     if audit:
         print(
