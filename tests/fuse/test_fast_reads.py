@@ -62,6 +62,8 @@ def test_a_warm_file_is_handed_out_and_reads_what_the_mount_reads(mount: MountFa
     before = readers(m)["handed_out"]
     with tierfs.client.open(m.path / "data/big.bin") as f:
         assert handed(f)
+        # The raw descriptor reaches no byte past the file's end.
+        assert os.fstat(f.fileno()).st_size == len(body)
         assert f.read(10) == body[:10]
         assert f.tell() == 10
         f.seek(-5, os.SEEK_END)

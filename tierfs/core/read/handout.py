@@ -22,13 +22,17 @@ the mount would give the same user at the same moment:
   first read through the mount would; a damaged one is dropped and the
   file is not handed out.
 
-Then the tier file is opened read-only (``Tier.open_for_reader``), a lease
+Then the tier file is opened read-only (``Tier.open_for_reader``; one
+longer than the file, whose tail would be readable with the raw
+descriptor, is not handed out), a lease
 is taken (``tierfs.core.read.leases``: what keeps its bytes from changing
 under the reader), and the open counts as an open through the mount does
 for the lifecycle and the prefetcher: an S3-FIFO access and the access time
 (``SpaceManager.opened``, ``AccessTimes``) and the open observers
 (``Handles.open_observers``: a prefetch order's cursor, the directory
-readahead).  The tier's path never leaves the daemon.
+readahead).  No reply names a tier path (``/proc/PID/fd`` shows the tier
+file's name to its holder; it lies in the tier's ``data/``, mode 0700, so
+the name opens nothing).
 
 Not handed out (the reader goes through the mount): a file with any block
 absent (cold, partly fetched, or larger than what its tiers hold), with
@@ -40,6 +44,7 @@ checks and the open, which are a thread hop (``BlockCache``) and one
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -171,6 +176,11 @@ class HandOut:
         if opened is None:
             return NotHanded("its tier file is gone")
         fd, st = opened
+        if st.st_size > inode.size:
+            # Bytes past the file's end (an older, longer content) would be
+            # readable with the raw descriptor: never handed out.
+            os.close(fd)
+            return NotHanded("its tier file is longer than the file")
         lease = self.leases.take(
             tier, inode.ino, st.st_ino, st.st_blocks * 512, caller.uid, connection
         )
