@@ -13,6 +13,7 @@ descriptors of the next files come ahead, one round trip per run.
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 import tierfs.client
+import tierfs.torch
 from tests.fuse.conftest import (
     Mount,
     MountFactory,
@@ -250,3 +252,78 @@ def test_with_an_order_the_next_files_come_ahead_one_round_trip_per_run(
     assert connection.hits >= 14, (connection.asked, connection.hits)
     opened = [o for o in m.status()["prefetch"]["orders"]]
     assert opened == [] or all(o["files"] == 40 for o in opened)
+
+
+def test_the_torch_side_reads_through_the_client(mount: MountFactory) -> None:
+    import torch
+    from PIL import Image
+
+    image = io.BytesIO()
+    Image.new("RGB", (17, 9), (200, 10, 30)).save(image, format="PNG")
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    saved = io.BytesIO()
+    torch.save(state, saved)
+    m = mount({"img/a/1.png": image.getvalue(), "ckpt/s.pt": saved.getvalue()})
+    warm(m, "img/a/1.png", "ckpt/s.pt")
+    before = readers(m)["handed_out"]
+    loaded = tierfs.torch.load(m.path / "ckpt/s.pt", weights_only=True)
+    assert torch.equal(loaded["w"], state["w"])
+    picture = tierfs.torch.image_loader(m.path / "img/a/1.png")
+    assert picture.mode == "RGB" and picture.size == (17, 9)
+    assert picture.getpixel((3, 3)) == (200, 10, 30)
+    assert tierfs.torch.bytes_loader(m.path / "img/a/1.png") == image.getvalue()
+    assert readers(m)["handed_out"] == before + 3
+
+
+def test_dataloader_workers_read_through_their_own_connections(mount: MountFactory) -> None:
+    from torch.utils.data import DataLoader, RandomSampler
+
+    names = [f"ds/{i:03d}.bin" for i in range(96)]
+    files = {n: os.urandom(10 * KiB + i) for i, n in enumerate(names)}
+    m = mount(files)
+    warm(m, *names)
+
+    class Files:
+        def __len__(self) -> int:
+            return len(names)
+
+        def __getitem__(self, index: int) -> tuple[int, bool, bool]:
+            with tierfs.client.open(m.path / names[index]) as f:
+                return index, f.read() == files[names[index]], handed(f)
+
+    before = readers(m)["handed_out"]
+    sampler = tierfs.torch.PrefetchSampler(
+        RandomSampler(range(len(names))), [str(m.path / n) for n in names], m.path
+    )
+    loader = DataLoader(
+        Files(), batch_size=8, sampler=sampler, num_workers=2, collate_fn=lambda b: b
+    )
+    seen = [item for batch in loader for item in batch]
+    sampler.close()
+    assert sorted(i for i, _same, _handed in seen) == list(range(len(names)))
+    assert all(same for _i, same, _handed in seen)
+    assert all(was_handed for _i, _same, was_handed in seen)
+    status = readers(m)
+    # Every file handed out once, a few more ahead that no worker opened.
+    assert status["handed_out"] - before >= len(names), status
+    assert wait_until(lambda: readers(m)["leases"] == 0, 10), readers(m)
+
+
+def test_the_audit_log_records_a_handed_out_open(mount: MountFactory, tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    m = mount(
+        {"a/x.bin": b"x" * 5000},
+        extra_config=f'[audit]\npath = "{log}"\nreads = true\n',
+    )
+    warm(m, "a/x.bin")
+    with tierfs.client.open(m.path / "a/x.bin") as f:
+        assert handed(f)
+
+    def recorded() -> list[dict[str, Any]]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [r for r in map(json.loads, lines) if r.get("op") == "open"]
+
+    # The mount's read records one open, the hand-out another.
+    assert wait_until(lambda: len(recorded()) >= 2, 5), recorded()
+    last = recorded()[-1]
+    assert last["path"] == "a/x.bin" and last["uid"] == os.getuid() and last["errno"] == 0
