@@ -410,7 +410,10 @@ class ReaderConnection:
         self._sock.close()
 
     def forget_in_child(self) -> None:
-        """After a fork, in the child: close the copies, tell nothing."""
+        """After a fork, in the child: close the copies, tell nothing (a
+        file the child inherited and closes sends nothing either)."""
+        self._lock = threading.Lock()
+        self.broken = True
         self.close()
 
 
