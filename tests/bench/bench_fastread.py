@@ -54,6 +54,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import (  # noqa: E402
+    children_cpu_seconds,
     cpu_seconds,
     drop_caches,
     fmt_size,
@@ -243,11 +244,16 @@ class Bench:
                 spy = self.args.py_spy if path != "local" else None
                 with py_spy(spy, self.pid, f"{case}-{path}-{number}"):
                     cpu0, t0 = cpu_seconds(self.pid), time.perf_counter()
+                    own0 = time.process_time() + children_cpu_seconds()
                     getattr(self, case)(path, number)
                     seconds = time.perf_counter() - t0
                     cpu = cpu_seconds(self.pid) - cpu0
+                    own = time.process_time() + children_cpu_seconds() - own0
                 self.samples.setdefault((case, path), []).append((seconds, cpu))
-                log(f"round {number} {case:5s} {path:6s} {seconds:7.3f} s, daemon {cpu:.2f} s")
+                log(
+                    f"round {number} {case:5s} {path:6s} {seconds:7.3f} s, daemon {cpu:.2f} s, "
+                    f"readers (this process and its workers) {own:.2f} s of CPU"
+                )
 
     # --- report ---------------------------------------------------------------------
 
