@@ -18,11 +18,17 @@ the process's life.  ``open(path)`` then:
 Ahead.  A DataLoader worker reads its batches as runs of consecutive
 positions of the epoch's order (``PrefetchSampler`` hands the order to the
 daemon), and jumps to its next batch.  The connection learns the run
-length from the positions the daemon reports (the length of the last run
-that ended in a jump) and asks, at each miss, for the rest of that run:
-one round trip per batch, and no descriptor of another worker's batch.
-Until it has seen a run end it asks for ``DEFAULT_AHEAD`` files.  Outside
-an order (no position), nothing comes ahead.
+length and the stride (from one run's start to the next) from the
+positions the daemon reports.  At a miss it asks for the rest of the run
+and the next ``RUNS_AHEAD`` runs, and at the start of each run it finds in
+its cache it asks, without waiting, for the run after those (an ``anchor``
+request; replies are taken in order, each with its descriptors): the
+daemon works on the next batch while this one is read, and no descriptor
+of another worker's batch is asked for.  Until it has seen a run end it
+asks for ``DEFAULT_AHEAD`` files.  Outside an order (no position), nothing
+comes ahead.  (Two runs ahead measured no better than one: the daemon's
+answers are not late, its CPU is what limits an epoch; see
+docs/benchmarks.md, "Fast reads".)
 
 Bounds and hygiene: the ahead cache holds at most ``CACHE_MAX`` descriptors
 (the oldest, and those behind a jump, are closed and their leases ended in
@@ -59,6 +65,8 @@ from tierfs.errors import TierfsError
 
 #: Files asked for ahead before the run length is known.
 DEFAULT_AHEAD = 16
+#: Runs (a worker's batches) asked for ahead of the one being read.
+RUNS_AHEAD = 1
 #: Most files asked for in one request (the daemon's bound is 128).
 MAX_AHEAD = 127
 #: Descriptors kept ahead of the reader, at most.
@@ -243,12 +251,20 @@ class ReaderConnection:
         return entry
 
     def _spans(self) -> list[list[int]]:
-        """What to ask for with a miss: the rest of this run and the next."""
+        """What to ask for with a miss: the rest of this run and the next
+        ``RUNS_AHEAD``."""
         if self._run_length is None or self._stride is None:
             return [[1, DEFAULT_AHEAD]]
-        rest = min(self._run_length - 1, MAX_AHEAD)
+        room = MAX_AHEAD
+        rest = min(self._run_length - 1, room)
         spans = [[1, rest]] if rest > 0 else []
-        spans.append([self._stride, min(self._run_length, MAX_AHEAD - rest)])
+        room -= rest
+        for run in range(1, RUNS_AHEAD + 1):
+            count = min(self._run_length, room)
+            if count <= 0:
+                break
+            spans.append([run * self._stride, count])
+            room -= count
         return spans
 
     def _ask(self, relpath: str) -> _Entry | None:
@@ -265,7 +281,7 @@ class ReaderConnection:
         mine = self._take(reply)
         position = reply.get("position")
         if position is not None and self._stride is not None:
-            self._asked_to = position + self._stride
+            self._asked_to = position + RUNS_AHEAD * self._stride
         return mine
 
     def _ask_next_run(self, relpath: str, position: int | None) -> None:
@@ -277,12 +293,13 @@ class ReaderConnection:
             or self._stride is None
             or self._run_length is None
             or position != self._run_start
-            or position + self._stride <= self._asked_to
+            or position + RUNS_AHEAD * self._stride <= self._asked_to
         ):
             return
-        self._send({"anchor": relpath, "ahead": [[self._stride, self._run_length]]})
+        after = RUNS_AHEAD * self._stride
+        self._send({"anchor": relpath, "ahead": [[after, self._run_length]]})
         self._pending += 1
-        self._asked_to = position + self._stride
+        self._asked_to = position + after
 
     def _collect(self, *, wait: bool) -> None:
         """Take the replies owed (all of them, waiting if ``wait``; else
