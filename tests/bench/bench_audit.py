@@ -57,12 +57,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import (  # noqa: E402
     cpu_seconds,
+    file_backing_config,
     fusermount_unmount,
     is_mounted,
     log,
     stop_process,
     thread_cpu_seconds,
-    wait_pid_gone,
+    tierfs_mounted,
 )
 
 from tierfs.control.client import locate, request  # noqa: E402
@@ -105,16 +106,7 @@ class Bench:
         for d in (state, tier):
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
-        lines = [
-            "[backing]",
-            f"url = {json.dumps(self.backing.resolve().as_uri())}",
-            "[state]",
-            f"dir = {json.dumps(str(state))}",
-            "[[tiers]]",
-            'name = "nvme"',
-            f"path = {json.dumps(str(tier))}",
-            'capacity = "8GiB"',
-        ]
+        lines = file_backing_config(self.backing, state, tier, "8GiB")
         if variant in ("changes", "reads"):
             log_path = self.work / "audit.jsonl"
             log_path.unlink(missing_ok=True)
@@ -158,23 +150,8 @@ class Bench:
                 fusermount_unmount(mp)
                 stop_process(proc, "passthrough")
             return
-        done = subprocess.run(
-            [str(VENV_BIN / "tierfs"), "mount", str(self.config(variant)), str(mp)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"tierfs mount failed: {done.stderr.strip()}")
-        sock = locate(mp).socket_path
-        pid = int(request(sock, "ping", timeout=10)["pid"])
-        try:
+        with tierfs_mounted(self.config(variant), mp) as pid:
             yield mp, pid
-        finally:
-            subprocess.run([str(VENV_BIN / "tierfs"), "umount", str(mp)], capture_output=True)
-            if is_mounted(mp):
-                fusermount_unmount(mp)
-            wait_pid_gone(pid, "tierfsd")
 
     def round(self, number: int) -> None:
         order = list(self.names)

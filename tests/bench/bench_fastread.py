@@ -57,18 +57,16 @@ from common import (  # noqa: E402
     children_cpu_seconds,
     cpu_seconds,
     drop_caches,
+    file_backing_config,
     fmt_size,
-    fusermount_unmount,
-    is_mounted,
     log,
     parse_size,
     py_spy,
-    wait_pid_gone,
+    tierfs_mounted,
 )
 
 import tierfs.client  # noqa: E402
 import tierfs.torch  # noqa: E402
-from tierfs.control.client import locate, request  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 PATHS = ("local", "mount", "client")
@@ -138,16 +136,7 @@ class Bench:
         for d in (state, tier):
             d.mkdir(parents=True, exist_ok=True)
         total = sum(p.stat().st_size for p in self.backing.rglob("*") if p.is_file())
-        lines = [
-            "[backing]",
-            f"url = {json.dumps(self.backing.resolve().as_uri())}",
-            "[state]",
-            f"dir = {json.dumps(str(state))}",
-            "[[tiers]]",
-            'name = "nvme"',
-            f"path = {json.dumps(str(tier))}",
-            f'capacity = "{3 * total + (1 << 30)}"',
-        ]
+        lines = file_backing_config(self.backing, state, tier, str(3 * total + (1 << 30)))
         path = self.work / "tierfs.toml"
         path.write_text("\n".join([*lines, ""]))
         return path
@@ -155,22 +144,8 @@ class Bench:
     @contextlib.contextmanager
     def mounted(self) -> Iterator[None]:
         self.mp.mkdir(exist_ok=True)
-        done = subprocess.run(
-            [str(VENV_BIN / "tierfs"), "mount", str(self.config()), str(self.mp)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"tierfs mount failed: {done.stderr.strip()}")
-        self.pid = int(request(locate(self.mp).socket_path, "ping", timeout=10)["pid"])
-        try:
+        with tierfs_mounted(self.config(), self.mp) as self.pid:
             yield
-        finally:
-            subprocess.run([str(VENV_BIN / "tierfs"), "umount", str(self.mp)], capture_output=True)
-            if is_mounted(self.mp):
-                fusermount_unmount(self.mp)
-            wait_pid_gone(self.pid, "tierfsd")
 
     def warm(self) -> None:
         done = subprocess.run(

@@ -384,6 +384,44 @@ def wait_pid_gone(pid: int, name: str) -> None:
         time.sleep(0.05)
 
 
+def file_backing_config(backing: Path, state: Path, tier: Path, capacity: str) -> list[str]:
+    """The lines of a tierfs config over a ``file://`` backing with one tier."""
+    return [
+        "[backing]",
+        f"url = {json.dumps(backing.resolve().as_uri())}",
+        "[state]",
+        f"dir = {json.dumps(str(state))}",
+        "[[tiers]]",
+        'name = "nvme"',
+        f"path = {json.dumps(str(tier))}",
+        f"capacity = {json.dumps(capacity)}",
+    ]
+
+
+@contextlib.contextmanager
+def tierfs_mounted(config: Path, mp: Path) -> Iterator[int]:
+    """``tierfs mount CONFIG MP`` for the block, the daemon's pid yielded;
+    unmounted (and the daemon gone) after it."""
+    from tierfs.control.client import locate, request
+
+    done = subprocess.run(
+        [str(VENV_BIN / "tierfs"), "mount", str(config), str(mp)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"tierfs mount failed: {done.stderr.strip()}")
+    pid = int(request(locate(mp).socket_path, "ping", timeout=10)["pid"])
+    try:
+        yield pid
+    finally:
+        subprocess.run([str(VENV_BIN / "tierfs"), "umount", str(mp)], capture_output=True)
+        if is_mounted(mp):
+            fusermount_unmount(mp)
+        wait_pid_gone(pid, "tierfsd")
+
+
 @contextlib.contextmanager
 def py_spy(outdir: Path | None, pid: int | None, name: str) -> Iterator[None]:
     """Record a py-spy profile (collapsed stacks) of ``pid`` around a step, if asked to."""
