@@ -113,6 +113,8 @@ def test_the_reader_keeps_its_bytes_when_the_file_is_evicted(mount: MountFactory
         # The evicted tier file lives on for the reader, and the daemon
         # shows the bytes it holds.
         assert wait_until(lambda: readers(m)["held"]["nvme"]["bytes"] >= 2 * MiB, 5)
+        shown = run_tierfs("status", str(m.path)).stdout
+        assert "readers:" in shown and "evicted or replaced but still read: nvme" in shown, shown
         assert f.read() == body[1000:]
     finally:
         f.close()
