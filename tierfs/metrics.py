@@ -327,6 +327,7 @@ class _Figures(NamedTuple):
     status: dict[str, Any] | None
     preloads: list[PreloadProgress]
     prefetch: dict[str, Any] | None
+    readers: dict[str, Any] | None = None
 
 
 class _Collector:
@@ -355,6 +356,7 @@ class _Collector:
             status=m._fs.status(sections=False) if m._fs is not None else None,
             preloads=m.preload_progress(),
             prefetch=prefetch if isinstance(prefetch, dict) else None,
+            readers=m._fs.leases.status() if m._fs is not None else None,
         )
 
     def freeze(self) -> None:
@@ -385,6 +387,8 @@ class _Collector:
         yield from m.preload_families(figures.preloads)
         if figures.prefetch is not None:
             yield from _prefetch_families(figures.prefetch)
+        if figures.readers is not None:
+            yield from _readers_families(figures.readers)
 
 
 def _progress_of(job: dict[str, Any]) -> PreloadProgress:
@@ -435,6 +439,37 @@ def _prefetch_families(prefetch: dict[str, Any]) -> Iterator[Metric]:
         yield _gauge(name, doc, prefetch[key])
     for key, name, doc in PREFETCH_COUNTERS:
         yield _counter(name, doc, prefetch[key])
+
+
+#: Fast reads (``ReaderLeases.status``): counters since the daemon started.
+READERS_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("handed_out", "tierfs_readers_handed_out", "Tier files handed to readers (tierfs.client)"),
+    (
+        "refused",
+        "tierfs_readers_refused",
+        "Hand-outs refused past a bound (read through the mount)",
+    ),
+    (
+        "unshared",
+        "tierfs_readers_unshared",
+        "Tier files copied before a write because a reader held them",
+    ),
+)
+
+
+def _readers_families(readers: dict[str, Any]) -> Iterator[Metric]:
+    """What readers outside the daemon hold (a ``ReaderLeases.status()`` reply)."""
+    yield _gauge("tierfs_readers_leases", "Tier files readers hold now", readers["leases"])
+    for key, name, doc in READERS_COUNTERS:
+        yield _counter(name, doc, readers[key])
+    held = GaugeMetricFamily(
+        "tierfs_readers_held_bytes",
+        "Bytes of evicted or replaced tier files readers still hold",
+        labels=["tier"],
+    )
+    for tier, figures in readers["held"].items():
+        held.add_metric([tier], figures["bytes"])
+    yield held
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

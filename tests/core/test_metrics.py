@@ -416,3 +416,26 @@ def table_row(text: str, first: str) -> list[str]:
         if cells[0] == first:
             return cells
     raise AssertionError(f"no row {first!r} in:\n{text}")
+
+
+async def test_reader_figures_are_exported_as_status_shows_them(
+    make_fs: Any, s3_store: Any
+) -> None:
+    from tierfs.core.names.access import Caller
+    from tierfs.core.read.handout import Handed
+
+    mount, metrics = await watched(make_fs)
+    put(s3_store, "r.bin", b"r" * 5000)
+    ino = (await mount.fs.namespace.resolve("r.bin")).ino
+    await mount.fs.movement.fill(ino, 0)
+    got = await mount.fs.handout.hand_out("r.bin", Caller(0, frozenset({0})), connection=1)
+    assert isinstance(got, Handed)
+    os.close(got.fd)
+    samples = scrape(metrics)
+    status = mount.fs.leases.status()
+    assert value(samples, "tierfs_readers_leases") == status["leases"] == 1
+    assert value(samples, "tierfs_readers_handed_out_total") == status["handed_out"] == 1
+    assert value(samples, "tierfs_readers_refused_total") == 0
+    assert value(samples, "tierfs_readers_held_bytes", tier="nvme") == 0
+    mount.fs.leases.end_connection(1)
+    assert value(scrape(metrics), "tierfs_readers_leases") == 0
