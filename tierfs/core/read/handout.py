@@ -217,18 +217,16 @@ class HandOut:
                 return NotHanded("not all of it is on a local tier")
             verified = self.open_files.verified
             return tier, [b for b in range(count) if not verified(ino, b)]
-        blocks: dict[int, BlockRecord]
-        if cf is not None:
-            if (
-                cf.uncommitted
-                or cf.writing
-                or cf.transient
-                or cf.inode_dirty
-                or cf.unsharing is not None
-                or cf.truncated_from is not None
-            ):
-                return NotHanded("it is being changed")
-            blocks = cf.blocks
+        if (
+            cf.uncommitted
+            or cf.writing
+            or cf.transient
+            or cf.inode_dirty
+            or cf.unsharing is not None
+            or cf.truncated_from is not None
+        ):
+            return NotHanded("it is being changed")
+        blocks: dict[int, BlockRecord] = cf.blocks
         if len(blocks) < count:
             return NotHanded("not all of it is on a local tier")
         tiers: set[int] = set()
