@@ -26,50 +26,11 @@ uploads.  Entries already running go on.  A flush, a write-through close or
 a writer waiting for tier space lifts both limits: someone is waiting for the
 bucket (``Journal.someone_waits``).
 
-Holding back during a burst also wins for the time until a burst is in the
-bucket, on a small machine.  Measured with the write bench (2,000 files of
-4-128 KiB written, then ``tierfs flush``; s3rver on the same 2 CPUs; two
-rounds each, the machine shared): held, the write loop took 3.4-4.1 s and
-the files were in the bucket after 9.9-10.2 s (``s5cmd cp``: 6.3 s); with 4
-uploads running during the burst the loop took 7.1-10.1 s and the bucket
-11.8-13.6 s; with 8, 13.9 s and 14.6 s; with 16 (on a busier machine) the
-writer collapsed to 42 files/s.  The loop thread serves both the FUSE
-requests and the upload bookkeeping, and interleaving them cost more of it
-than running them one after the other (5.3-6.0 against 4.6-4.9 CPU-s), while the S3 server took
-the other CPU from the writer.  So the hold stays; the flush is made cheap
-instead (``tierfs.core.write.sync``, "Cost per small file on the event loop").
-Measured again once the flush cost the loop about 0.55 ms per file (two
-rounds, the machine 55-65% busy with other work beforehand): with no hold
-and 4 uploads during the burst, the loop took 5.3-6.7 s (held: 2.6-4.1 s)
-and the files were in the bucket after 10.9-11.9 s (held: 7.6-10.7 s).
-A py-spy of the loop thread during such a burst put the uploads' own share
-at about 9% of its samples: the writer is slowed by the two CPUs being
-shared with the S3 server and the PUT threads, not by upload bookkeeping.
-
-Measured a third time (on the code before the trim of the small-file
-write loop, ``tierfs.core.write.writes``, which saves a few microseconds
-per file and does not change the picture).  Same 2,000 files,
-``upload_delay`` 1 s as in the bench, s3rver on the same 2 CPUs, four
-interleaved rounds on a machine whose load average was 7-11 from other
-work (so the spread is wide):
-
-=========================  ==============  ==============  ================
-uploads during the burst   write loop (s)  in bucket (s)   daemon CPU/file
-=========================  ==============  ==============  ================
-none (held, kept)          1.8-5.8         4.3-9.0         1.1-1.75 ms
-8 at once, no hold         5.1-9.2         7.5-10.3        1.3-1.95 ms
-16 at once, no hold        2.8-7.5         5.4-8.5         1.15-2.0 ms
-16, GIL switch 0.5 ms      10.7 (1 round)  11.7            2.1 ms
-=========================  ==============  ==============  ================
-
-(``s5cmd cp`` of the same files: 3.9-4.3 s, once 10.0 s.)  The rounds in
-which uploads really ran during the burst are the ones whose loop took
-twice as long or more, and the daemon spent about a fifth more CPU per
-file in all (its loop thread interleaving FUSE requests with completions);
-the two good rounds of 16 had fast loops and did most uploads after them,
-as held does.  A shorter GIL switch interval (to let the loop thread take
-the GIL back from a PUT thread sooner) made the writer slower still.  So
-the hold stays.
+Why the hold stays: with uploads running during a burst, the write loop
+and the time until the burst is in the bucket both got longer on a small
+machine (the FUSE requests and the upload bookkeeping share the loop
+thread, the PUT threads take the GIL); measured three times, dated, in
+docs/benchmarks.md, "Holding uploads back during a burst".
 
 States: idle (full ``concurrency``) -> busy, holding (0) -> busy for
 BURST_HOLD (``busy_concurrency``); any BUSY_WINDOW below the rate -> idle.
