@@ -13,14 +13,11 @@ fill (pins).  Moves start in plan order, ``MOVE_CONCURRENCY`` (3) at once
 whatever their size, and more, up to ``MAX_MOVE_CONCURRENCY`` (16, one copy
 thread each), while the running moves hold at most ``MOVE_BYTES_IN_FLIGHT``
 (64 MiB): one file at a time leaves the disk idle while the loop opens,
-switches and deletes (measured: 0.27x ``cp`` for 4 MiB files one at a
-time), and the loop stops for a whole group commit (an fdatasync of LMDB,
-10-90 ms here while the copies load the disk), during which only copies
-already in their thread go on.  Measured without FUSE, interleaved with
-``cp`` (456 x 4 MiB files, medians of 4 rounds): 3 at once 0.77x ``cp``, 16
-at once 1.46x, 24 at once 1.58x; for 8 x 256 MiB files 3 at once beat 1 and
-6 (1.36x against 0.85x and 0.99x, noisy).  Parallel reads suit the source
-tier of a demotion (NVMe); the writes go to the page cache.  Before
+switches and deletes, and the loop stops for a whole group commit (an
+fdatasync of LMDB), during which only copies already in their thread go
+on (the measurements that chose these numbers: docs/benchmarks.md,
+"Moves at once").  Parallel reads suit the source tier of a demotion
+(NVMe); the writes go to the page cache.  Before
 a watermark or keep_newest move starts, the source tier is checked again,
 counting the bytes of moves still running from it as gone: once that is
 at or below its low mark, the rest of that tier's watermark moves are
@@ -40,11 +37,10 @@ seconds, held ``BUSY_HOLD`` seconds after the last busy window), its copies
 share at most ``BUSY_RATE``, whatever the cap.  The meter closes its windows
 in its own task while copies run (only then: an idle mover's meter
 woke the daemon's loop ten times a second for nothing), so a reader that
-starts is seen within ``BUSY_WINDOW`` seconds, and the mover then has at most one chunk per running move in
-flight (measured with tiers and reader on one disk: an uncapped mover took
-about half of the disk from sequential training reads, one at 50 MiB/s cost
-them nothing).  Opens, copies, hashing and deletes run in threads, so the
-event loop keeps serving reads while a move runs.
+starts is seen within ``BUSY_WINDOW`` seconds, and the mover then has at
+most one chunk per running move in flight.  Opens, copies, hashing and
+deletes run in threads, so the event loop keeps serving reads while a move
+runs.
 
 Promotions: a second task takes files from ``Lifecycle.promotions`` (queued
 by reads served from a slower tier than the file's placement) and copies
