@@ -47,89 +47,15 @@ The rule (``FetchSlots.take``):
    Once demand has been quiet for ``DEMAND_QUIET``, BACKGROUND work widens
    again to ``background_max``: a preload alone keeps its full throughput.
 
-Why rule 4 (tests/bench/bench_preload.py, latency case: cold small files
-and 1 MiB ranges read during a preload of a 2 GiB file, default
-``[fetch]``, a shared 2-core machine): with rules 1-3 alone a demand read
-waited for no slot (under 1 ms, per-stage timing at debug level), yet took
-4-5x its idle time: its GET shared the S3 server, the loopback and the disk
-with 16 background GETs of 16 MiB (the time to the first response byte,
-the body and the O_DIRECT write all grew), and the daemon's CPU with them.
-Slots do not see that; only fewer background bytes in flight help.  One
-BACKGROUND fetch left running while demand is active still gave about 2x
-(8 MiB GETs; 2.4x with 4 MiB ones); none but the trickle gave 1.0-1.3x.
-GETs of 8 MiB preloaded a 1 GiB file as fast as 16 MiB ones (4 MiB ones
-were about 15 % slower).
-
-Is the half of the slots what holds a 1 GiB preload back (0.45-0.7x
-``s5cmd cp`` on loopback s3rver)?  Measured on a shared 2-core machine
-(big shape of the bench, two rounds each, ratio to s5cmd in the same
-round): 8 MiB GETs with 4 BACKGROUND fetches at once 0.32-0.33x, with 16
-(the default: half of 32) 0.44-0.63x, with 32 0.57-0.78x; 32 MiB GETs
-0.41-0.56x; BACKGROUND blocks written through the page cache instead of
-O_DIRECT 0.46-0.56x (and more daemon CPU).  The daemon used 1.6-2.9 CPU
-seconds per GiB and its fetch threads waited in socket reads.  Fewer slots
-hurt; more may help a little, within the noise of the machine, and would
-leave more 8 MiB GETs in flight when a demand read arrives (the latency
-rule above), so the cap stays at half until a quiet machine shows a
-clear gain.
-
-Then the request pattern (the S3 server's CPU per GiB, measured in the
-bench: s3rver is one node process on the same 2 cores).  Big shape, the
-machine 5-14 loaded by other work, three interleaved rounds, ratio to
-s5cmd cp in the same round (client CPU s/GiB): BACKGROUND GETs of 8 MiB
-0.62-0.83x (1.46-1.89), 16 MiB 0.76-0.82x (1.37-1.70), 32 MiB 0.64-0.99x
-(1.23-1.48); s5cmd (5 GETs of 50 MiB at once) 1.16-1.36.  s3rver spent
-1.8-4.2 CPU s/GiB whatever the size, about twice the client's.  Longer
-GETs only became possible with the latency rule kept because running
-BACKGROUND GETs now give way to demand between blocks; 16 MiB keeps the
-memory bound of demand fetches (``concurrency`` x 16 MiB).  What still
-separates the big shape from s5cmd: the disk.  tierfs writes each block
-with O_DIRECT during the copy, while s3rver reads the object from the same
-(virtual) disk: 60-90 % busy against 23-36 % for s5cmd, whose writes stay
-in the page cache (a direct-write dd of 1 GiB on this disk: 300-340 MB/s).
-
-Does this pattern cost the S3 server more than s5cmd's?  No: for the same
-object on the same machine, 16 BACKGROUND GETs of 16 MiB at once are among
-the cheapest patterns for s3rver.  Measured the way
-``tests/bench/ab_ranged_get.py`` does (one 1 GiB object, no mount, page
-cache dropped before each variant, rounds interleaved, the machine loaded
-5-8 by other work; s3rver's CPU seconds per GiB and its read+write
-syscalls per MiB): 16 x 16 MiB
-(``S3Store.get_range_into``, as the block cache calls it) 1.1-1.5 (35-48
-syscalls/MiB); the same with each block written with O_DIRECT 1.25-1.6;
-``s5cmd cp`` (5 parts of 50 MiB at once) 1.1-2.7 (43-102); the store with
-5 x 64 MiB 1.6-2.4; s5cmd with 16 parts of 16 MiB 1.2-1.4; 16 x 4 MiB
-1.6-1.8 (four times the requests); 16 x 64 MiB 2.0; 32 x 8 MiB 1.5.
-s3rver writes the object in 64 KiB chunks: the fewer the connections, the
-fuller each socket, and the more of its writes come back short, each one
-more syscall and epoll round.  The client's reads are not small (strace:
-the store's ``recv`` calls average about 100 KiB, s5cmd's reads 32 KiB),
-a bigger or smaller ``SO_RCVBUF`` changed nothing measurable, and a disk
-kept 64-88 % busy by an O_DIRECT ``dd`` did not raise the server's CPU per
-GiB either.  The server's figure rises when the client drains its sockets
-slower (a busier machine; blocks written through the page cache: 28-44
-syscalls/MiB and 2.3-2.7 client CPU s/GiB), so a high figure comes with a
-slow run rather than causing it.  In the preload bench on the same day
-(paired rounds, ``--cases copy``, the machine 66-100 % busy with other
-work) s3rver spent 1.40-1.79 CPU s/GiB serving the preload against
-1.40-2.39 serving s5cmd, and the preload ran at 0.54-2.15x ``s5cmd cp``
-(rounds 2.15, 0.54; 0.99, 1.56; 0.90, 0.60 with py-spy attached): the
-spread comes from the machine, not from the pattern, which stays as it is.
-
-Short fetches.  A preload of 2,000 files of 20-200 KiB from loopback
-s3rver (``tests/bench/run.sh preload --cases copy --shapes small --files
-2000``, one round, the machine 56 % busy with other work) ran at 428
-files/s against 861 for ``s5cmd cp`` (0.50x) while s3rver was only 50 %
-busy and the daemon 34 %: the 16 GETs in flight were the cap (s5cmd keeps
-up to 256).  With ``concurrency = 64`` (32 BACKGROUND slots) the same
-preload ran at 588 files/s (one round, machine 88 % busy).  Big GETs keep
-the half: their bytes in flight are what slowed demand reads (above).
-Alone on a quiet machine afterwards (``--files 10000 --repeat 3``) the
-rule made no measurable difference: the preload ran at 0.69-0.80x
-``s5cmd cp`` with s3rver 80 % busy and the daemon spending about 0.85 ms
-of CPU per file, so on two cores the CPU, not the GETs in flight, is the
-cap there; the rule stays for a server that is not on the same cores.
-Demand reads during a preload stayed at 1.07x their idle median.
+Why these rules, in short (the measurements, dated, are in
+docs/benchmarks.md, "Fetch slots: the measurements behind the rules"):
+a demand read waits for no slot under rules 1-3 alone, yet its GET shares
+the S3 server, the loopback and the disk with the background GETs in
+flight, so only fewer background bytes in flight (rule 4) keep it near its
+idle time; half of the slots for BACKGROUND work was the best measured
+trade for a big preload; 16 MiB BACKGROUND GETs are among the cheapest
+patterns for the server; and short GETs (small files) are bound by how
+many are in flight, so they may take every slot.
 
 Waking.  Parked fetches wait in one FIFO queue per priority, and only as
 many are woken as may start (``_wake``); waking every parked fetch on
