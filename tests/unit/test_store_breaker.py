@@ -353,7 +353,9 @@ def test_refused_endpoint_opens_the_breaker_then_calls_fail_at_once(
     assert proxied.breaker.snapshot().failed_fast >= 20
     fault_proxy.restore()
     deadline = time.monotonic() + 10
-    while proxied.breaker.is_open and time.monotonic() < deadline:
+    # The probe's thread closes the breaker, then tells the listeners: wait
+    # for both (checking the list the moment the breaker closed raced it).
+    while (proxied.breaker.is_open or len(reachable) < 2) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not proxied.breaker.is_open, "the probe did not close the breaker"
     assert reachable == [False, True]
