@@ -183,7 +183,10 @@ class ReaderConnection:
 
     def __init__(self, location: Location) -> None:
         self.root = str(location.mount_root)
-        self._lock = threading.Lock()
+        # Reentrant: a TierFile dropped unclosed is closed by the garbage
+        # collector, which may run inside ``open`` on this very thread, and
+        # its close takes this lock (``_closed``).
+        self._lock = threading.RLock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             self._sock.settimeout(600.0)
@@ -429,7 +432,7 @@ class ReaderConnection:
     def forget_in_child(self) -> None:
         """After a fork, in the child: close the copies, tell nothing (a
         file the child inherited and closes sends nothing either)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.broken = True
         self.close()
 
