@@ -127,8 +127,7 @@ class ReaderSession:
             paths, spans, closes, anchor = _parse(message, self.mountpoint)
         except InvalidArgument as exc:
             return {"error": str(exc), "errno": exc.errno}, []
-        for ident in closes:
-            self.fs.leases.end(ident, self.connection)
+        self._end(closes)
         fds: list[int] = []
         if anchor is not None:  # where the spans count from, not opened
             try:
