@@ -193,7 +193,7 @@ class StoreRefused(StoreError):
     """The bucket refused the request with a client error (4xx) that asking
     again cannot fix: a key too long, an invalid argument, an object or its
     metadata too large.  The journal keeps such an entry without retrying it
-    (``tierfs.core.write.journal``, "Refused entries")."""
+    (``tierfs.core.state.journal``, "Refused entries")."""
 
     errno = _errno.EIO
 

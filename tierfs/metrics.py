@@ -78,6 +78,7 @@ from prometheus_client.utils import floatToGoString
 
 from tierfs.config import MetricsConfig
 from tierfs.errors import CannotListen
+from tierfs.workers.mover import STATUS_SECTION as MOVER_SECTION
 from tierfs.workers.prefetch import STATUS_SECTION as PREFETCH_SECTION
 
 if TYPE_CHECKING:
@@ -348,12 +349,17 @@ class _Collector:
 
     def _read(self) -> _Figures:
         m = self.metrics
-        section = m._fs.status_sections.get(PREFETCH_SECTION) if m._fs is not None else None
+        sections = m._fs.status_sections if m._fs is not None else {}
+        section = sections.get(PREFETCH_SECTION)
         prefetch = section() if section is not None else None
+        status = m._fs.status(sections=False) if m._fs is not None else None
+        mover = sections.get(MOVER_SECTION)
+        if status is not None and mover is not None:  # cheap, and the mover's counters
+            status[MOVER_SECTION] = mover()
         return _Figures(
             fuse=m.fuse_ops.rows(),
             s3=m.s3_ops.rows(),
-            status=m._fs.status(sections=False) if m._fs is not None else None,
+            status=status,
             preloads=m.preload_progress(),
             prefetch=prefetch if isinstance(prefetch, dict) else None,
             readers=m._fs.leases.status() if m._fs is not None else None,

@@ -243,7 +243,7 @@ class Tier:
 
     def open_for_reader(self, ino: int) -> tuple[int, os.stat_result] | None:
         """A read-only fd on the cache file, for a reader outside the daemon
-        (``tierfs.core.read.leases``), and its stat; None if there is none."""
+        (``tierfs.core.state.leases``), and its stat; None if there is none."""
         try:
             fd = os.open(
                 self._relpath(ino), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd

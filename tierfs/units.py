@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from typing import Literal, NamedTuple, overload
 
 __all__ = [
     "format_duration",
@@ -113,17 +114,68 @@ def toml_kind(value: object) -> str:
     return "a date or time" if type(value).__module__ == "datetime" else type(value).__name__
 
 
+class _Problems(NamedTuple):
+    """What ``_number_or_text`` says of a bad value of one kind."""
+
+    expected: str  # not a number nor a string
+    invalid: str  # after the number: NaN, infinite
+    negative: str  # after the number
+
+
+@overload
+def _number_or_text(value: object, problems: _Problems, *, whole: Literal[True]) -> int | str: ...
+@overload
+def _number_or_text(value: object, problems: _Problems) -> float | str: ...
+def _number_or_text(value: object, problems: _Problems, *, whole: bool = False) -> float | str:
+    """A number given as a number: finite and not negative, as a float (an
+    int if ``whole``: then only ints are numbers); a string: stripped, for
+    the caller to parse.  Anything else (a bool, a table) raises
+    ``ValueError``, as does a bad number (``problems``)."""
+    kinds = (int, str) if whole else (int, float, str)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ValueError(f"{problems.expected}, not {toml_kind(value)}")
+    if isinstance(value, str):
+        return value.strip()
+    assert isinstance(value, int | float)
+    if not math.isfinite(value):
+        raise ValueError(f"{value} {problems.invalid}")
+    if value < 0:
+        raise ValueError(f"{value} {problems.negative}")
+    return value if whole else float(value)
+
+
+_DURATION_HINT = "use a number with a unit (ms, s, m, h, d or w) like 60s, 3d or 1h30m"
+_FRACTION_HINT = 'use a number like 0.8 or a percentage like "80%"'
+#: What each kind of value says when it is not one.
+_PROBLEMS = {
+    "size": _Problems(
+        'a size must be a whole number of bytes or a string like "4MiB"',
+        "is not a size",
+        "is negative; a size must be zero or more",
+    ),
+    "rate": _Problems(
+        'a rate must be a string like "200MiB/s" or a whole number of bytes per second',
+        "is not a rate",
+        "is negative; a rate must be zero (no cap) or more",
+    ),
+    "duration": _Problems(
+        'a duration must be a number of seconds or a string like "60s"',
+        f"is not a duration; {_DURATION_HINT}",
+        "is negative; a duration must be zero or more",
+    ),
+    "fraction": _Problems(
+        "a fraction must be a number or a percentage string",
+        f"is not a fraction; {_FRACTION_HINT}",
+        f"is negative; {_FRACTION_HINT}",
+    ),
+}
+
+
 def parse_size(value: str | int) -> int:
     """Parse a size such as ``"4MiB"``, ``"1.5TiB"``, ``"512KB"`` or ``4096``; bytes."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(
-            f'a size must be a whole number of bytes or a string like "4MiB", not {toml_kind(value)}'
-        )
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{value} is negative; a size must be zero or more")
-        return value
-    text = value.strip()
+    text = _number_or_text(value, _PROBLEMS["size"], whole=True)
+    if isinstance(text, int):
+        return text
     if not text:
         raise ValueError(f"an empty string is not a size; {_SIZE_HINT}")
     m = _SIZE_RE.fullmatch(text)
@@ -144,16 +196,9 @@ _RATE_SUFFIX_RE = re.compile(r"\s*/\s*([A-Za-z]+)\s*$")
 
 def parse_rate(value: str | int) -> int:
     """Parse a rate such as ``"200MiB/s"``, ``"1.5GB/s"`` or ``"0"``; bytes per second."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(
-            f'a rate must be a string like "200MiB/s" or a whole number of bytes per second, '
-            f"not {toml_kind(value)}"
-        )
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{value} is negative; a rate must be zero (no cap) or more")
-        return value
-    text = value.strip()
+    text = _number_or_text(value, _PROBLEMS["rate"], whole=True)
+    if isinstance(text, int):
+        return text
     suffix = _RATE_SUFFIX_RE.search(text)
     if suffix is not None:
         if suffix.group(1).lower() not in ("s", "sec"):
@@ -214,22 +259,12 @@ _PART_RE = re.compile(_PART)
 _PARTS_RE = re.compile(rf"(?:{_NUMBER}\s*(?:ms|s|m|h|d|w)\s*)+")
 _PLAIN_RE = re.compile(_NUMBER)
 
-_DURATION_HINT = "use a number with a unit (ms, s, m, h, d or w) like 60s, 3d or 1h30m"
-
 
 def parse_duration(value: str | int | float) -> float:
     """Parse a duration such as ``"3d"``, ``"1h30m"``, ``"250ms"`` or ``60``; seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(
-            f'a duration must be a number of seconds or a string like "60s", not {toml_kind(value)}'
-        )
-    if not isinstance(value, str):
-        if not math.isfinite(value):
-            raise ValueError(f"{value} is not a duration; {_DURATION_HINT}")
-        if value < 0:
-            raise ValueError(f"{value} is negative; a duration must be zero or more")
-        return float(value)
-    text = value.strip()
+    text = _number_or_text(value, _PROBLEMS["duration"])
+    if isinstance(text, float):
+        return text
     if not text:
         raise ValueError(f"an empty string is not a duration; {_DURATION_HINT}")
     if text.startswith("-") and (
@@ -304,22 +339,12 @@ def format_duration(seconds: float) -> str:
 
 # --- fractions -------------------------------------------------------------------
 
-_FRACTION_HINT = 'use a number like 0.8 or a percentage like "80%"'
-
 
 def parse_fraction(value: str | int | float) -> float:
     """Parse ``0.8``, ``"0.8"`` or ``"80%"`` into a float; the range is the caller's job."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(
-            f"a fraction must be a number or a percentage string, not {toml_kind(value)}"
-        )
-    if not isinstance(value, str):
-        if not math.isfinite(value):
-            raise ValueError(f"{value} is not a fraction; {_FRACTION_HINT}")
-        if value < 0:
-            raise ValueError(f"{value} is negative; {_FRACTION_HINT}")
-        return float(value)
-    text = value.strip()
+    text = _number_or_text(value, _PROBLEMS["fraction"])
+    if isinstance(text, float):
+        return text
     percent = text.endswith("%")
     number = text[:-1].rstrip() if percent else text
     negative = number.startswith("-")

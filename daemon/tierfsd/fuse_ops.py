@@ -458,7 +458,7 @@ class TierfsOperations(pyfuse3.Operations):
 
     @_errno
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        self.fs.meta.sync()
+        self.fs.fsyncdir()
 
     @_audited(_xattr_target("setxattr"))
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

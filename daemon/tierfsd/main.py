@@ -17,7 +17,7 @@ daemon unmounts itself: requests still in flight after SHUTDOWN_GRACE (a
 writer waiting for tier space, say) are cancelled and the store is closed,
 so that SIGTERM ends the daemon in seconds even while uploads fail.  Then
 workers are cancelled without waiting for store calls still on the network
-(``TierFS.store_threads.abandon()``, see :mod:`tierfs.core.store_threads`:
+(``TierFS.store_threads.abandon()``, see :mod:`tierfs.core.state.store_threads`:
 a black-holed upload would hold its thread for its whole read timeout),
 access times are flushed, LMDB synced and closed, the FUSE session closed,
 and the process exits at once even if such threads remain
@@ -25,7 +25,7 @@ and the process exits at once even if such threads remain
 resumes it.
 
 Every background task runs under the supervisor
-(:mod:`tierfs.core.supervisor`): a failure is logged, counted in ``status``
+(:mod:`tierfs.core.state.supervisor`): a failure is logged, counted in ``status``
 and the task restarts; only the FUSE session itself is not restartable.
 """
 
@@ -64,12 +64,14 @@ from tierfs.text import shown
 from tierfs.tiers import Tier
 from tierfs.workers.audit import STATUS_SECTION as AUDIT_SECTION
 from tierfs.workers.audit import AuditLog, AuditWriter
-from tierfs.workers.dirahead import DirectoryReadahead
-from tierfs.workers.mover import Mover
 from tierfs.workers.pathlists import SpoolBudget
-from tierfs.workers.prefetch import Prefetcher
-from tierfs.workers.preload import Preloader
-from tierfs.workers.uploader import run_uploader
+from tierfs.workers.wiring import (
+    dir_readahead_for,
+    mover_for,
+    prefetcher_for,
+    preloader_for,
+    uploader_for,
+)
 from tierfsd.fuse_ops import TierfsOperations
 
 log = logging.getLogger("tierfsd")
@@ -369,7 +371,7 @@ class Daemon:
 
     async def run(self, on_ready: Callable[[], None]) -> None:
         # Every background task runs under the supervisor (one failure
-        # restarts it, see tierfs.core.supervisor); only the FUSE session
+        # restarts it, see tierfs.core.state.supervisor); only the FUSE session
         # itself is not restartable: its end is the end of the mount.
         supervisor = self.fs.supervisor
         async with trio.open_nursery() as nursery:
@@ -377,15 +379,15 @@ class Daemon:
             if self.audit_writer is not None:
                 self.fs.status_sections[AUDIT_SECTION] = self.audit_writer.status
                 await supervisor.start(nursery, "audit", self.audit_writer.run)
-            await supervisor.start(nursery, "uploader", run_uploader, self.fs)
-            await supervisor.start(nursery, "mover", Mover(self.fs).run)
-            self.control.preloader = Preloader(self.fs, spools=self.spools)
+            await supervisor.start(nursery, "uploader", uploader_for(self.fs).run)
+            await supervisor.start(nursery, "mover", mover_for(self.fs).run)
+            self.control.preloader = preloader_for(self.fs, spools=self.spools)
             self.metrics.watch_preloads(self.control.preloader.status)
             await supervisor.start(nursery, "preload", self.control.preloader.run)
-            self.control.prefetcher = Prefetcher(self.fs, spools=self.spools)
+            self.control.prefetcher = prefetcher_for(self.fs, spools=self.spools)
             await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
             prefetcher = self.control.prefetcher
-            dir_readahead = DirectoryReadahead(self.fs, defer=lambda: prefetcher.has_order)
+            dir_readahead = dir_readahead_for(self.fs, defer=lambda: prefetcher.has_order)
             await supervisor.start(nursery, "dir-readahead", dir_readahead.run)
             if self.metrics_server is not None:
                 await supervisor.start(nursery, "metrics", self.metrics_server.serve)

@@ -39,7 +39,7 @@ from tierfs.core import TierFS
 from tierfs.meta import MetaDB
 from tierfs.store import open_store
 from tierfs.tiers import Tier
-from tierfs.workers.mover import Mover
+from tierfs.workers.wiring import mover_for
 
 MiB = 1 << 20
 WORK = Path(os.environ.get("WORK", "/var/tmp/tierfs-ab-mover"))
@@ -169,7 +169,7 @@ async def main_async(size: int, rounds: int, variants: list[str]) -> None:
                         print(f"  cp {got[variant]:.0f} MB/s", flush=True)
                         continue
                     await trio.to_thread.run_sync(drop)
-                    mover = Mover(fs)
+                    mover = mover_for(fs)
                     moved0, files0 = mover.status.bytes_moved, mover.status.files_moved
                     apply(variant, fs)
                     nursery.start_soon(mover.meter.run)

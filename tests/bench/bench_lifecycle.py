@@ -121,7 +121,7 @@ READ_CHUNK = 1 << 20
 POOL_SIZE = 64 * MiB  # every file's bytes are this random pool, rotated
 POLL = 0.05  # seconds between status polls while the mover runs
 MOVER_TIMEOUT = 600.0
-EVICTION_ENV = "TIERFS_TEST_EVICTION"  # tierfs.core.tiering.space.EVICTION_ENV (bench-only switch)
+EVICTION_ENV = "TIERFS_TEST_EVICTION"  # tierfs.core.state.space.EVICTION_ENV (bench-only switch)
 
 #: Watermarks of the first tier in the demotion and training-read cases.
 HIGH, LOW = 0.8, 0.1

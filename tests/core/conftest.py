@@ -35,7 +35,7 @@ from tierfs.errors import NotFound
 from tierfs.meta import MetaDB
 from tierfs.store import ListPage, ObjectInfo, open_shared_tier
 from tierfs.tiers import Tier
-from tierfs.workers.uploader import run_uploader
+from tierfs.workers.wiring import uploader_for
 
 MiB = 1024 * 1024
 
@@ -205,7 +205,7 @@ async def _start(
             with cancel:
                 async with trio.open_nursery() as inner:
                     await inner.start(fs.run_workers)
-                    await inner.start(run_uploader, fs)
+                    await inner.start(uploader_for(fs).run)
                     task_status.started()
         finally:
             stopped.set()

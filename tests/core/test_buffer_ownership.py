@@ -18,7 +18,7 @@ import pytest
 
 from tests.core.conftest import MiB, put
 from tests.faults import FaultProxy
-from tierfs.core.read.buffers import IDLE_TRIM_SECONDS, has_live_view
+from tierfs.core.state.buffers import IDLE_TRIM_SECONDS, has_live_view
 from tierfs.errors import StoreError
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store

@@ -35,8 +35,7 @@ from tierfs.control.server import ControlServer, Peer
 from tierfs.core.names.access import Caller
 from tierfs.meta import ROOT_INO
 from tierfs.workers.pathlists import SpoolBudget
-from tierfs.workers.prefetch import Prefetcher
-from tierfs.workers.preload import Preloader
+from tierfs.workers.wiring import prefetcher_for, preloader_for
 
 USER = 1000
 
@@ -64,8 +63,8 @@ async def serve(
         mount.fs, tmp_path / "ctl" / "control.sock", mountpoint=Path("/mnt/t"), limits=limits
     )
     server.uid = uid
-    server.preloader = Preloader(mount.fs, spools=spools)
-    server.prefetcher = Prefetcher(mount.fs, spools=server.preloader.spools)
+    server.preloader = preloader_for(mount.fs, spools=spools)
+    server.prefetcher = prefetcher_for(mount.fs, spools=server.preloader.spools)
     await nursery.start(server.preloader.run)
     await nursery.start(server.prefetcher.run)
     sock = server.bind()
@@ -362,6 +361,7 @@ async def test_status_names_to_a_user_only_the_files_it_may_list(
             {"path": "vic/f.bin", "reason": "r"},
             {"path": "pub/f.bin", "reason": "r"},
         ]
+        report["mover"] = {"state": "moving"}  # the mover's section (no mover runs here)
         report["mover"]["current"] = {
             "path": "vic/f.bin",
             "src": "nvme",

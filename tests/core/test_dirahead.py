@@ -10,6 +10,7 @@ import trio
 
 from tests.core.conftest import CoreMount, put
 from tierfs.workers.dirahead import FIRST_TIER_SHARE, STATUS_SECTION, DirectoryReadahead
+from tierfs.workers.wiring import dir_readahead_for
 
 FILE_BYTES = 2000
 MiB = 1024 * 1024
@@ -23,7 +24,7 @@ def put_files(s3_store: Any, count: int, directory: str = "ds") -> list[str]:
 
 
 async def start(nursery: trio.Nursery, mount: CoreMount, **kwargs: Any) -> DirectoryReadahead:
-    worker = DirectoryReadahead(mount.fs, **kwargs)
+    worker = dir_readahead_for(mount.fs, **kwargs)
     await nursery.start(worker.run)
     return worker
 

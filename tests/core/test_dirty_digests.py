@@ -15,7 +15,7 @@ import pytest
 import trio
 
 import tierfs.core.read.blockcache as blockcache
-import tierfs.core.read.digests as digests
+import tierfs.core.state.digests as digests
 import tierfs.core.write.blockwrites as blockwrites
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.config import WriteConfig

@@ -18,8 +18,8 @@ import pytest
 from tests.core.conftest import CoreMount, MiB, put
 from tierfs.control.readers import ReaderSession, _parse
 from tierfs.core.names.access import Caller
-from tierfs.core.read import leases as leases_module
 from tierfs.core.read.handout import Handed, NotHanded
+from tierfs.core.state import leases as leases_module
 from tierfs.errors import InvalidArgument, PermissionDenied
 
 NVME, HDD = 0, 1

@@ -15,9 +15,7 @@ from typing import Any
 import trio
 
 from tierfs.core.upkeep import COMMIT_INTERVAL
-from tierfs.workers.dirahead import DirectoryReadahead
-from tierfs.workers.mover import Mover
-from tierfs.workers.prefetch import Prefetcher
+from tierfs.workers.wiring import dir_readahead_for, mover_for, prefetcher_for
 
 #: How long the daemon is watched idle (seconds) ...
 IDLE_SECONDS = 2.0
@@ -42,10 +40,10 @@ async def test_an_idle_daemon_does_not_wake_its_loop_for_nothing(
 ) -> None:
     mount = await make_fs()  # the core's workers and the uploader
     fs = mount.fs
-    prefetcher = Prefetcher(fs)
+    prefetcher = prefetcher_for(fs)
     await nursery.start(prefetcher.run)
-    await nursery.start(DirectoryReadahead(fs, defer=lambda: prefetcher.has_order).run)
-    await nursery.start(Mover(fs).run)
+    await nursery.start(dir_readahead_for(fs, defer=lambda: prefetcher.has_order).run)
+    await nursery.start(mover_for(fs).run)
     await fs.mkdir(1, b"written", 0o755, 0, 0)  # the committer has work once
     await trio.sleep(1.0)  # start-up work (orphan cleanup, first mover pass) is over
 

@@ -12,7 +12,7 @@ from tests.core.conftest import MiB, put
 from tierfs.config import RuleConfig, WriteConfig
 from tierfs.errors import Busy
 from tierfs.meta import ROOT_INO
-from tierfs.workers.mover import Mover
+from tierfs.workers.wiring import mover_for
 
 NVME, HDD = 0, 1
 
@@ -89,11 +89,12 @@ async def test_a_pass_over_a_full_tier_demotes_files_opened_once_first(
     assert demoted == ["f1.bin", "f2.bin", "f3.bin", "f4.bin"], plan  # 8 MiB -> the low mark, 4 MiB
     assert "f0.bin" not in demoted
 
-    await Mover(fs).run_pass()
-    assert fs.space.used(NVME) <= 4 * MiB, fs.lifecycle.status
+    mover = mover_for(fs)
+    await mover.run_pass()
+    assert fs.space.used(NVME) <= 4 * MiB, mover.status
     f0 = await fs.namespace.resolve("f0.bin")
     assert fs.meta.residency(f0.ino) == {NVME: MiB}
-    status = fs.lifecycle.status
+    status = mover.status
     assert status.files_moved == 4 and status.bytes_moved == 4 * MiB, status
     for name, body in bodies.items():
         assert await mount.read_file(name) == body
@@ -110,7 +111,7 @@ async def test_a_pass_whose_move_was_skipped_is_followed_down_to_the_low_mark(
     fs = mount.fs
     assert fs.space.used(NVME) == 8 * MiB  # above the high mark (90%)
 
-    mover = Mover(fs)
+    mover = mover_for(fs)
     relocate = mover.movement.relocate
     busy_once: list[int] = []
 
@@ -122,13 +123,13 @@ async def test_a_pass_whose_move_was_skipped_is_followed_down_to_the_low_mark(
 
     mover.movement.relocate = busy_for_the_first_file  # type: ignore[method-assign]
     await mover.run_pass()
-    assert len(busy_once) == 1 and fs.lifecycle.status.skipped == 1
+    assert len(busy_once) == 1 and mover.status.skipped == 1
     assert 4 * MiB < fs.space.used(NVME) <= int(0.9 * 8 * MiB)  # between the marks
     assert fs.lifecycle.needs_pass()
     assert fs.lifecycle.tier_usage()[NVME].must_drain
 
     await mover.run_pass()
-    assert fs.space.used(NVME) <= 4 * MiB, fs.lifecycle.status
+    assert fs.space.used(NVME) <= 4 * MiB, mover.status
     assert fs.meta.residency(busy_once[0]) == {HDD: MiB}  # planned again, moved this time
     assert not fs.lifecycle.tier_usage()[NVME].must_drain
     for name, body in bodies.items():

@@ -31,8 +31,7 @@ from tierfs.metrics import PREFETCH_COUNTERS, PREFETCH_GAUGES, Metrics, MetricsS
 from tierfs.store.retry import RetryPolicy
 from tierfs.store.s3 import S3Store
 from tierfs.watch import render_status
-from tierfs.workers.prefetch import Prefetcher
-from tierfs.workers.preload import Preloader
+from tierfs.workers.wiring import prefetcher_for, preloader_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -236,7 +235,7 @@ async def test_preload_jobs_are_exported_as_they_stand(make_fs: Any, s3_store: A
     mount, metrics = await watched(make_fs)
     for i in range(3):
         put(s3_store, f"ds/f{i}.bin", bytes([i]) * 1000)
-    preloader = Preloader(mount.fs)
+    preloader = preloader_for(mount.fs)
     metrics.watch_preloads(preloader.status)
     assert not [
         f
@@ -271,7 +270,7 @@ async def test_prefetcher_figures_are_exported_as_status_shows_them(
     paths = put_files(s3_store, 12)
     assert prefetch_series(scrape(metrics)) == []  # no prefetcher, no series
     async with trio.open_nursery() as nursery:
-        prefetcher = Prefetcher(mount.fs, window_files=4)
+        prefetcher = prefetcher_for(mount.fs, window_files=4)
         await nursery.start(prefetcher.run)
         spool = prefetcher.new_spool()
         for path in [*paths, "ds/missing.bin"]:

@@ -23,7 +23,7 @@ from tierfs.core.names.dirhandles import DOT, DOTDOT
 from tierfs.core.names.listings import RELIST_CONCURRENCY
 from tierfs.core.names.namereads import READDIR_BATCH
 from tierfs.core.names.shadow import SHADOW_ROOT, shadow_dir_prefix
-from tierfs.core.results import Attributes, DirEntry
+from tierfs.core.state.results import Attributes, DirEntry
 from tierfs.errors import NotFound, StoreError
 from tierfs.meta import PROVISIONAL, ROOT_INO
 

@@ -18,6 +18,7 @@ from tierfs.errors import Busy, InvalidArgument, TierfsError
 from tierfs.meta import ROOT_INO
 from tierfs.workers import prefetch as prefetch_module
 from tierfs.workers.prefetch import OrderKey, Prefetcher, _Follower, _InodeIndex
+from tierfs.workers.wiring import prefetcher_for
 
 MiB = 1024 * 1024
 FILE_BYTES = 3000
@@ -36,7 +37,7 @@ def put_files(s3_store: Any, count: int) -> list[str]:
 
 async def running_prefetcher(nursery: trio.Nursery, mount: CoreMount, **kwargs: Any) -> Prefetcher:
     """A prefetcher started in ``nursery``, with no order yet."""
-    prefetcher = Prefetcher(mount.fs, **kwargs)
+    prefetcher = prefetcher_for(mount.fs, **kwargs)
     await nursery.start(prefetcher.run)
     return prefetcher
 
@@ -314,7 +315,7 @@ async def test_fills_keep_more_gets_in_flight_than_preload_and_yield_to_demand(
     put(s3_store, "other.bin", b"o" * FILE_BYTES)
     fetch = FetchConfig(block_size=MiB, readahead_max=8 * MiB, concurrency=4)
     mount = await make_fs(fetch=fetch)
-    assert Prefetcher(mount.fs).tasks == 4  # the default: every slot
+    assert prefetcher_for(mount.fs).tasks == 4  # the default: every slot
     assert mount.fs.fetcher.slots.background_max == 2  # preload's share
     gets = GetsOneByOne(mount)
     try:
@@ -448,7 +449,7 @@ async def test_sessions_share_the_fill_tasks_fairly(
     mount = await make_fs(fetch=fetch)
     gets = GetsOneByOne(mount)
     try:
-        prefetcher = Prefetcher(mount.fs, window_files=8, tasks=4)
+        prefetcher = prefetcher_for(mount.fs, window_files=8, tasks=4)
         await nursery.start(prefetcher.run)
         alone = OrderKey(1000, "a")
         await load(prefetcher, paths[:12], alone)
@@ -508,7 +509,7 @@ async def test_fills_and_room_are_shared_per_user_first(
     mount = await make_fs(fetch=fetch, capacities=(400_000, 16 * MiB))
     gets = GetsOneByOne(mount)
     try:
-        prefetcher = Prefetcher(mount.fs, window_files=8, tasks=4)
+        prefetcher = prefetcher_for(mount.fs, window_files=8, tasks=4)
         # The three orders are in before the worker schedules its first fill.
         await load(prefetcher, paths[:12], OrderKey(1000, "a"))
         await load(prefetcher, paths[12:24], OrderKey(1000, "b"))

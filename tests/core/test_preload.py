@@ -20,7 +20,8 @@ from tierfs.core.names.namespace import WALK_PAGE
 from tierfs.core.read.fetcher import BACKGROUND_TRICKLE_BYTES
 from tierfs.errors import InvalidArgument, StoreAccessDenied
 from tierfs.workers.pathlists import normalize_path
-from tierfs.workers.preload import Preloader, PreloadJob
+from tierfs.workers.preload import PreloadJob
+from tierfs.workers.wiring import preloader_for
 
 TREE = {
     "data/a/x.bin": 3 * MiB + 5,
@@ -51,7 +52,7 @@ async def run_preload(
     *,
     bandwidth: int = 0,
 ) -> PreloadJob:
-    preloader = Preloader(mount.fs)
+    preloader = preloader_for(mount.fs)
     await nursery.start(preloader.run)
     spool = preloader.new_spool()
     for path in paths:

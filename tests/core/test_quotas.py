@@ -124,7 +124,7 @@ async def test_files_quota_refuses_create_and_mkdir(make_fs: Any) -> None:
 
 
 async def test_warning_is_logged_once_per_crossing(make_fs: Any, caplog: Any) -> None:
-    caplog.set_level(logging.INFO, logger="tierfs.core.write.quotas")
+    caplog.set_level(logging.INFO, logger="tierfs.core.names.quotas")
     mount = await make_fs(quotas=[quota("w", bytes=10 * MiB, warn_at=0.8)])
     await walked(mount)
     parent = await mkdirs(mount, "w")

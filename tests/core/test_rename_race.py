@@ -15,7 +15,7 @@ file.  The bucket lost the file.
 The first test holds the first PUT (to ``dd``) until the rename is done,
 and the DELETE of ``é x`` until the retried upload had the time to overtake
 it.  The fix moves a running upload behind the rename's entries too (its
-attempt is superseded, ``tierfs.core.write.journal``); the second test checks
+attempt is superseded, ``tierfs.core.state.journal``); the second test checks
 that a flush waiting for the moved entry follows it to its new place.
 """
 

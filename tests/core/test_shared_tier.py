@@ -21,7 +21,7 @@ from tierfs.core.read import sharedtier
 from tierfs.core.read.sharedtier import CLAIM_WAIT, CLAIMS, TRAILER
 from tierfs.errors import InvalidArgument
 from tierfs.metrics import Metrics
-from tierfs.workers.preload import Preloader
+from tierfs.workers.wiring import preloader_for
 
 
 def shared_config(seaweed: SeaweedCluster, **extra: Any) -> SharedTierConfig:
@@ -326,7 +326,7 @@ async def test_a_preload_into_an_unknown_tier_names_the_shared_tier_among_the_ch
 ) -> None:
     put(s3_store, "x.bin", b"x")
     node = await make_fs(node="a", shared_tier=shared_config(seaweed))
-    preloader = Preloader(node.fs)
+    preloader = preloader_for(node.fs)
     await nursery.start(preloader.run)
     spool = preloader.new_spool()
     spool.add("x.bin")

@@ -145,7 +145,9 @@ async def test_a_directory_renamed_after_its_keys_were_remembered_uploads_at_the
         inode = fs.meta.get_inode(ino)
         assert inode is not None
         assert fs.namespace.key_of(inode) == path
-        assert fs.entry_keys(fs.journal.upload_seq[ino], {"op": "upload", "ino": ino}) == [path]
+        assert fs.sync.entry_keys(fs.journal.upload_seq[ino], {"op": "upload", "ino": ino}) == [
+            path
+        ]
     await fs.rename(1, b"a", 1, b"z", 0)
     for ino, path in zip(inos, files, strict=True):
         inode = fs.meta.get_inode(ino)

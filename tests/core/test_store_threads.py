@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from tierfs.core.store_threads import StoreThreads
+from tierfs.core.state.store_threads import StoreThreads
 
 
 def blocking_call(release: threading.Event, finished: list[str]) -> str:

@@ -18,7 +18,7 @@ from tierfsd.fuse_ops import TierfsOperations
 
 from tests.core.conftest import count_calls, put
 from tierfs.errors import NotFound
-from tierfs.workers.dirahead import DirectoryReadahead
+from tierfs.workers.wiring import dir_readahead_for
 
 KiB = 1024
 FILES = 12
@@ -76,7 +76,7 @@ async def test_warm_open_flush_release_do_no_avoidable_work(
     for i, path in enumerate(paths):
         put(s3_store, path, bytes([i]) * (1000 + 100 * i))
     mount = await make_fs()
-    readahead = DirectoryReadahead(mount.fs, max_files=8)
+    readahead = dir_readahead_for(mount.fs, max_files=8)
     await nursery.start(readahead.run)
     for path in paths:  # the warm-up: every file resident
         await mount.read_file(path)

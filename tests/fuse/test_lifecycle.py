@@ -1,7 +1,7 @@
 """Real mount: the lifecycle rules and the mover, through the CLI.
 
 Small tiers (configured capacities, 1 MiB blocks) and the lifecycle's test
-clock (``TIERFS_TEST_CLOCK_FILE``, see ``tierfs.core.tiering.clock``): a test moves
+clock (``TIERFS_TEST_CLOCK_FILE``, see ``tierfs.core.state.clock``): a test moves
 the daemon's lifecycle clock days ahead instead of sleeping.  Each rule key
 of the contract (``place``, ``keep_newest``, ``demote_after``,
 ``evict_after``, ``pin``, ``promote``, ``cache``) shows its effect here, and

@@ -26,7 +26,7 @@ server, the loopback, the disk and the CPUs with the preload's GETs.  The
 idle reads are taken before the preload and again after it was cancelled
 (a shared machine's load drifts); a read counts only if the preload still
 ran when it ended.  Checked: it fails with rule 4 of
-``tierfs.core.read.fetch_slots`` disabled (BACKGROUND work not held back while
+``tierfs.core.state.fetch_slots`` disabled (BACKGROUND work not held back while
 demand is active: during/idle 6.2x and 8.5x in two runs), and passed at
 1.0-1.2x with it (1.9x once, on a machine with a load average of 11); the
 bound is ``UNPACED_BOUND``.

@@ -1,7 +1,7 @@
 """Real mount: a daemon that keeps serving whatever its workers and its backing do.
 
 * Every background worker runs under the supervisor: a failure injected into
-  each of them (``TIERFS_TEST_WORKER_FAULTS``, see ``tierfs.core.supervisor``)
+  each of them (``TIERFS_TEST_WORKER_FAULTS``, see ``tierfs.core.state.supervisor``)
   is logged, counted in ``tierfs status`` and the worker restarts, while the
   mount keeps serving.
 * Through a proxy that answers 503 and 403 at random and resets bodies, the
@@ -45,7 +45,7 @@ from tests.fuse.conftest import (
     wait_until,
 )
 from tests.fuse.test_crash import mounted, through_proxy
-from tierfs.core.supervisor import INJECT_ENV, PAUSE_ENV
+from tierfs.core.state.supervisor import INJECT_ENV, PAUSE_ENV
 
 pytestmark = pytest.mark.fuse
 

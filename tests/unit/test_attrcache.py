@@ -4,7 +4,7 @@ bounded."""
 from __future__ import annotations
 
 from tierfs.core.names.attrcache import AttributeCache
-from tierfs.core.results import Attributes
+from tierfs.core.state.results import Attributes
 from tierfs.meta import Inode
 from tierfs.meta.records import encode_inode
 

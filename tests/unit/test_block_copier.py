@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tierfs.core.read.digests import block_digest
+from tierfs.core.state.digests import block_digest
 from tierfs.core.tiering.movement import COPY_PIECE, BlockCopier
 
 BLOCK = 3 * COPY_PIECE + 1000  # several pieces, the last one short

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mmap
 
-from tierfs.core.read.buffers import IDLE_TRIM_SECONDS, BlockBuffers, has_live_view
+from tierfs.core.state.buffers import IDLE_TRIM_SECONDS, BlockBuffers, has_live_view
 
 
 def test_buffers_are_reused_page_aligned_and_capped() -> None:

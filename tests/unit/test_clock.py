@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.core.tiering import clock as clock_module
-from tierfs.core.tiering.clock import Clock
+from tierfs.core.state import clock as clock_module
+from tierfs.core.state.clock import Clock
 
 
 def test_without_a_file_the_clock_is_the_real_one() -> None:

@@ -1,4 +1,4 @@
-"""FetchSlots: the priority rule of block fetches (tierfs/core/read/fetch_slots.py).
+"""FetchSlots: the priority rule of block fetches (tierfs/core/state/fetch_slots.py).
 
 Fetches are trio tasks that take a slot, hold it until told to stop, and
 give it back; the clock is a MockClock, so the rule's timing (the quiet
@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs.core.read.fetch_slots import FetchPriority, FetchSlots
+from tierfs.core.state.fetch_slots import FetchPriority, FetchSlots
 
 DEMAND, AHEAD, BACKGROUND = FetchPriority.DEMAND, FetchPriority.AHEAD, FetchPriority.BACKGROUND
 

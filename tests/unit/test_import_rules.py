@@ -19,6 +19,10 @@ Rules:
   ``a/__init__``, ``a/b/__init__`` and ``a/b/c``, and the check follows that);
 - nothing under ``tierfs/`` imports ``tierfsd`` (or ``daemon``);
 - ``tierfs/core/`` does not import ``tierfs.control`` or ``tierfs.cli``;
+- inside ``tierfs/core/``, the subpackages depend one way, in the order
+  ``state`` -> ``names`` -> ``read`` -> ``tiering`` -> ``write``: a module of
+  one imports only its own subpackage and those before it, and never core's
+  top-level modules (``fs``, ``reports``, ``upkeep``), which compose them;
 - ``daemon/`` has no ``__init__.py``.
 """
 
@@ -62,6 +66,9 @@ POLICY_FORBIDDEN = frozenset(
 )
 CORE_DIR = "tierfs/core/"
 CORE_FORBIDDEN = ("tierfs.control", "tierfs.cli")
+#: The subpackages of tierfs/core, bottom first: each may import only itself
+#: and those before it (docs/design.md, "Inside the core").
+CORE_ORDER = ("state", "names", "read", "tiering", "write")
 
 
 def module_name(relpath: str) -> str:
@@ -132,7 +139,30 @@ def direct_violations(relpath: str, imports: set[str]) -> list[str]:
             for bad in CORE_FORBIDDEN:
                 if _within(name, bad):
                     out.append(f"{relpath}: imports {name}; tierfs/core must not import {bad}")
+            problem = core_order_problem(relpath, name)
+            if problem:
+                out.append(f"{relpath}: imports {name}; {problem}")
     return out
+
+
+def core_order_problem(relpath: str, name: str) -> str | None:
+    """Why a module of a core subpackage may not import ``name`` (None: it may)."""
+    inside = relpath.removeprefix(CORE_DIR).split("/")
+    if len(inside) < 2 or not _within(name, "tierfs.core"):
+        return None  # core's top-level modules compose; other imports: other rules
+    sub = inside[0]
+    if sub not in CORE_ORDER:
+        return f"tierfs/core/{sub}/ is not in the core's order {CORE_ORDER}"
+    allowed = CORE_ORDER[: CORE_ORDER.index(sub) + 1]
+    target = name.split(".")
+    if len(target) >= 3 and target[2] in allowed:
+        return None
+    if len(target) >= 3 and target[2] in CORE_ORDER:
+        return (
+            f"core/{sub} may import only {', '.join(allowed)} "
+            f"(the core's order is {' -> '.join(CORE_ORDER)})"
+        )
+    return f"core/{sub} must not import core's top level (fs, reports, upkeep compose the parts)"
 
 
 def _executed_modules(name: str, modules: Mapping[str, str]) -> list[str]:
@@ -246,6 +276,24 @@ def test_daemon_is_not_a_package():
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import lmdb\n",
             "only tierfs/meta/",
         ),
+        (
+            "tierfs/core/names/inodekeys.py",
+            "from ..write.journal import child_key\n",
+            "core/names may import only state, names",
+        ),
+        (
+            "tierfs/core/state/openfiles.py",
+            "from tierfs.core.read import blockcache\n",
+            "core/state may import only state",
+        ),
+        (
+            "tierfs/core/read/handles.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tiering.space import X\n",
+            "core/read may import only state, names, read",
+        ),
+        ("tierfs/core/read/handles.py", "from ..fs import TierFS\n", "core's top level"),
+        ("tierfs/core/write/sync.py", "from tierfs.core import TierFS\n", "core's top level"),
+        ("tierfs/core/extra/x.py", "from ..state import journal\n", "not in the core's order"),
         ("tierfs/policy/rules.py", "import trio\n", "pure and synchronous"),
         ("tierfs/policy/rules.py", "import subprocess\n", "pure and synchronous"),
         ("tierfs/policy/rules.py", "from socket import socket\n", "pure and synchronous"),
@@ -280,6 +328,10 @@ def test_checker_accepts_allowed_imports():
         "tierfs/store/s3.py": "import boto3\nfrom botocore.config import Config\n",
         "tierfs/policy/rules.py": "import fnmatch\nfrom tierfs.config import RuleConfig\n",
         "tierfs/core/fs.py": "import trio\nfrom tierfs.meta.db import open_db\n",
+        "tierfs/core/upkeep.py": "from .write.sync import Sync\nfrom .state import journal\n",
+        "tierfs/core/write/sync.py": "from ..state.journal import J\nfrom ..names import x\n",
+        "tierfs/core/tiering/movement.py": "from ..read.fetcher import F\nfrom .space import S\n",
+        "tierfs/core/state/journal.py": "from .clock import Clock\nfrom tierfs.meta import MetaDB\n",
         "tierfs/control/client.py": "import socket\n",
         "daemon/tierfsd/fuse_ops.py": "import pyfuse3\nfrom tierfs.core.fs import TierFS\n",
     }

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tierfs.core.write.journal import DeletedNames, Journal
+from tierfs.core.state.journal import DeletedNames, Journal
 from tierfs.meta import MetaDB
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.core.write.journal import Journal
+from tierfs.core.state.journal import Journal
 from tierfs.meta import MetaDB
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from tierfs.core.write.journal import Journal
+from tierfs.core.state.journal import Journal
 from tierfs.meta import MetaDB
 
 

@@ -154,6 +154,19 @@ def test_match_path_caches_and_stays_bounded() -> None:
     assert rule_set.match_path("a/b/c") == first
 
 
+def test_a_twin_shares_the_compiled_rules_and_not_the_cache() -> None:
+    """The lifecycle's planner thread takes a twin of the loop's rules:
+    nothing is compiled again, and neither sees the other's cache."""
+    rule_set = RuleSet(rules_of("a/*", "b/**"))
+    rule_set.match_path("a/x")
+    twin = rule_set.with_own_cache()
+    assert twin.rules is rule_set.rules
+    assert len(twin._cache) == 0 and len(rule_set._cache) == 1
+    assert twin.match_path("b/y/z") == rule_set.match_path("b/y/z")
+    assert twin.match_path("a/x") == rule_set.match_path("a/x")
+    assert twin.match_path("c") is None
+
+
 # --- shadowed rules --------------------------------------------------------------------------------
 
 

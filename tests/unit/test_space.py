@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tierfs.config import TierConfig
-from tierfs.core.tiering.space import SpaceManager
+from tierfs.core.state.space import SpaceManager
 from tierfs.meta import BlockRecord, MetaDB
 from tierfs.tiers import Tier
 

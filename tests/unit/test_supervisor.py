@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs.core.supervisor import (
+from tierfs.core.state.supervisor import (
     FatalWorkerError,
     InjectedWorkerFault,
     Supervisor,

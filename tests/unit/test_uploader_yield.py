@@ -9,7 +9,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from tierfs.core.write.journal import HURRY_FAILED_RETRY, HURRY_WAIT, Journal
+from tierfs.core.state.journal import HURRY_FAILED_RETRY, HURRY_WAIT, Journal
 from tierfs.meta import MetaDB
 from tierfs.workers.foreground import BUSY_REQUESTS_PER_SECOND, BUSY_WINDOW, ForegroundMeter
 from tierfs.workers.uploader import BURST_HOLD, upload_limit

@@ -32,7 +32,7 @@ descriptors of the files handed out passed along (``SCM_RIGHTS``)::
 ``"fd": k`` is the index of the file's descriptor among those passed with
 the line.  Bounds: ``MAX_FILES`` files handed out per line (the kernel
 passes at most 253 descriptors per message), the leases'
-(``tierfs.core.read.leases``), and the connection gate of every control
+(``tierfs.core.state.leases``), and the connection gate of every control
 connection.  A reader connection waits idle by design (between epochs);
 its lines are not paced (a DataLoader worker sends one per batch), each is
 bounded in work by ``MAX_FILES``.

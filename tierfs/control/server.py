@@ -468,7 +468,7 @@ class ControlServer:
         last errors (which name keys and files) are root's to read."""
         visible = self.fs.permissions.visible
         status["failed"] = await visible(status["failed"], lambda item: item["path"], peer.caller)
-        current = status["mover"].get("current")
+        current = (status.get("mover") or {}).get("current")
         if current and not await visible([current], lambda item: item["path"], peer.caller):
             current["path"] = None
         if status["last_sync_error"]:

@@ -11,40 +11,24 @@ Handles (``handles``): ``open`` returns a file handle number that maps to a
 
 Composition.  TierFS is built from parts, each given its collaborators at
 construction, in the order of their dependencies (``__init__``; a part only
-calls parts built before it):
-
-    journal       the durable queue of bucket mutations (``journal``)
-    clock         the lifecycle's clock: access times and rule ages (``clock``)
-    tasks         starts the parts' background tasks (``supervisor``)
-    open_files    the files in use, their fds, checked blocks (``openfiles``)
-    keys          inodes by number and their object keys (``inodekeys``)
-    listings      directories listed from the bucket, attributes settled (``listings``)
-    namespace     lookups, paths, walks, revalidation on open (``namespace``)
-    damage        what a block that fails its checksum does (``damage``)
-    policies      rules and pins per file: placement, promotion (``policies``)
-    space         placement of blocks on tiers, emergency eviction (``space``)
-    fetcher       filling absent blocks from the bucket (``fetcher``)
-    blocks        serving reads from the tiers, checks, readahead (``blockcache``)
-    block_writes  the blocks of writes: write, truncate, seal, commit (``blockwrites``)
-    handles       open file handles and writers (``handles``)
-    names         lookups, attributes, directory reads (``namereads``)
-    sync          journal execution, upload, flush (``sync``)
-    quotas        directory quotas: usage, EDQUOT, the bucket walk (``quotas``)
-    writes        POSIX mutations (``writes``)
-    movement      fill / relocate / evict / check of a file's blocks (``movement``)
-    lifecycle     the plan of moves, pin / evict / reload (``lifecycle``)
-    upkeep        group commits, housekeeping, orphaned cache files (``upkeep``)
-    reports       ``status``, ``where`` and statfs from the parts' figures (``reports``)
+calls parts built before it).  ``docs/design.md``, "The core and its
+parts", lists them in that order with their jobs; the subpackages they live
+in depend one way (``state`` -> ``names`` -> ``read`` -> ``tiering`` ->
+``write``, held by ``tests/unit/test_import_rules.py``).
 
 No part calls back into TierFS.  Two events climb up, and TierFS wires
 them to the parts that follow them at the end of ``__init__``: a file no
 longer in use (``OpenFiles.idle_listeners``: an unlinked file is deleted,
-``FileWrites.file_idle``), and a file the bucket changed or removed
+``NameChanges.file_idle``), and a file the bucket changed or removed
 (``Listings.drop_listeners``: the space accounting, the open-file table
 and the kernel's pages, ``Handles.content_dropped``).  The public async
 methods the FUSE layer, the control server and the workers call stay on
-TierFS and delegate to the parts (the POSIX mutations are ``FileWrites``'
-own methods, bound in ``__init__``).
+TierFS and delegate to the parts (the name changes are ``NameChanges``'
+own methods and the data path's ``FileWrites``', bound in ``__init__``).
+TierFS keeps only the decisions that need several parts at once: open
+(whether to HEAD first), create (open the new name), read (count the use),
+write (drop pages re-read meanwhile), release (commit, start the upload
+clock), the control attribute, and reloads.
 """
 
 from __future__ import annotations
@@ -68,34 +52,35 @@ from tierfs.store.breaker import breaker_of
 from tierfs.tiers import Tier
 
 from .names.access import Permissions
+from .names.changes import NameChanges
 from .names.inodekeys import InodeKeys
 from .names.listings import Identity, Listings
 from .names.namereads import NameReads
 from .names.namespace import Namespace
 from .names.posix_attrs import AccessTimes, Caller, UnlinkedInodes
+from .names.quotas import Quotas
 from .names.shadow import ShadowPlace
 from .read.blockcache import BlockCache
-from .read.buffers import RecentBlocks
 from .read.fetcher import Fetcher, Origin
 from .read.handles import Handles
 from .read.handout import HandOut
-from .read.leases import ReaderLeases
-from .read.openfiles import OpenFiles
 from .read.sharedtier import SharedOrigin, SharedTier
 from .reports import Reports
-from .results import Attributes, DirEntry, FsStats, OpenResult
-from .store_threads import StoreThreads
-from .supervisor import BackgroundTasks, Supervisor
-from .tiering.clock import Clock
+from .state.buffers import RecentBlocks
+from .state.clock import Clock
+from .state.journal import Journal
+from .state.leases import ReaderLeases
+from .state.openfiles import OpenFiles
+from .state.results import Attributes, DirEntry, FsStats, OpenResult
+from .state.space import SpaceManager
+from .state.store_threads import StoreThreads
+from .state.supervisor import BackgroundTasks, Supervisor
 from .tiering.lifecycle import Lifecycle
 from .tiering.movement import DataMovement
 from .tiering.policies import FilePolicies
-from .tiering.space import SpaceManager
 from .upkeep import Upkeep
 from .write.blockwrites import BlockWrites
 from .write.damage import DamageLog
-from .write.journal import Entry, Journal
-from .write.quotas import Quotas
 from .write.sharewrites import SharedWrites
 from .write.sync import FlushOutcome, Sync
 from .write.writes import FileWrites
@@ -309,38 +294,48 @@ class TierFS:
         )
         self.quotas.start()
         self.writes = FileWrites(
-            config,
+            config.write,
+            self.journal,
+            self.namespace,
+            self.listings,
+            self.open_files,
+            self.block_writes,
+            self.handles,
+            self.sync,
+            self.quotas,
+            write_through=self.policies.write_through,
+        )
+        self.name_changes = NameChanges(
             meta,
             tiers,
             self.journal,
             self.namespace,
             self.listings,
             self.open_files,
-            self.block_writes,
             self.space,
-            self.handles,
-            self.sync,
+            self.quotas,
+            access=config.access,
+            write=config.write,
+            block_size=config.fetch.block_size,
             control_xattr=self.control_xattr,
             attributes=self.names.attributes,
             access_times=self.access_times,
             unlinked=self.unlinked,
-            quotas=self.quotas,
-            write_through=self.policies.write_through,
+            truncate=self.writes.truncate,
         )
-        # The POSIX mutations are FileWrites' own methods, bound here so
-        # that their arguments are declared once; only ``write`` adds a
-        # step of its own (a method below).
-        self.create = self.writes.create
-        self.mkdir = self.writes.mkdir
-        self.symlink = self.writes.symlink
-        self.mknod = self.writes.mknod
-        self.link = self.writes.link
-        self.unlink = self.writes.unlink
-        self.rmdir = self.writes.rmdir
-        self.rename = self.writes.rename
-        self.setattr = self.writes.setattr
-        self.setxattr = self.writes.setxattr
-        self.removexattr = self.writes.removexattr
+        # The name changes are NameChanges' own methods and the data path's
+        # FileWrites', bound here so that their arguments are declared once;
+        # ``create`` and ``write`` add a step of their own (methods below).
+        self.mkdir = self.name_changes.mkdir
+        self.symlink = self.name_changes.symlink
+        self.mknod = self.name_changes.mknod
+        self.link = self.name_changes.link
+        self.unlink = self.name_changes.unlink
+        self.rmdir = self.name_changes.rmdir
+        self.rename = self.name_changes.rename
+        self.setattr = self.name_changes.setattr
+        self.setxattr = self.name_changes.setxattr
+        self.removexattr = self.name_changes.removexattr
         self.fsync = self.writes.fsync
         self.flush = self.writes.flush
         self.movement = DataMovement(
@@ -411,7 +406,7 @@ class TierFS:
         self.status_sections["readers"] = self.leases.status
 
         # Events that climb up: each goes to the parts that follow it.
-        self.open_files.idle_listeners.append(self.writes.file_idle)
+        self.open_files.idle_listeners.append(self.name_changes.file_idle)
         self.listings.drop_listeners += [
             self.space.content_dropped,
             self.open_files.content_dropped,
@@ -576,6 +571,23 @@ class TierFS:
             self.writes.drop_privileges(handle)
         return result
 
+    async def create(
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        flags: int,
+        uid: int,
+        gid: int,
+        *,
+        caller: Caller | None = None,
+    ) -> tuple[OpenResult, Attributes]:
+        """A new file (``NameChanges.create``), opened at once: nothing
+        awaits between the two."""
+        inode = await self.name_changes.create(parent, name, mode, uid, gid)
+        opened = self.handles.open(inode, flags, caller=caller)
+        return opened, self.names.attributes(self.namespace.get(inode.ino))
+
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         """A memoryview is lent until the caller's next ``await`` (BlockCache.read)."""
         handle = self.handles.get(fh)
@@ -661,12 +673,10 @@ class TierFS:
 
     # --- the bucket side (``sync``) ---------------------------------------------------------
 
-    def entry_keys(self, seq: int, entry: Entry) -> list[str] | None:
-        """The keys a journal entry touches, for ordering; None if obsolete."""
-        return self.sync.entry_keys(seq, entry)
-
-    async def run_entry(self, seq: int) -> None:
-        await self.sync.run_entry(seq)
+    def fsyncdir(self) -> None:
+        """fsync of a directory: every namespace change made before it is
+        durable when it returns (the metadata group commits and syncs)."""
+        self.meta.sync()
 
     async def wait_uploaded(self, ino: int) -> None:
         await self.sync.wait_uploaded(ino)
@@ -683,6 +693,3 @@ class TierFS:
         return await self.sync.flush_path(
             relpath, uid=uid, writing=writing, wrote_by=self.handles.wrote_by
         )
-
-    async def abort_stale_uploads(self, older_than: float = 24 * 3600) -> int:
-        return await self.sync.abort_stale_uploads(older_than)

@@ -26,18 +26,18 @@ from tierfs.tiers import Tier
 
 from .names.namereads import NameReads
 from .names.namespace import Namespace
+from .names.quotas import Quotas
 from .read.fetcher import Fetcher
-from .read.openfiles import OpenFiles
 from .read.sharedtier import SharedTier
-from .results import FsStats
-from .supervisor import Supervisor
+from .state.journal import Journal
+from .state.openfiles import OpenFiles
+from .state.results import FsStats
+from .state.space import SpaceManager
+from .state.supervisor import Supervisor
 from .tiering.lifecycle import Lifecycle
 from .tiering.movement import DataMovement
 from .tiering.policies import FilePolicies
-from .tiering.space import SpaceManager
 from .write.damage import DamageLog
-from .write.journal import Journal
-from .write.quotas import Quotas
 from .write.sync import Sync
 
 
@@ -198,7 +198,6 @@ class Reports:
             "failed": self.sync.refused_files(),
             "worker_restarts": self.supervisor.restarts,
             "workers": self.supervisor.status(),
-            "mover": self.lifecycle.status.as_dict(),
             "shared_tier": self.shared_tier.status() if self.shared_tier is not None else None,
             "quotas": self.quotas.status(),
             "hit_ratio": stats.hit_blocks / lookups if lookups else None,

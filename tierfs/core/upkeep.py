@@ -23,10 +23,10 @@ from tierfs.meta import MetaDB
 from tierfs.tiers import Tier
 
 from .names.posix_attrs import AccessTimes
-from .read.buffers import BlockBuffers
-from .read.openfiles import OpenFiles
-from .supervisor import FatalWorkerError, Supervisor
-from .tiering.space import SpaceManager
+from .state.buffers import BlockBuffers
+from .state.openfiles import OpenFiles
+from .state.space import SpaceManager
+from .state.supervisor import FatalWorkerError, Supervisor
 
 log = logging.getLogger(__name__)
 

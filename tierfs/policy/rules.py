@@ -227,6 +227,14 @@ class RuleSet:
     def __len__(self) -> int:
         return len(self.rules)
 
+    def with_own_cache(self) -> RuleSet:
+        """The same compiled rules with an empty cache of its own: for a
+        thread (the lifecycle's planner) beside the event loop's matcher,
+        whose cache is not shared across threads.  Nothing is compiled."""
+        twin = RuleSet((), cache_size=self._cache_size)
+        twin.rules = self.rules
+        return twin
+
     def clear_cache(self) -> None:
         self._cache.clear()
 

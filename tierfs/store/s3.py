@@ -91,53 +91,22 @@ Invariants:
 - Keys given to this class are relative to the URL's prefix; the prefix is
   added on the way out and stripped on the way in.
 - Listings are parsed by botocore with our ``parse_timestamp``: botocore's
-  default hands every ``LastModified`` to dateutil (about 26 us each), which
-  was three quarters of the parse of a 1,000-key ListObjectsV2 page (45 ms
-  against 11 ms with ``datetime.fromisoformat``, measured by parsing one
-  such page with botocore's rest-xml parser both ways).
-  py-spy of a 10,000-file preload had found that parse as most of the CPU
-  of the threads that list (0.5-0.7 of the daemon's 6-7 CPU-s; 0.1-0.2
-  after); a cold ``find`` of 100,000 entries parses 100 such pages.
+  default hands every ``LastModified`` to dateutil, which was most of the
+  parse of a page; ISO 8601 goes to ``datetime.fromisoformat`` and every
+  other form to botocore's own.
 
-Read engine.  Small requests go native, bulk ranged GETs stay on
-botocore.  botocore spends about 3 ms of client CPU per request whatever
-its size (building, signing, parsing, under the GIL), obstore about 0.5 ms
-(in Rust, GIL released), so for small objects the engine decided the
-daemon's CPU.  Client CPU per ranged GET, 8 threads against s3rver, on a
-machine busy with other work (two rounds each; botocore readinto vs
-obstore): 64 KiB 2.9-3.4 vs 0.6 ms; 256 KiB 3.0-3.8 vs 1.1; 1 MiB 4.6-5.0
-vs 2.1-2.2; 2 MiB 5.3-5.5 vs 3.3-3.5; 4 MiB 7.4-7.9 vs 6.2-8.7, no longer
-a clear win (obstore's body arrives as a new buffer that is copied into
-the block cache's, botocore's ``readinto`` copies nothing): hence
-``NATIVE_GET_MAX`` = 2 MiB.  For big ranges the earlier measurement still
-holds: one 1 GiB object in 16 MiB ranged GETs, 8 at once, this botocore
-path 217-266 MB/s at 0.85-0.93 CPU-s/GiB, awscrt's S3Client 1.20-1.37,
-obstore 1.72.  Again for 16 MiB GETs from 16 threads (the method of
-``tests/bench/ab_ranged_get.py``, variant ``n=1``; two interleaved rounds
-on a loaded machine): obstore 0.83-1.01 client CPU s/GiB and 371-385
-MB/s, this path 0.61-0.90 and 399-575 MB/s.  So a native engine for bulk
-GETs would not unload the daemon, and the server's CPU per GiB is the
-same whichever engine asks (see "Does this pattern cost the S3 server
-more" in :mod:`tierfs.core.read.fetch_slots`).
-Tried and left out: a receive low-water mark (SO_RCVLOWAT 256 KiB while
-more than that was left of the body, the first MiB read without it to
-learn the rate, the mark capped to an eighth of the read timeout at that
-rate, put back to 1 before the connection went back to the pool).  The
-body's socket reads average about 100 KiB without it (strace), each a GIL
-release and re-take.  With it (same method, 16 x 16 MiB with O_DIRECT
-writes, 12 interleaved rounds on a loaded machine): client CPU 0.60-0.71
-against 0.72-0.81 s/GiB, but s3rver 1.43-1.87 against 1.21-1.59 (its
-socket writes came back short more often: 42-67 syscalls/MiB against
-41-49), and MB/s 0.62-1.46x, median about 1.04x.  s3rver is the cap on a
-quiet machine, so its CPU weighs more than the daemon's.
-In the daemon (bench_meta, 4,000 files of 1-16 KiB, 8 reader threads,
-cold): 6.9 ms of daemon CPU per file before, 3.6 ms after.
-py-spy of that phase after the change: the GETs are one native call
-(``NativeEngine.get``, 12 % of samples, waiting on the wire without the
-GIL) where botocore's stack was 13 % with the GIL (request building,
-http.client parsing, event hooks); the next in rank are now the trio loop
-and the FUSE handlers (``async_wrapper`` 10 %, epoll 4 %), then
-``Tier.open_file`` and LMDB commits (about 1 % each).
+Read engine.  Small requests go native, bulk ranged GETs stay on botocore.
+botocore costs about 3 ms of client CPU per request whatever its size
+(building, signing, parsing, under the GIL), obstore about 0.5 ms (in Rust,
+GIL released), so for small objects the engine decides the daemon's CPU.
+Past ``NATIVE_GET_MAX`` (2 MiB) the native engine no longer wins: its body
+arrives as a new buffer that is copied into the block cache's, where
+botocore's ``readinto`` copies nothing, and for 16 MiB ranges it costs as
+much client CPU as botocore or more.  A receive low-water mark on big
+bodies (``SO_RCVLOWAT``) was tried and left out: less client CPU, more
+S3-server CPU, no clear gain in MB/s.  The measurements behind these
+rules, dated, with their commands: ``docs/benchmarks.md``, "Native engine
+for small GETs and PUTs".
 
 Write path (see :mod:`tierfs.store.multipart` for why multipart is
 hand-written rather than delegated to s3transfer):

@@ -31,15 +31,13 @@ Invariants:
   open, from the inode then held in memory (before, ``path_of`` read it
   from LMDB again: a third of the cost), and its flags come encoded once
   per distinct value (``open_fields``), so neither the request path builds
-  a list nor the writer JSON-encodes one per record.  ``record`` takes
-  0.8 us and the writer's ``_line`` 2.0 us per record (were 2.2 and 5.8).
+  a list nor the writer JSON-encodes one per record.
 * The writer (``AuditWriter.run``, a worker started from the daemon's
   nursery) wakes when a record comes, lets records gather for
   ``BATCH_SECONDS`` (0.2 s), takes what the deque holds, and in a thread
   formats the lines and appends them with one ``write``.  Why: a thread
-  hop and a write per record cost a warm open+read+close (about 300 us of
-  the daemon's CPU) 70 % more (``tests/bench/bench_audit.py``); per batch
-  they cost nothing measurable.  A record is in the file within about
+  hop and a write per record made a warm open+read+close much dearer; per
+  batch they cost nothing measurable (``docs/benchmarks.md``, "Audit log").  A record is in the file within about
   0.2 s; a daemon killed by SIGKILL loses the records of its last 0.2 s
   (a stop, SIGTERM included, writes them).  The file is opened with ``O_APPEND``, mode 0600.
 * Rotation by size: once the file reaches ``max_size`` it is renamed to

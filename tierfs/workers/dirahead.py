@@ -35,7 +35,7 @@ While ``streak >= START_STREAK`` the stream keeps the next
 entries past it are new work).  A scheduled entry that is a regular file
 with a bucket origin becomes one fill of its first block at AHEAD priority
 (``DataMovement.fill``, shared with demand reads, which always go first,
-see ``tierfs.core.read.fetch_slots``): a small file whole, a big one its first
+see ``tierfs.core.state.fetch_slots``): a small file whole, a big one its first
 block, the rest of it is the handle's readahead once opened.
 
 Bytes ahead.  What one stream keeps scheduled past ``high`` is bounded in
@@ -93,10 +93,17 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tierfs.core import TierFS
-from tierfs.core.read.fetch_slots import FetchPriority
+from tierfs.config import FetchConfig
+from tierfs.core.read.handles import Handles
+from tierfs.core.state.fetch_slots import FetchPriority
+from tierfs.core.state.space import SpaceManager
+from tierfs.core.tiering.movement import DataMovement
 from tierfs.errors import TierfsError
+from tierfs.meta import MetaDB
 from tierfs.meta.records import raw_mode, raw_size
+from tierfs.tiers import Tier
+
+from .foreground import FollowOpens
 
 log = logging.getLogger(__name__)
 
@@ -141,27 +148,37 @@ class DirectoryReadahead:
 
     def __init__(
         self,
-        fs: TierFS,
+        meta: MetaDB,
+        movement: DataMovement,
+        handles: Handles,
+        space: SpaceManager,
+        tiers: list[Tier],
         *,
+        follow_opens: FollowOpens,
+        fetch: FetchConfig,
+        revalidate_ttl: float,
         max_files: int | None = None,
         slack: int = DEFAULT_SLACK,
         tasks: int | None = None,
         defer: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.fs = fs
-        self.meta = fs.meta
+        self.meta = meta
+        self.movement = movement
+        self.handles = handles
+        self.space = space
+        self.follow_opens = follow_opens
         #: Most files kept ahead of one stream (``[fetch] dir_readahead``).
-        self.max_files = fs.config.fetch.dir_readahead if max_files is None else max_files
-        self.enabled = self.max_files > 0 and fs.config.namespace.revalidate_ttl > 0
+        self.max_files = fetch.dir_readahead if max_files is None else max_files
+        self.enabled = self.max_files > 0 and revalidate_ttl > 0
         #: Most bytes kept ahead of one stream (see "Bytes ahead").
-        self.max_bytes = fs.tiers[0].capacity // FIRST_TIER_SHARE if fs.tiers else 0
-        self.block_size = fs.config.fetch.block_size
+        self.max_bytes = tiers[0].capacity // FIRST_TIER_SHARE if tiers else 0
+        self.block_size = fetch.block_size
         self.defer = defer
         self.slack = slack
         #: Fills at once: a quarter of ``fetch.concurrency`` (8 of 32), so
         #: that readers' misses and the order-aware prefetcher keep most
         #: of the slots.
-        self.tasks = tasks or max(2, fs.config.fetch.concurrency // 4)
+        self.tasks = tasks or max(2, fetch.concurrency // 4)
         self._streams: collections.OrderedDict[int, _Stream] = collections.OrderedDict()
         self._generations = 0
         self._send, self._receive = trio.open_memory_channel[tuple[int, int, int]](QUEUE_DEPTH)
@@ -177,7 +194,7 @@ class DirectoryReadahead:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            with self.fs.following_opens(self.opened, STATUS_SECTION, self.status):
+            with self.follow_opens(self.opened, STATUS_SECTION, self.status):
                 async with trio.open_nursery() as nursery:
                     for _ in range(self.tasks):
                         nursery.start_soon(self._fill_task)
@@ -205,12 +222,12 @@ class DirectoryReadahead:
 
     def opened(self, ino: int) -> None:
         """An open of ``ino`` (synchronous, from ``Handles.open``)."""
-        if not self.enabled or self.defer() or self.fs.handles.open_for_writing(ino):
+        if not self.enabled or self.defer() or self.handles.open_for_writing(ino):
             return
         if ino in self._filled:
             del self._filled[ino]
             self.hits += 1
-        inode = self.fs.movement.inode(ino)
+        inode = self.movement.inode(ino)
         if inode is None or not inode.is_file:
             return
         dir_ino = inode.parent
@@ -302,7 +319,7 @@ class DirectoryReadahead:
         For a file of one block that is the whole file; a bigger one with
         some other block resident is not fetched ahead either (its
         handle's readahead fetches what is missing once it is opened)."""
-        return self.fs.space.tracks(ino)
+        return self.space.tracks(ino)
 
     def _start(self, dir_ino: int, cookie: int) -> None:
         """A stream of ``dir_ino`` starts at ``cookie`` (a wrong guess
@@ -335,7 +352,7 @@ class DirectoryReadahead:
             stream = self._streams.get(dir_ino)
             if stream is None or stream.generation != generation:
                 continue
-            inode = self.fs.movement.inode(ino)
+            inode = self.movement.inode(ino)
             if inode is None or not inode.is_file or not inode.origin_key:
                 continue
             # Remembered from the start of the fill: an open while it runs
@@ -344,7 +361,7 @@ class DirectoryReadahead:
             while len(self._filled) > HITS_KEPT:
                 self._filled.popitem(last=False)
             try:
-                fetched = await self.fs.movement.fill(
+                fetched = await self.movement.fill(
                     ino, blocks=range(1), priority=FetchPriority.AHEAD
                 )
             except TierfsError as exc:

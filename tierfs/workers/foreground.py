@@ -20,6 +20,8 @@ ended, i.e. at the first window below the rate when ``hold`` is 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import trio
@@ -32,6 +34,14 @@ BUSY_WINDOW = 0.5
 
 class CountsRequests(Protocol):
     requests: int
+
+
+#: ``TierFS.following_opens``: while its block runs, a worker that follows
+#: the readers (the prefetcher, the directory readahead) is told of every
+#: open and fills a section of ``tierfs status``.
+FollowOpens = Callable[
+    [Callable[[int], None], str, Callable[[], object]], AbstractContextManager[None]
+]
 
 
 class ForegroundMeter:

@@ -58,21 +58,27 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
-from tierfs.core import TierFS
-from tierfs.core.tiering.lifecycle import CurrentMove, Lifecycle
-from tierfs.core.tiering.movement import COPY_THREADS
-from tierfs.core.tiering.policies import Promotion
+from tierfs.config import MoverConfig
+from tierfs.core.state.space import SpaceManager
+from tierfs.core.tiering.lifecycle import Lifecycle
+from tierfs.core.tiering.movement import COPY_THREADS, DataMovement
+from tierfs.core.tiering.policies import FilePolicies, Promotion
 from tierfs.errors import Busy, NoSpace, TierfsError
 from tierfs.policy.planner import Move, MoveAdmission
 from tierfs.policy.watermarks import mark
+from tierfs.tiers import Tier
 
-from .foreground import ForegroundMeter
+from .foreground import CountsRequests, ForegroundMeter
 from .throttle import Throttle
 
 log = logging.getLogger(__name__)
+
+#: The section of ``tierfs status`` the mover's status fills.
+STATUS_SECTION = "mover"
 
 #: A pass shorter than this does not update the measured rate.
 RATE_MIN_SECONDS = 0.05
@@ -95,22 +101,105 @@ BUSY_HOLD = 0.5
 
 
 @dataclass(slots=True)
+class CurrentMove:
+    path: str
+    src: str
+    dst: str | None
+    nbytes: int
+    reason: str
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class MoverStatus:
+    state: str = "starting"
+    bandwidth: int = 0
+    interval: float = 0.0
+    files_moved: int = 0
+    bytes_moved: int = 0
+    files_dropped: int = 0
+    bytes_dropped: int = 0
+    files_fetched: int = 0
+    bytes_fetched: int = 0
+    promotions: int = 0
+    skipped: int = 0
+    passes: int = 0
+    last_pass: float | None = None
+    last_error: str = ""
+    #: The moves running now, oldest first (the mover runs a few at once).
+    moving: list[CurrentMove] = field(default_factory=list)
+    #: Bytes per second moved by the last pass that took long enough to measure.
+    rate: float = 0.0
+
+    @property
+    def current(self) -> CurrentMove | None:
+        """The oldest move running now."""
+        return self.moving[0] if self.moving else None
+
+    def as_dict(self) -> dict[str, Any]:
+        current = None
+        if self.current is not None:
+            c = self.current
+            current = {
+                "path": c.path,
+                "src": c.src,
+                "dst": c.dst,
+                "bytes": c.nbytes,
+                "done": c.done,
+                "reason": c.reason,
+            }
+        return {
+            "state": self.state,
+            "bandwidth": self.bandwidth,
+            "interval": self.interval,
+            "files_moved": self.files_moved,
+            "bytes_moved": self.bytes_moved,
+            "files_dropped": self.files_dropped,
+            "bytes_dropped": self.bytes_dropped,
+            "files_fetched": self.files_fetched,
+            "bytes_fetched": self.bytes_fetched,
+            "promotions": self.promotions,
+            "skipped": self.skipped,
+            "passes": self.passes,
+            "last_pass": self.last_pass,
+            "last_error": self.last_error,
+            "current": current,
+            "in_flight": len(self.moving),
+            "rate": self.rate,
+        }
+
+
+@dataclass(slots=True)
 class _Running:
     move: Move
     done: trio.Event = field(default_factory=trio.Event)
 
 
 class Mover:
-    def __init__(self, fs: TierFS) -> None:
-        self.fs = fs
-        self.lifecycle: Lifecycle = fs.lifecycle
-        self.policies = fs.policies
-        self.movement = fs.movement
-        self.status = self.lifecycle.status
-        self.interval = fs.config.mover.interval
-        self.throttle = Throttle(fs.config.mover.bandwidth)
+    """The mover worker (see the module docstring).  It owns its status
+    (``MoverStatus``), which ``tierfs status`` shows as ``mover``."""
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        policies: FilePolicies,
+        movement: DataMovement,
+        space: SpaceManager,
+        tiers: list[Tier],
+        config: MoverConfig,
+        requests: CountsRequests,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.policies = policies
+        self.movement = movement
+        self.space = space
+        self.tiers = tiers
+        self.status = MoverStatus(bandwidth=config.bandwidth, interval=config.interval)
+        self.interval = config.interval
+        self.throttle = Throttle(config.bandwidth)
         self.busy_throttle = Throttle(BUSY_RATE, burst=0.0)
-        self.meter = ForegroundMeter(fs, window=BUSY_WINDOW, hold=BUSY_HOLD)
+        self.meter = ForegroundMeter(requests, window=BUSY_WINDOW, hold=BUSY_HOLD)
         #: The moves running now, by inode.
         self._running: dict[int, _Running] = {}
         #: Set (and replaced) each time a move ends.
@@ -204,13 +293,13 @@ class Mover:
         src = move.src_tier
         if src is None:
             return False
-        tier = self.fs.tiers[src]
+        tier = self.tiers[src]
         leaving = sum(
             self.movement.residency(ino).get(src, 0)
             for ino, running in self._running.items()
             if running.move.src_tier == src
         )
-        return self.fs.space.used(src) - leaving <= mark(tier.capacity, tier.low_watermark)
+        return self.space.used(src) - leaving <= mark(tier.capacity, tier.low_watermark)
 
     async def _throttled(self, nbytes: int) -> None:
         """The configured cap, and ``BUSY_RATE`` while the mount is busy."""
@@ -219,7 +308,7 @@ class Mover:
             await self.busy_throttle(nbytes)
 
     async def _execute(self, move: Move) -> None:
-        names = [t.name for t in self.fs.tiers]
+        names = [t.name for t in self.tiers]
         current = CurrentMove(
             path=move.relpath,
             src=names[move.src_tier] if move.src_tier is not None else "bucket",
@@ -279,8 +368,8 @@ class Mover:
                 self.policies.promotion_done(promotion.ino)
 
     async def _promote(self, promotion: Promotion) -> None:
-        space = self.fs.space
-        tier = self.fs.tiers[promotion.dst]
+        space = self.space
+        tier = self.tiers[promotion.dst]
         nbytes = self.movement.residency(promotion.ino).get(promotion.src, 0)
         if not nbytes:
             return

@@ -13,13 +13,8 @@ worth something only if it keeps more in flight than they do, so it runs
 up to ``tasks`` fills at once: all of ``fetch.concurrency`` (32 by
 default).  A reader's miss never waits behind queued prefetch work, only
 for the first running fetch to end (no AHEAD fetch starts while a demand
-fetch waits, ``tierfs.core.read.fetch_slots``).  Measured
-(``tests/bench/run.sh preload --cases epoch --epoch-variants without,with
---files 1000 --s3-delay 0.1``, 8 shuffled readers, one round each, the
-2-core machine busy with other work): three quarters of the slots (24
-fills) gave a 1.83x faster epoch (the same share, alone on the machine
-the day before: 2.00x), all 32 gave 2.44x; 36 fills (``--concurrency
-48``) had given 2.68x.  Every fill of a far-away bucket is a wait of one
+fetch waits, ``tierfs.core.state.fetch_slots``).  The epochs measured
+with 24, 32 and 36 fills: ``docs/benchmarks.md``, "Fills at once".  Every fill of a far-away bucket is a wait of one
 round trip, so the epoch's speed-up is the fills in flight over the
 readers' 8, less the opens that find their file still in flight.
 
@@ -136,10 +131,10 @@ from typing import Any
 
 import trio
 
-from tierfs.core import TierFS
+from tierfs.config import FetchConfig
 from tierfs.core.names.access import READ, Caller
-from tierfs.core.read.fetch_slots import FetchPriority
-from tierfs.core.read.openfiles import CachedFile
+from tierfs.core.state.fetch_slots import FetchPriority
+from tierfs.core.state.openfiles import CachedFile
 from tierfs.errors import (
     Busy,
     InvalidArgument,
@@ -151,7 +146,9 @@ from tierfs.errors import (
 from tierfs.meta import Inode
 from tierfs.text import check_label
 
-from .pathlists import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool, SpoolBudget
+from .fillparts import FillParts
+from .foreground import FollowOpens
+from .pathlists import BAD_LINES_NAMED, SPOOL_BATCH, PathSpool
 
 log = logging.getLogger(__name__)
 
@@ -387,29 +384,32 @@ class Prefetcher:
 
     def __init__(
         self,
-        fs: TierFS,
+        parts: FillParts,
         *,
+        follow_opens: FollowOpens,
+        fetch: FetchConfig,
+        revalidate_ttl: float,
+        spool_dir: Path,
         window_files: int = DEFAULT_WINDOW_FILES,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         tasks: int | None = None,
         readers_kept: int = DEFAULT_READERS_KEPT,
-        spools: SpoolBudget | None = None,
     ) -> None:
-        self.fs = fs
-        #: What the spools of every user may hold (shared with the preloader).
-        self.spools = spools if spools is not None else SpoolBudget()
-        self.movement = fs.movement
+        self.parts = parts
+        self.spools = parts.spools
+        self.movement = parts.movement
+        self.follow_opens = follow_opens
         self.default_window = (window_files, window_bytes)
         self.readers_kept = readers_kept
         #: Fills at once, of all orders (each is one GET for a small file):
         #: well above the readers' own GETs (see the docstring).
-        self.tasks = tasks or max(2, int(fs.config.fetch.concurrency * FILL_SHARE))
-        self.spool_dir = fs.config.state.dir / "prefetch"
+        self.tasks = tasks or max(2, int(fetch.concurrency * FILL_SHARE))
+        self.spool_dir = spool_dir
         self.followers: dict[OrderKey, _Follower] = {}
         self._idents = itertools.count(1)
         #: The counters of the orders that ended (``status``'s totals).
         self._ended = dict.fromkeys(COUNTERS, 0)
-        self.hold_seconds = fs.config.namespace.revalidate_ttl
+        self.hold_seconds = revalidate_ttl
         #: Set when a hold is taken: ``_expire_holds`` sleeps while none is held.
         self._hold_taken = trio.Event()
         self._holds_due = False
@@ -433,7 +433,7 @@ class Prefetcher:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            with self.fs.following_opens(self.opened, STATUS_SECTION, self.status):
+            with self.follow_opens(self.opened, STATUS_SECTION, self.status):
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._expire_holds)
@@ -502,7 +502,9 @@ class Prefetcher:
                     inode = await self._resolve(relpath, parents, caller)
                     if not inode.is_file:
                         raise IsADirectory("is not a regular file")
-                    if caller is not None and not self.fs.permissions.permits(inode, caller, READ):
+                    if caller is not None and not self.parts.permissions.permits(
+                        inode, caller, READ
+                    ):
                         raise PermissionDenied(f"Permission denied: {relpath}")
                 except TierfsError as exc:
                     nmissing += 1
@@ -570,7 +572,7 @@ class Prefetcher:
         (and, for a ``caller``, checked for search all the way down) once
         per ``parents`` (an order's files share a few directories: one name
         lookup per file instead of one per path component)."""
-        namespace = self.fs.namespace
+        namespace = self.parts.namespace
         parent_path, _, name = relpath.rpartition("/")
         if not name:
             return await namespace.resolve(relpath)
@@ -579,7 +581,7 @@ class Prefetcher:
             above = (
                 await namespace.resolve(parent_path)
                 if caller is None
-                else await self.fs.permissions.searchable(parent_path, caller)
+                else await self.parts.permissions.searchable(parent_path, caller)
             )
             parent = above.ino
             if len(parents) >= PARENTS_KEPT:
@@ -646,7 +648,7 @@ class Prefetcher:
         of a user's orders an equal part of the user's."""
         if not self.followers:
             return
-        first = self.fs.space.tiers[0]
+        first = self.parts.space.tiers[0]
         try:
             room = int(first.capacity * first.high_watermark * ROOM_SHARE)
         except OSError:  # the tier's file system did not answer: leave the windows be
@@ -701,7 +703,7 @@ class Prefetcher:
                 ino, order.sizes[position]
             ):
                 follower.counters["hits"] += 1
-            self.fs.space.demote_first(ino)
+            self.parts.space.demote_first(ino)
             follower.follow_open(position)
             self._demote_passed(follower)
         if moved:
@@ -721,7 +723,7 @@ class Prefetcher:
         low = follower.low
         for position in range(follower.demoted_to, low):
             if order.opened[position]:
-                self.fs.space.demote_first(order.inos[position])
+                self.parts.space.demote_first(order.inos[position])
         follower.demoted_to = max(follower.demoted_to, low)
 
     def _schedule(self) -> None:

@@ -33,9 +33,8 @@ job ends (unnamed files: also when the daemon dies).
 it (``_warn_if_too_big``, every ``SPOOL_BATCH`` files and at the end of
 the scan), against the tier's room when the job started: the fetch pass
 has then fetched less than the scan found, so the warning comes before
-the job filled the tier.  Before, the fetch pass waited for the whole
-scan: measured on s3rver with 5,000 files in 10 directories, the scan
-took 1.2-1.7 s of a 5 s preload.
+the job filled the tier (the scan of 5,000 files in 10 directories
+takes about a third of such a preload).
 
 Bounded parallelism for both shapes: the fetch pass cuts each file into
 block ranges of ``RANGE_BYTES`` and puts (file, range) items on a channel
@@ -46,7 +45,7 @@ parallel (each range is a few ranged GETs of the block cache).  The GETs
 themselves are bounded by the block cache's fetch slots, where preload is
 BACKGROUND work: demand reads go first, and while they are active the
 preload shrinks to a trickle of one 8 MiB GET at a time (see
-:mod:`tierfs.core.read.fetch_slots`); its fetch tasks then wait in ``fill``, so
+:mod:`tierfs.core.state.fetch_slots`); its fetch tasks then wait in ``fill``, so
 no new file is started either (the channel fills, and the reader of the
 file spool waits).  A demand read of a block being preloaded shares its
 fetch.
@@ -62,109 +61,13 @@ recorded with its reason and the job goes on.  Resident means present on
 any local tier: ``--tier`` chooses where absent blocks go; blocks already
 on another tier are not moved (the lifecycle does that).
 
-Per-file cost (small files).  Measured with py-spy on the daemon during
-``tests/bench/bench_preload.py --cases copy --shapes small --files 2000``
-(a 2-core machine shared with other work; figures are shares of the busy
-samples).  Outside botocore, where the fetch threads spend about 3/4 of
-their busy samples, the ranking was, on the event loop (about a third of
-all busy samples):
-
-1. LMDB reads per file: ``MetaDB.get_inode`` alone 14% of the loop (its
-   ``txn.get`` releases the GIL and waits to get it back from 32 fetch
-   threads), plus the block map read twice (``movement.check`` here, then
-   ``OpenFiles.acquire``): 3 inode/block-map reads per file, 2 of them
-   redundant;
-2. ``SpaceManager.reserve``: 10%, half of it ``MetaDB.tier_usage`` (one
-   LMDB read per block);
-3. the thread hop per GET (``to_thread.run_sync``, start and delivery):
-   10% of the loop, and in the fetch threads 6% for trio renaming the OS
-   thread twice per job;
-4. the group commit (``Upkeep._commit_periodically``, an fdatasync on the
-   loop every 0.2 s): 8%;
-5. recording the block (``MetaDB.add_block``: a nested write transaction
-   and the per-tier accounting) 5%, fetch slots (take/give/wake) 4%,
-   starting the flight task 3%, the scan (walk and residency) 2%,
-   progress events under 1%.  Cache file create and write run in the
-   fetch thread (``_CacheFiles``), a few % of its samples.
-
-What was cut, and the daemon CPU per file it gave (same bench, two rounds
-each; the figure moves by about 20% with the load of the machine): 6.5-7.4
-ms before; 5.8-6.3 ms after (1) and (2): a file of at most one range that
-the scan found with nothing resident is queued whole (``_FileWork.blocks``
-None) without ``movement.check``; its ``fill_range`` says which bytes were
-resident meanwhile (``FillOutcome.present``: a demand read between scan
-and fetch), so the counters stay exact.  ``MetaDB`` mirrors the tier usage
-table in memory (see "Tier usage in memory" there): the usage is still
-written in the same LMDB transaction as the block records, so a kill -9
-mid-batch loses the uncommitted group's records and usage together and
-nothing else (``tests/unit/test_meta.py``).  Then 5.0-6.2 ms after (3): the
-GET hop no longer renames the thread (``thread_hop``).
-Per-file bookkeeping was already batched: block records join the metadata
-group and reach the disk with its commit (``MetaDB`` "Group commit"), one
-fdatasync for all the files of 0.2 s, and the cache file is created in the
-fetch thread.  Not changed here: (4) lives in ``TierFS``, and the GET itself
-(botocore, about 3 ms per file) is ``tierfs.store``'s.  Profiled again
-after the cuts, the loop took 27% fewer samples for the same 2,000 files
-(1,389 against 1,905); first in what is left: the inode read of
-``fill_range`` (13%, needed: a demand read may have changed the file since
-the scan) and the group commit's fdatasync (12%).
-
-Where the CPU of a small file goes now (2026-11-26, 10,000 files of 20-200
-KiB on s3rver, the machine otherwise idle; small GETs go through obstore).
-The daemon spends 0.72-0.80 ms of CPU per file against 0.42-0.47 for
-``s5cmd cp``, and s3rver 0.73-0.83 ms per file on the same two cores
-against 0.66-0.76 for s5cmd: the two CPUs are the cap, and the speed ratio
-follows the CPU ratio (0.72-0.83x).  By thread (``bench_preload``'s "CPU by
-thread" line): the 32 fetch threads 0.42 ms per file, two thirds of it in
-the kernel; the event loop 0.2 ms; obstore's tokio threads 0.08 ms.
-``perf record`` of the daemon: 61% of its cycles in the kernel, a third of
-them switching threads (``futex`` waits: the GIL going from thread to
-thread, and obstore's ``block_on`` parking the fetch thread twice per GET,
-for the head and for the body); ext4 allocating the new cache files' inodes
-about 10%; Python's cyclic GC about 2.5%.  ``strace -c -f``: about 78
-``futex`` calls per file (190 with the GIL switch interval at 0.1 ms, see
-``tierfsd.main``).  The GET alone is cheap: ``tests/bench/ab_small_get.py``
-fetches the same objects from 32 plain threads with obstore, writing each
-to a file, for 0.28-0.39 ms per file all in, and an asyncio loop driving
-obstore's async API was no cheaper.  What is left is the handing of each
-file between the loop and a thread, and of the GIL between 33 threads;
-cutting it means fewer hand-offs per file (several files per thread job,
-or the cache file writes off the fetch threads), not a faster GET.
-
-First step taken (``core.thread_hop``): the GET threads are the fetch
-path's own, and the results of the GETs that finish while the loop is busy
-go back to it with one wake-up instead of one each.  ``perf stat`` of the
-daemon over 6 s of the same preload, interleaved runs: 41 syscalls per
-file instead of 49, 0.27 wake-up socket writes per file instead of 0.8,
-19 context switches instead of 23, 26 ``futex`` calls instead of 34; its
-client CPU per GiB 7% lower.  The speed ratio moved from a median of 0.80x
-to 0.90x ``s5cmd cp`` over nine rounds each, but single rounds of either
-spread from 0.72x to 1.01x on this machine, so most of that move is noise.
-
-Second step: the scan's listings.  py-spy of the preload put the threads
-that list (trio's worker threads, 0.5-0.7 CPU-s per 10,000 files, all of
-it user time) mostly in botocore's parse of the ListObjectsV2 pages, and
-most of that in dateutil parsing each ``LastModified``.  The store now
-parses those with ``datetime.fromisoformat`` (``tierfs.store.s3``,
-``parse_timestamp``): those threads fell to 0.2 CPU-s per 10,000 files,
-and the scan ended after 1.7-2.1 s instead of 2.2-2.6 s.
-
-Third step: where the kernel time of the fetch threads went.  ``perf`` of
-the daemon, split by system call, put 25 % of its CPU in ``openat`` of
-the new cache files: the bench machine's root filesystem is ext4 without a
-journal, which passes over every recently freed inode when it allocates
-one (``recently_deleted``), and the bench had just deleted the previous
-mount's 10,000 cache files.  Not the daemon's cost: the bench now keeps
-the tier and the peers' copies on a fresh journaled ext4 (see "The tiers'
-filesystem" in ``tests/bench/common.py``) and the README tells users to
-format tiers with a journal.  The cyclic garbage collector took another
-0.4-0.5 CPU-s of the preload; the daemon now freezes its start-up objects
-and collects less often (``tierfsd.main.tune_garbage_collector``).  With
-both, the daemon spends 0.50-0.68 ms of CPU per file (5.0-6.8 s per
-10,000 files) against 0.43-0.51 ms for ``s5cmd cp``: the loop about 0.2 ms,
-the fetch threads 0.2-0.3 ms (half of it in the kernel), obstore's tokio
-threads 0.08 ms.  Tried and no better within the noise: a GIL switch
-interval of 2 or 5 ms, and 16 fetch slots instead of 32.
+Per-file cost.  Per file, the event loop reads the inode and block map
+once (a file the scan found with nothing resident is queued whole, without
+``movement.check``; ``FillOutcome.present`` keeps the counters exact if a
+demand read came between), block records join the metadata group, and the
+cache file is created in the fetch thread.  The profiles and measurements
+behind these choices, dated: ``docs/benchmarks.md``, "Where a small file's
+preload CPU goes".
 """
 
 from __future__ import annotations
@@ -174,15 +77,21 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from tierfs.core import TierFS
+from tierfs.config import FetchConfig
 from tierfs.core.names.access import READ, Caller
+from tierfs.core.read.sharedtier import SharedTier
+from tierfs.core.tiering.policies import FilePolicies
 from tierfs.errors import Busy, InvalidArgument, TierfsError, describe
-from tierfs.workers.pathlists import SPOOL_BATCH, PathSpool, SpoolBudget, SpoolFull
+from tierfs.meta import MetaDB
+from tierfs.tiers import Tier
+from tierfs.workers.pathlists import SPOOL_BATCH, PathSpool, SpoolFull
 
+from .fillparts import FillParts
 from .throttle import Throttle
 
 log = logging.getLogger(__name__)
@@ -364,23 +273,31 @@ class Preloader:
 
     def __init__(
         self,
-        fs: TierFS,
+        parts: FillParts,
+        meta: MetaDB,
+        policies: FilePolicies,
+        tiers: list[Tier],
+        shared_tier: SharedTier | None,
         *,
+        fetch: FetchConfig,
+        spool_dir: Path,
         bandwidth: int = 0,
         tasks: int | None = None,
-        spools: SpoolBudget | None = None,
     ) -> None:
-        self.fs = fs
-        #: What the spools of every user may hold (shared with the prefetcher).
-        self.spools = spools if spools is not None else SpoolBudget()
-        self.movement = fs.movement
-        self.block_size = fs.config.fetch.block_size
+        self.parts = parts
+        self.spools = parts.spools
+        self.movement = parts.movement
+        self.meta = meta
+        self.policies = policies
+        self.tiers = tiers
+        self.shared_tier = shared_tier
+        self.block_size = fetch.block_size
         self.range_blocks = max(1, RANGE_BYTES // self.block_size)
         #: Fetch tasks per job: enough to keep the fetch slots busy with
         #: small files, which each take one GET.
-        self.tasks = tasks or max(4, fs.config.fetch.concurrency)
+        self.tasks = tasks or max(4, fetch.concurrency)
         self.throttle = Throttle(bandwidth)
-        self.spool_dir = fs.config.state.dir / "preload"
+        self.spool_dir = spool_dir
         self.jobs: dict[str, PreloadJob] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
@@ -430,10 +347,10 @@ class Preloader:
         except TierfsError:
             spool.close()
             raise
-        shared = self.fs.shared_tier
+        shared = self.shared_tier
         into_shared = shared is not None and tier_name == shared.name
         try:
-            tier = None if into_shared else self.fs.policies.tier_named(tier_name)
+            tier = None if into_shared else self.policies.tier_named(tier_name)
         except TierfsError as exc:
             spool.close()
             if shared is not None:
@@ -455,7 +372,7 @@ class Preloader:
         return job
 
     def _tier_name(self, tier: int | None) -> str | None:
-        return self.fs.tiers[tier].name if tier is not None else None
+        return self.tiers[tier].name if tier is not None else None
 
     def cancel(self, job: PreloadJob) -> None:
         job.cancel_scope.cancel()
@@ -524,7 +441,7 @@ class Preloader:
         """Walk every path of the job; totals, and one line per file (the
         fetch pass follows, woken by ``scanned``)."""
         caller = job.caller
-        permissions = self.fs.permissions
+        permissions = self.parts.permissions
 
         def not_listed(path: str) -> None:
             job.fail(path or "/", f"Permission denied: {path or '/'} (not listed)")
@@ -536,7 +453,7 @@ class Preloader:
             try:
                 if caller is not None and not caller.is_root:  # root: no second lookup
                     await permissions.readable(relpath, caller)
-                async for inode, path in self.fs.namespace.walk(relpath, enter=enter):
+                async for inode, path in self.parts.namespace.walk(relpath, enter=enter):
                     if caller is not None and not permissions.permits(inode, caller, READ):
                         job.fail(path, f"Permission denied: {path}")
                         continue
@@ -544,7 +461,7 @@ class Preloader:
                     resident = (
                         0  # the shared tier is asked per block, by the fetch pass
                         if job.shared
-                        else min(size, sum(self.fs.meta.residency(inode.ino).values()))
+                        else min(size, sum(self.meta.residency(inode.ino).values()))
                     )
                     origin_blocks = -(-min(size, inode.origin_size) // self.block_size)
                     files.add(f"{inode.ino} {resident} {origin_blocks} {path}")
@@ -566,7 +483,7 @@ class Preloader:
         """Free bytes of the job's tier as the job starts (None: no tier named)."""
         if job.tier is None:
             return None
-        return self.fs.tiers[job.tier].usable_bytes(self.fs.space.used(job.tier))
+        return self.tiers[job.tier].usable_bytes(self.parts.space.used(job.tier))
 
     def _warn_if_too_big(self, job: PreloadJob, room: int | None) -> None:
         """Say as soon as the totals scanned so far show that the job cannot
@@ -576,7 +493,7 @@ class Preloader:
         if job.shared:
             return  # the shared tier's capacity is its engine's (expiry, quota)
         missing = job.bytes_total - job.bytes_resident
-        everywhere = sum(t.capacity for t in self.fs.tiers)
+        everywhere = sum(t.capacity for t in self.tiers)
         warning = None
         if job.bytes_total > everywhere and not job.too_big_warned:
             job.too_big_warned = True
@@ -593,7 +510,7 @@ class Preloader:
             job.no_room_warned = True
             warning = (
                 f"the preload needs {missing} bytes (so far) but tier "
-                f"{self.fs.tiers[job.tier].name} had room for {room}: the rest goes to "
+                f"{self.tiers[job.tier].name} had room for {room}: the rest goes to "
                 "the next tiers"
             )
         if warning is not None:

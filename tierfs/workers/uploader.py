@@ -3,7 +3,7 @@
 At start it aborts stale multipart uploads (older than a day, so never one
 of its own) beside its other work.  Otherwise it only schedules: ``Journal.runnable``
 decides which entries may start (sequence order per key, due times),
-``TierFS.run_entry`` does the work.  Before it starts entries it commits the
+``Sync.run_entry`` does the work.  Before it starts entries it commits the
 metadata group (an entry never acts on the bucket ahead of the committed
 change that queued it).  A scan of a long queue is followed by a pause, so
 that scheduling stays a small share of the event loop.
@@ -44,9 +44,11 @@ import time
 
 import trio
 
-from tierfs.core import TierFS
+from tierfs.core.state.journal import Journal
+from tierfs.core.write.sync import Sync
+from tierfs.meta import MetaDB
 
-from .foreground import BUSY_WINDOW, ForegroundMeter
+from .foreground import BUSY_WINDOW, CountsRequests, ForegroundMeter
 
 log = logging.getLogger(__name__)
 
@@ -67,52 +69,66 @@ def upload_limit(meter: ForegroundMeter, concurrency: int, busy_concurrency: int
     return busy_concurrency
 
 
-async def run_uploader(
-    fs: TierFS,
-    *,
-    concurrency: int = 32,
-    busy_concurrency: int = 1,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    journal = fs.journal
-    foreground = ForegroundMeter(fs)
-    async with trio.open_nursery() as nursery:
-        replayed = len(journal)
-        task_status.started()
-        if replayed:
-            log.info("replaying %d journal entries from the last mount", replayed)
-        nursery.start_soon(_abort_stale_uploads, fs)
-        while True:
-            scan = 0.0
-            next_due = math.inf
-            # Uploads share the CPU (and the GIL) with the requests of the
-            # mount: while those come fast, hold back, unless someone waits
-            # for the bucket (flush, write-through, a writer short of space).
-            limit = upload_limit(foreground, concurrency, busy_concurrency)
-            if journal.someone_waits():
-                limit = concurrency
-            free = limit - len(journal.running)
-            if free > 0:  # when every slot is busy, the end of an entry wakes us
-                started = time.perf_counter()
-                ready, next_due = journal.runnable(fs.entry_keys, limit=free)
-                scan = time.perf_counter() - started
-                if not all(journal.committed(seq) for seq in ready):
-                    # An entry's effect on the bucket must never be ahead of the
-                    # committed metadata that queued it (MetaDB "Group commit").
-                    fs.meta.commit()
-                for seq in ready:
-                    journal.running.add(seq)
-                    nursery.start_soon(fs.run_entry, seq)
-            if scan > SCAN_PAUSE_FROM:
-                # A scan costs O(queued entries) on the event loop: with a long
-                # queue, scan less often, at most ~10% of the loop's time.
-                await trio.sleep(min(SCAN_PAUSE_MAX, 9 * scan))
-            wait = 1.0 if math.isinf(next_due) else max(0.01, next_due - trio.current_time())
-            wait = min(wait, BUSY_WINDOW if foreground.busy else 1.0)
-            journal.next_look = trio.current_time() + wait
-            await journal.wait_changed(wait)
+class Uploader:
+    """The uploader worker (see the module docstring): schedules the
+    journal's entries; ``sync`` runs each.  ``requests`` counts the mount's
+    FUSE requests (``ForegroundMeter``)."""
 
+    def __init__(
+        self,
+        journal: Journal,
+        sync: Sync,
+        meta: MetaDB,
+        requests: CountsRequests,
+        *,
+        concurrency: int = 32,
+        busy_concurrency: int = 1,
+    ) -> None:
+        self.journal = journal
+        self.sync = sync
+        self.meta = meta
+        self.foreground = ForegroundMeter(requests)
+        self.concurrency = concurrency
+        self.busy_concurrency = busy_concurrency
 
-async def _abort_stale_uploads(fs: TierFS) -> None:
-    with trio.move_on_after(60):  # a dead bucket must not keep this task around
-        await fs.abort_stale_uploads()
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        journal = self.journal
+        async with trio.open_nursery() as nursery:
+            replayed = len(journal)
+            task_status.started()
+            if replayed:
+                log.info("replaying %d journal entries from the last mount", replayed)
+            nursery.start_soon(self._abort_stale_uploads)
+            while True:
+                scan = 0.0
+                next_due = math.inf
+                # Uploads share the CPU (and the GIL) with the requests of the
+                # mount: while those come fast, hold back, unless someone waits
+                # for the bucket (flush, write-through, a writer short of space).
+                limit = upload_limit(self.foreground, self.concurrency, self.busy_concurrency)
+                if journal.someone_waits():
+                    limit = self.concurrency
+                free = limit - len(journal.running)
+                if free > 0:  # when every slot is busy, the end of an entry wakes us
+                    started = time.perf_counter()
+                    ready, next_due = journal.runnable(self.sync.entry_keys, limit=free)
+                    scan = time.perf_counter() - started
+                    if not all(journal.committed(seq) for seq in ready):
+                        # An entry's effect on the bucket must never be ahead of the
+                        # committed metadata that queued it (MetaDB "Group commit").
+                        self.meta.commit()
+                    for seq in ready:
+                        journal.running.add(seq)
+                        nursery.start_soon(self.sync.run_entry, seq)
+                if scan > SCAN_PAUSE_FROM:
+                    # A scan costs O(queued entries) on the event loop: with a long
+                    # queue, scan less often, at most ~10% of the loop's time.
+                    await trio.sleep(min(SCAN_PAUSE_MAX, 9 * scan))
+                wait = 1.0 if math.isinf(next_due) else max(0.01, next_due - trio.current_time())
+                wait = min(wait, BUSY_WINDOW if self.foreground.busy else 1.0)
+                journal.next_look = trio.current_time() + wait
+                await journal.wait_changed(wait)
+
+    async def _abort_stale_uploads(self) -> None:
+        with trio.move_on_after(60):  # a dead bucket must not keep this task around
+            await self.sync.abort_stale_uploads()

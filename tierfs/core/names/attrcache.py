@@ -47,7 +47,7 @@ from collections.abc import Callable
 from tierfs.meta import Inode
 from tierfs.meta.records import decode_inode
 
-from ..results import Attributes
+from ..state.results import Attributes
 
 #: Inodes whose attributes are kept (about 75 MiB with records and replies).
 ATTRIBUTE_CACHE_ENTRIES = 131_072

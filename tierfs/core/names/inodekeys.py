@@ -16,7 +16,7 @@ from collections.abc import Callable
 from tierfs.errors import NotFound
 from tierfs.meta import ROOT_INO, Inode, MetaDB
 
-from ..write.journal import child_key
+from ..state.journal import child_key
 
 #: ``InodeKeys.key_of`` remembers the keys of at most this many directories.
 DIR_KEYS_MAX = 65536

@@ -725,7 +725,7 @@ class Listings:
         still reads from there); default its ``origin_key`` (files) or its
         current key (directories).  Called before anything of the inode
         leaves the node (``Sync``: upload, copy, metadata, marker) and
-        before a chmod or chown of it (``FileWrites.setattr``): provisional,
+        before a chmod or chown of it (``NameChanges.setattr``): provisional,
         owner-only attributes must never become a shadow object or object
         metadata (a write after a lookup whose ``wait_running`` ran out
         once uploaded a 0600 shadow nobody asked for).  Raises the store's

@@ -2,7 +2,7 @@
 
 ``NameReads`` answers ``lookup``, ``getattr``, ``forget``, the negative
 entry timeout, ``opendir``, ``readdir`` and ``releasedir``.  It changes
-nothing in the namespace: the mutations are ``FileWrites``' (``writes``),
+nothing in the namespace: the changes are ``NameChanges``' (``changes``),
 which takes ``attributes`` from here so that a reply to a change and a
 reply to a lookup are built alike.
 
@@ -38,8 +38,8 @@ from tierfs.errors import NotADirectory, NotFound
 from tierfs.meta import Inode, MetaDB
 from tierfs.meta.records import decode_inode
 
-from ..read.openfiles import OpenFiles
-from ..results import Attributes, DirEntry, attributes_of
+from ..state.openfiles import OpenFiles
+from ..state.results import Attributes, DirEntry, attributes_of
 from .attrcache import AttributeCache
 from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
 from .listings import Listings

@@ -5,7 +5,7 @@ A file's bytes are cut into blocks of ``block_size``.  This module serves
 checks each block once per mount before it is served, and reads ahead of
 sequential readers.  Absent blocks are filled by the fetcher
 (:mod:`tierfs.core.read.fetcher`); the state of the files in use is the
-open-file table (:mod:`tierfs.core.read.openfiles`); writes, truncates and
+open-file table (:mod:`tierfs.core.state.openfiles`); writes, truncates and
 their commit are :mod:`tierfs.core.write.blockwrites`; moving a file's blocks
 between tiers is :mod:`tierfs.core.tiering.movement`.
 
@@ -69,10 +69,10 @@ from tierfs.errors import BlockDamaged, StoreError, TierfsError
 from tierfs.meta import BlockRecord
 from tierfs.tiers import pread_padded
 
-from .digests import read_and_hash
-from .fetch_slots import FetchPriority
+from ..state.digests import read_and_hash
+from ..state.fetch_slots import FetchPriority
+from ..state.openfiles import CachedFile, Flight, OpenFiles, wait_flights
 from .fetcher import Fetcher
-from .openfiles import CachedFile, Flight, OpenFiles, wait_flights
 from .readahead import ReadaheadWindow
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class BlockCache:
         """Bytes ``[offset, offset+size)`` of the file, clipped at its end.
 
         A memoryview is a loan of a recent block's buffer (see
-        :mod:`tierfs.core.read.buffers`): use it before the next ``await``."""
+        :mod:`tierfs.core.state.buffers`): use it before the next ``await``."""
         end = min(offset + size, cf.size)
         if offset >= end:
             return b""

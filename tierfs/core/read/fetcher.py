@@ -23,7 +23,7 @@ Fetches: consecutive absent blocks are fetched with one ranged GET of up to
 16 MiB (``FETCH_RUN_BYTES``; BACKGROUND ones may end early, see
 "Priority"); readahead holds the trailing partial run back until it is
 full.  The GET reads the socket straight into pooled block buffers
-(:mod:`tierfs.core.read.buffers`).  Whole fetched blocks are written to the
+(:mod:`tierfs.core.state.buffers`).  Whole fetched blocks are written to the
 tier with O_DIRECT from those buffers (filling the page cache was most of
 the daemon's CPU on cold reads: measured with perf in tests/bench) and stay
 in them, as recent blocks, for the reads that follow: a FUSE read of a
@@ -41,7 +41,7 @@ Concurrency rules:
   ``fetch.concurrency`` threads at most); everything else on the loop.
 * One fetch per block at a time (``Flight``, in ``CachedFile.flights``);
   other readers of the block wait for it and share its outcome.
-* Priority (:mod:`tierfs.core.read.fetch_slots` has the rule and why): every
+* Priority (:mod:`tierfs.core.state.fetch_slots` has the rule and why): every
   GET holds one of ``fetch.concurrency`` fetch slots (``self.slots``).
   DEMAND fetches (reads and their readahead) go first and queue in
   arrival order; AHEAD (``fill(..., priority=AHEAD)``: order-aware
@@ -116,10 +116,10 @@ from tierfs.meta import BlockRecord, Inode, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers import DIRECT_ALIGN, Tier, pwrite_all
 
-from ..tiering.space import SpaceManager
-from .digests import block_digest
-from .fetch_slots import SHORT_FETCH_BYTES, FetchPriority, FetchSlots
-from .openfiles import CachedFile, Flight, OpenFiles, wait_flights
+from ..state.digests import block_digest
+from ..state.fetch_slots import SHORT_FETCH_BYTES, FetchPriority, FetchSlots
+from ..state.openfiles import CachedFile, Flight, OpenFiles, wait_flights
+from ..state.space import SpaceManager
 from .thread_hop import ThreadHop
 
 log = logging.getLogger(__name__)

@@ -44,12 +44,12 @@ from tierfs.errors import InvalidArgument
 from tierfs.meta import BlockRecord, Inode
 
 from ..names.posix_attrs import Caller
-from ..results import OpenResult
-from ..supervisor import BackgroundTasks
-from ..tiering.space import SpaceManager
-from ..write.journal import Journal
+from ..state.journal import Journal
+from ..state.openfiles import CachedFile, OpenFiles
+from ..state.results import OpenResult
+from ..state.space import SpaceManager
+from ..state.supervisor import BackgroundTasks
 from .blockcache import BlockCache, ReadState
-from .openfiles import CachedFile, OpenFiles
 
 
 @dataclass(slots=True)

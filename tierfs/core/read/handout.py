@@ -25,7 +25,7 @@ the mount would give the same user at the same moment:
 Then the tier file is opened read-only (``Tier.open_for_reader``; one
 longer than the file, whose tail would be readable with the raw
 descriptor, is not handed out), a lease
-is taken (``tierfs.core.read.leases``: what keeps its bytes from changing
+is taken (``tierfs.core.state.leases``: what keeps its bytes from changing
 under the reader), and the open counts as an open through the mount does
 for the lifecycle and the prefetcher: an S3-FIFO access and the access time
 (``SpaceManager.opened``, ``AccessTimes``) and the open observers
@@ -54,11 +54,11 @@ from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from ..names.access import Caller, Permissions
 from ..names.namespace import Namespace
 from ..names.posix_attrs import AccessTimes
-from ..tiering.space import SpaceManager
-from ..write.journal import Journal
+from ..state.journal import Journal
+from ..state.openfiles import OpenFiles
+from ..state.space import SpaceManager
 from .blockcache import BlockCache
 from .handles import Handles
-from .openfiles import OpenFiles
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,7 +79,7 @@ from tierfs.config.values import join_backing_url
 from tierfs.errors import StoreError
 from tierfs.store import ObjectStore
 
-from .digests import block_digest
+from ..state.digests import block_digest
 from .fetcher import FETCH_RUN_BYTES, Origin, RangedGet
 
 if TYPE_CHECKING:

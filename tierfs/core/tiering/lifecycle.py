@@ -24,7 +24,6 @@ What it holds
   The mover's passes first ``settle`` it (the S3-FIFO queue moves for what
   each tier must free); ``tierfs policy plan`` does not, and gets the same
   order.
-* The mover's state and counters (``MoverStatus``), which ``status`` shows.
 
 Placement (``FilePolicies.placement``): the rule's ``place`` tier, else the first tier.
 New data (fetches and writes) goes to the first tier with room at or after
@@ -52,7 +51,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -61,88 +59,18 @@ from tierfs.config import Config, load_config
 from tierfs.errors import Busy, NoSpace, NotFound
 from tierfs.meta import ROOT_INO, MetaDB, SyncState
 from tierfs.policy.planner import FileFacts, Move, plan_moves, summarize
-from tierfs.policy.rules import RuleSet, shadowed_rules
+from tierfs.policy.rules import shadowed_rules
 from tierfs.policy.watermarks import TierUsage
 from tierfs.tiers import Tier
 
 from ..names.namespace import Namespace
-from ..write.journal import Journal
-from .clock import Clock
+from ..state.clock import Clock
+from ..state.journal import Journal
+from ..state.space import SpaceManager
 from .movement import DataMovement
 from .policies import FilePolicies
-from .space import SpaceManager
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class CurrentMove:
-    path: str
-    src: str
-    dst: str | None
-    nbytes: int
-    reason: str
-    done: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-
-@dataclass(slots=True)
-class MoverStatus:
-    state: str = "starting"
-    bandwidth: int = 0
-    interval: float = 0.0
-    files_moved: int = 0
-    bytes_moved: int = 0
-    files_dropped: int = 0
-    bytes_dropped: int = 0
-    files_fetched: int = 0
-    bytes_fetched: int = 0
-    promotions: int = 0
-    skipped: int = 0
-    passes: int = 0
-    last_pass: float | None = None
-    last_error: str = ""
-    #: The moves running now, oldest first (the mover runs a few at once).
-    moving: list[CurrentMove] = field(default_factory=list)
-    #: Bytes per second moved by the last pass that took long enough to measure.
-    rate: float = 0.0
-
-    @property
-    def current(self) -> CurrentMove | None:
-        """The oldest move running now."""
-        return self.moving[0] if self.moving else None
-
-    def as_dict(self) -> dict[str, Any]:
-        current = None
-        if self.current is not None:
-            c = self.current
-            current = {
-                "path": c.path,
-                "src": c.src,
-                "dst": c.dst,
-                "bytes": c.nbytes,
-                "done": c.done,
-                "reason": c.reason,
-            }
-        return {
-            "state": self.state,
-            "bandwidth": self.bandwidth,
-            "interval": self.interval,
-            "files_moved": self.files_moved,
-            "bytes_moved": self.bytes_moved,
-            "files_dropped": self.files_dropped,
-            "bytes_dropped": self.bytes_dropped,
-            "files_fetched": self.files_fetched,
-            "bytes_fetched": self.bytes_fetched,
-            "promotions": self.promotions,
-            "skipped": self.skipped,
-            "passes": self.passes,
-            "last_pass": self.last_pass,
-            "last_error": self.last_error,
-            "current": current,
-            "in_flight": len(self.moving),
-            "rate": self.rate,
-        }
 
 
 class Lifecycle:
@@ -172,7 +100,6 @@ class Lifecycle:
         self._open_for_write = open_for_write
         # Tiers seen above high and not yet seen at or below low (``tier_usage``).
         self._draining: set[int] = set()
-        self.status = MoverStatus(bandwidth=config.mover.bandwidth, interval=config.mover.interval)
 
     # --- planning -------------------------------------------------------------------------
 
@@ -265,7 +192,7 @@ class Lifecycle:
         if settle:
             self.space.settle([t.to_free for t in tiers])
         facts = await self.facts()
-        rules = RuleSet(self.policies.rule_configs, default_write=self.config.write.mode)
+        rules = self.policies.rules.with_own_cache()  # compiled once, at load or reload
         ranking = self.space.ranking_later()
         now = self.clock.now()
         return await trio.to_thread.run_sync(

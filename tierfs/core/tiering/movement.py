@@ -41,17 +41,10 @@ Relocate, step by step (``src``/``dst`` are tier indexes):
    blocks to the same offsets), in pieces of ``COPY_PIECE`` (256 KiB)
    through one buffer that stays in the CPU cache: the hash and the write
    read what the read just put there.  The digest is therefore the xxh3 of
-   exactly the bytes written to ``dst``.  Measured (``tests/bench/
-   ab_copy.py``, interleaved with ``cp --reflink=never`` after
-   ``drop_caches``): 8 MiB reads into one buffer ran at 0.36 of ``cp`` for
-   256 MiB files and 0.59 for 4 MiB files, the pieces at 1.08 and 0.96 (CPU
-   per GiB like ``cp``'s; an 8 MiB buffer makes the read, the hash and the
-   write each go through main memory).  Not used, and why: an mmap of the
-   source (a truncate of the cache file during the copy would kill the
-   daemon with SIGBUS); ``copy_file_range`` plus a second read for the hash
-   (no faster here, and it hashes bytes other than those written); a
-   fresh buffer per chunk (an mmap and 2,048 page faults per 8 MiB);
-   ``POSIX_FADV_WILLNEED`` (it reads synchronously: 3x slower).  Before
+   exactly the bytes written to ``dst``.  Why pieces: an 8 MiB
+   buffer makes the read, the hash and the write each go through main
+   memory (measured against ``cp``: ``docs/benchmarks.md``, "Copying
+   between tiers", with what was tried and left out).  Before
    each chunk, ``await throttle(nbytes)`` lets the caller cap the bandwidth
    (before, not after: several copies sharing one cap then take turns, and
    their chunks do not reach the disk at once).  The first chunk's thread
@@ -153,13 +146,13 @@ from tierfs.errors import (
 from tierfs.meta import BlockRecord, Inode, MetaDB
 from tierfs.tiers import Tier, pwrite_all
 
-from ..read.digests import BlockHasher, block_digest
-from ..read.fetch_slots import FetchPriority
 from ..read.fetcher import Fetcher
-from ..read.openfiles import CachedFile, OpenFiles
 from ..read.sharedtier import SharedOrigin
-from ..write.journal import Journal
-from .space import SpaceManager
+from ..state.digests import BlockHasher, block_digest
+from ..state.fetch_slots import FetchPriority
+from ..state.journal import Journal
+from ..state.openfiles import CachedFile, OpenFiles
+from ..state.space import SpaceManager
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +436,7 @@ class DataMovement:
         into ``tier`` (None: the normal placement; a tier without room also
         falls back to it, and with no room anywhere a block is not kept).
         ``priority``: BACKGROUND (preload, pins, promotion) or AHEAD (just
-        ahead of a reader), see :mod:`tierfs.core.read.fetch_slots`.
+        ahead of a reader), see :mod:`tierfs.core.state.fetch_slots`.
         Returns the bytes that became resident (fetched by this fill, or by
         a demand read it shared a fetch with).  Of a file with changes not
         uploaded yet, fetched blocks are recorded with the file's next

@@ -47,7 +47,7 @@ from tierfs.policy.rules import RuleMatch, RuleSet
 from tierfs.tiers import Tier
 
 from ..names.namespace import Namespace
-from ..write.journal import Journal
+from ..state.journal import Journal
 
 #: Files waiting for promotion at most; more requests are dropped (the next
 #: read of the file asks again).

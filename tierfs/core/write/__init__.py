@@ -1,11 +1,8 @@
-"""The write path: local changes, the journal, and carrying it to the bucket.
+"""The write path: a file's bytes, and carrying the journal to the bucket.
 
-* ``writes``: POSIX mutations: create, write, truncate, unlink, rename,
-  attributes.
+* ``writes``: the data path of a file: write, truncate, fsync, flush.
 * ``blockwrites``: the blocks of a write: write, truncate, seal, and the
   commit of a file's writes.
-* ``journal``: the bucket's changes still owed, durable in LMDB, and the
-  order they may run in.
 * ``sync``: carrying journal entries to the bucket (uploads, copies,
   markers, metadata) and waiting for them (flush); ``upload_source``
   reads a file's bytes for an upload.

@@ -3,7 +3,7 @@
 ``BlockWrites`` writes, truncates, seals and commits the blocks of a
 ``CachedFile`` (``commit``: the block records, the inode and the upload owed
 in the journal, in one LMDB transaction), makes a file wholly local before an upload and gives the
-uploader a reader of its bytes.  Only ``FileWrites`` (POSIX writes) and
+uploader a reader of its bytes.  Only ``FileWrites`` (the data path) and
 ``Sync`` (commits, uploads) call it.
 
 Per block:
@@ -69,10 +69,10 @@ from tierfs.meta import BlockRecord, MetaTxn, SyncState
 from tierfs.tiers import DIRECT_ALIGN, pwrite_all
 
 from ..read.blockcache import BlockCache
-from ..read.digests import BlockHasher, read_and_hash
-from ..read.openfiles import CachedFile, OpenFiles
-from ..tiering.space import SpaceManager
-from .journal import Journal
+from ..state.digests import BlockHasher, read_and_hash
+from ..state.journal import Journal
+from ..state.openfiles import CachedFile, OpenFiles
+from ..state.space import SpaceManager
 from .upload_source import UploadSource
 
 #: Aligned writes at least this long skip the page cache (O_DIRECT, in a

@@ -39,8 +39,8 @@ import trio
 from tierfs.errors import BlockDamaged, TierfsError
 from tierfs.meta import MetaDB, SyncState
 
-from ..read.openfiles import OpenFiles
 from ..read.sharedtier import SharedTier
+from ..state.openfiles import OpenFiles
 from ..tiering.policies import FilePolicies
 from .blockwrites import BlockWrites
 from .upload_source import UploadSource

@@ -71,31 +71,15 @@ do not count: with the breaker open the flush waits ``FLUSH_OUTAGE_WAIT``
 for the endpoint to come back, then fails with EndpointUnreachable naming
 the outage (since when, the last error) and what waits.  The entries stay.
 
-Cost per small file on the event loop.  Uploads of many small files are
+Cost per small file on the event loop.  Uploads of many small files were
 bound by the trio loop, not by the PUTs (those run in worker threads,
-through obstore).  py-spy of the daemon during ``tierfs flush`` of 2,000
-files of 4-128 KiB (the write bench), share of the loop thread's samples:
-inode records read and decoded from LMDB 18% (``InodeKeys.key_of`` walking
-the parent directories, for the scan's ``entry_keys``, the upload and the
-flush: 14%; the file's own record: 5%); the thread hop of the PUT 12-18%;
-marking clean in batches 12% (its LMDB write 8.5%); the event loop itself
-10%; the journal scan and ``entry_keys`` 5-9%; the upload source (the cache
-file opened on the loop) 3.5%; the shadow ledger read of ``_drop_shadows``
-3%; group commits 3%; the flush's wait 2%; metrics under 1%.  Since then
-the keys of directories are remembered (``InodeKeys.key_of``, dropped
-with every rename or removal), a flush of the whole mount works out no keys, and a
-flush's wait is narrowed by the journal as entries end
-(``Journal.wait_done``).  Measured after: marking clean 17% (LMDB write
-11.5%), the thread hop 17%, the file's inode record 9%, the uploader's loop
-7%, ``entry_keys`` 6%, the shadow ledger 5.5%, ``OpenFiles.acquire`` 4%;
-the flush of the 2,000 files then ran at about the rate of ``s5cmd cp``
-of the same files (6.5 s against 6.3 s).  Since then the shadow ledger is
-read inside the batch's transaction (``_mark_clean``), not in a read
-transaction of its own per upload.  The flush is no longer bound by the
-loop: in two rounds of the bench the loop thread spent 1.0-1.2 CPU-s of a
-5.0-6.6 s flush, and the S3 server (one Node.js thread) 4.0-4.7 CPU-s,
-about what it spends on ``s5cmd cp`` of the same files (3.3-4.8 CPU-s).
-So the time until a burst is in the bucket is the write loop plus a
+through obstore); so the keys of directories are remembered
+(``InodeKeys.key_of``, dropped with every rename or removal), a flush of
+the whole mount works out no keys, a flush's wait is narrowed by the
+journal as entries end (``Journal.wait_done``), and the shadow ledger is
+read inside the batch's transaction (``_mark_clean``).  The profiles
+behind these, dated: ``docs/benchmarks.md``, "Where an upload's loop time
+goes".  So the time until a burst is in the bucket is the write loop plus a
 flush as long as ``s5cmd cp``; whether uploads should overlap the burst:
 see ``tierfs.workers.uploader``.
 
@@ -135,11 +119,11 @@ from tierfs.tiers import Tier
 from ..names.listings import Listings
 from ..names.namespace import Namespace
 from ..names.shadow import ShadowAttrs, attrs_of, needs_shadow
-from ..read.openfiles import CachedFile, OpenFiles
-from ..store_threads import StoreThreads
+from ..state.journal import Entry, Journal
+from ..state.openfiles import CachedFile, OpenFiles
+from ..state.store_threads import StoreThreads
 from .blockwrites import BlockWrites
 from .damage import DamageLog
-from .journal import Entry, Journal
 from .sharewrites import SharedWrites
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import threading
 
 from tierfs.errors import BlockDamaged
 
-from ..read.digests import block_digest
+from ..state.digests import block_digest
 
 
 class UploadSource:

@@ -91,7 +91,7 @@ Other files are never held up: the uploader runs every entry that does
 not share a key with it.
 
 The uploader worker (``tierfs.workers.uploader``) picks runnable entries and
-calls ``TierFS.run_entry``; this module holds no I/O.
+calls ``Sync.run_entry``; this module holds no I/O.
 """
 
 from __future__ import annotations

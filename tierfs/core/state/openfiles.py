@@ -23,7 +23,7 @@ Invariants:
   forgotten again), or while it is dirty with no digest yet or a write of
   it is in flight (``ready``).  The verified set outlives the CachedFile:
   a block is checked once per mount.
-* Recent blocks (``recent``, :class:`tierfs.core.read.buffers.RecentBlocks`)
+* Recent blocks (``recent``, :class:`tierfs.core.state.buffers.RecentBlocks`)
   hold the pooled buffers of blocks just fetched; a file's are given back
   when it closes or its content changes.
 
@@ -46,10 +46,10 @@ from tierfs.errors import StoreError, TierfsError
 from tierfs.meta import BlockRecord, Inode, MetaDB, SyncState
 from tierfs.tiers import Tier
 
-from ..write.journal import Journal
 from .buffers import RecentBlocks
 from .digests import BlockHasher
 from .fetch_slots import FetchPriority
+from .journal import Journal
 from .leases import ReaderLeases
 
 

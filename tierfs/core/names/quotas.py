@@ -72,14 +72,8 @@ back under re-arms it.  The first refusal after each crossing of the limit
 is logged too.
 
 Cost.  A mount without quotas pays one attribute test per growing write
-and per new name.  With a quota, a new small file (its check, its record,
-its one growing write) costs about 8 us of the loop's time, timed alone,
-against about 1,000 us of daemon CPU per create+write+close.  py-spy of
-the daemon creating small files under a quota: 2 of 227 busy samples had
-this module in their stack.  Mount-to-mount timing
-(``bench_audit.py --variants off,quota``) cannot resolve it: two runs
-gave +14.2 % and -1.9 % files/s, and the write handler's own time (the
-tier's disk) moved by as much.  The tracked inodes live until the walk
+and per new name; with a quota, a new small file costs a few microseconds
+of the loop (measured: ``docs/benchmarks.md``, "Between users").  The tracked inodes live until the walk
 after their upload (one small record each).
 """
 
@@ -99,11 +93,11 @@ from tierfs.meta import Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
 from tierfs.units import format_size
 
-from ..names.listings import name_problem
-from ..names.namespace import Namespace
-from ..names.shadow import SHADOW_ROOT
-from ..store_threads import StoreThreads
-from .journal import Journal
+from ..state.journal import Journal
+from ..state.store_threads import StoreThreads
+from .listings import name_problem
+from .namespace import Namespace
+from .shadow import SHADOW_ROOT
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ handler) is started through one ``Supervisor``.  Before it, any exception
 that escaped a worker's loop went up through the trio nurseries, cancelled
 every other task and ended ``pyfuse3.main``: each process on the node then
 got ENOTCONN from the mount (a BufferError in the housekeeping task did
-exactly that, see :mod:`tierfs.core.read.buffers`).
+exactly that, see :mod:`tierfs.core.state.buffers`).
 
 Rules:
 
