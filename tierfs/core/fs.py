@@ -267,7 +267,7 @@ class TierFS:
             self.unlinked,
         )
         self.sync = Sync(
-            config,
+            config.write,
             meta,
             store,
             tiers,
@@ -282,6 +282,8 @@ class TierFS:
             upload_limiter=self.upload_limiter,
             endpoint=self.endpoint,
             shared_writes=self.shared_writes,
+            block_size=config.fetch.block_size,
+            access_uid=config.access.uid,
         )
         self.quotas = Quotas(
             config,

@@ -29,11 +29,22 @@ uploads nobody journaled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tierfs.store.multipart import DEFAULT_CONCURRENCY, MAX_SINGLE_COPY_SIZE, ReadPart
+from tierfs.errors import InvalidArgument
+from tierfs.store.multipart import (
+    DEFAULT_CONCURRENCY,
+    MAX_SINGLE_COPY_SIZE,
+    Part,
+    ReadPart,
+    check_concurrency,
+    plan_parts,
+    read_exact,
+    resolve_part_size,
+)
 
 #: Top-level key prefix of the attribute shadow (``tierfs.core.names.shadow``).
 #: Stores treat it as an ordinary prefix; a store that reserves names of its
@@ -103,6 +114,71 @@ class RequestObserver(Protocol):
 #: HTTP answers that are ordinary replies rather than failures: a missing
 #: key (a lookup's "no") and a range past the object's end.
 ORDINARY_ERROR_STATUSES = frozenset({404, 416})
+
+
+def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    """Check user metadata and lower-case its keys.
+
+    Metadata travels as HTTP headers in S3, so keys must be ASCII letters,
+    digits and ``-_.``, values printable ASCII; anything else is refused up
+    front (InvalidArgument) rather than mangled or rejected by a server.
+    """
+    out: dict[str, str] = {}
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgument(f"metadata keys and values must be str: {k!r}={v!r}")
+        if not k or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in k):
+            raise InvalidArgument(f"metadata key {k!r} must be ASCII letters, digits, '-_.'")
+        if not all(32 <= ord(c) < 127 for c in v):
+            raise InvalidArgument(f"metadata value for {k!r} must be printable ASCII")
+        out[k.lower()] = v
+    return out
+
+
+def metadata_mtime(metadata: dict[str, str], fallback: float) -> float:
+    """``float(metadata["mtime"])`` if present and finite, else ``fallback``."""
+    raw = metadata.get("mtime")
+    if raw is not None:
+        try:
+            value = float(raw)
+        except ValueError:
+            return fallback
+        if math.isfinite(value):
+            return value
+    return fallback
+
+
+#: The buffers a ranged GET fills, in order.
+Bufs = Sequence[memoryview]
+#: Asked whether a GET should give way (``get_range_into``'s ``stop``).
+Stop = Callable[[], bool] | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartsUpload:
+    """A multipart upload, its arguments checked (``ObjectStore.put_multipart``):
+    more than one part."""
+
+    key: str
+    parts: list[Part]
+    read_part: ReadPart
+    metadata: dict[str, str]
+    concurrency: int
+    on_upload_id: Callable[[str], None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyJob:
+    """A server-side copy, its arguments checked (``ObjectStore.copy``);
+    ``metadata`` None keeps the source's."""
+
+    src_key: str
+    dst_key: str
+    metadata: dict[str, str] | None
+    multipart_threshold: int
+    part_size: int | None
+    concurrency: int
+    on_upload_id: Callable[[str], None] | None
 
 
 @runtime_checkable
@@ -175,6 +251,12 @@ class ObjectStore(Protocol):
         the buffers filled so far are returned.  A store may fill a short
         range whole without asking.
         """
+        if start < 0:
+            raise InvalidArgument(f"get_range_into {key!r}: negative start")
+        return self._read_into(key, start, bufs, etag, stop)
+
+    def _read_into(self, key: str, start: int, bufs: Bufs, etag: str | None, stop: Stop) -> int:
+        """``get_range_into`` with ``start`` checked: each store's own."""
         ...
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
@@ -216,6 +298,17 @@ class ObjectStore(Protocol):
         effort) before the error is raised.  ``metadata`` becomes the object's
         user metadata (``x-amz-meta-*``) as in ``put``.
         """
+        meta = validate_metadata(metadata)
+        part_size = resolve_part_size(size, part_size)
+        check_concurrency(concurrency)
+        if size <= part_size:
+            data = read_exact(read_part, Part(1, 0, size)) if size else b""
+            return self.put(key, data, meta)
+        parts = plan_parts(size, part_size)
+        return self._put_parts(PartsUpload(key, parts, read_part, meta, concurrency, on_upload_id))
+
+    def _put_parts(self, job: PartsUpload) -> str:
+        """The multipart upload of ``put_multipart``: each store's own."""
         ...
 
     def copy(
@@ -237,6 +330,23 @@ class ObjectStore(Protocol):
         as a multipart upload of ranged part copies, with the same part rules,
         ``on_upload_id`` and abort-on-failure as ``put_multipart``.
         """
+        meta = None if metadata is None else validate_metadata(metadata)
+        check_concurrency(concurrency)
+        if not isinstance(multipart_threshold, int) or not (
+            0 <= multipart_threshold <= MAX_SINGLE_COPY_SIZE
+        ):
+            raise InvalidArgument(
+                f"multipart_threshold must be between 0 and {MAX_SINGLE_COPY_SIZE}, "
+                f"got {multipart_threshold!r}"
+            )
+        return self._copy(
+            CopyJob(
+                src_key, dst_key, meta, multipart_threshold, part_size, concurrency, on_upload_id
+            )
+        )
+
+    def _copy(self, job: CopyJob) -> str:
+        """The copy of ``copy``: each store's own."""
         ...
 
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:

@@ -66,14 +66,13 @@ import errno
 import hashlib
 import json
 import logging
-import math
 import os
 import stat
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -86,14 +85,22 @@ from tierfs.errors import (
     StoreAccessDenied,
     StoreError,
 )
-from tierfs.store.base import SHADOW_ROOT, ListPage, ObjectInfo, UploadInfo
+from tierfs.store.base import (
+    SHADOW_ROOT,
+    Bufs,
+    CopyJob,
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    PartsUpload,
+    Stop,
+    UploadInfo,
+    metadata_mtime,
+    validate_metadata,
+)
 from tierfs.store.multipart import (
-    DEFAULT_CONCURRENCY,
-    MAX_SINGLE_COPY_SIZE,
     Part,
-    ReadPart,
     UploadCancelled,
-    check_concurrency,
     md5_digest,
     multipart_etag,
     plan_parts,
@@ -135,38 +142,6 @@ def parse_file_url(url: str) -> Path:
     return Path(os.path.normpath(path))
 
 
-def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
-    """Check user metadata and lower-case its keys.  Shared by both stores.
-
-    Metadata travels as HTTP headers in S3, so keys must be ASCII letters,
-    digits and ``-_.``, values printable ASCII; anything else is refused up
-    front (InvalidArgument) rather than mangled or rejected by a server.
-    """
-    out: dict[str, str] = {}
-    for k, v in (metadata or {}).items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidArgument(f"metadata keys and values must be str: {k!r}={v!r}")
-        if not k or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in k):
-            raise InvalidArgument(f"metadata key {k!r} must be ASCII letters, digits, '-_.'")
-        if not all(32 <= ord(c) < 127 for c in v):
-            raise InvalidArgument(f"metadata value for {k!r} must be printable ASCII")
-        out[k.lower()] = v
-    return out
-
-
-def metadata_mtime(metadata: dict[str, str], fallback: float) -> float:
-    """``float(metadata["mtime"])`` if present and finite, else ``fallback``.  Shared."""
-    raw = metadata.get("mtime")
-    if raw is not None:
-        try:
-            value = float(raw)
-        except ValueError:
-            return fallback
-        if math.isfinite(value):
-            return value
-    return fallback
-
-
 def _fingerprint(st: os.stat_result) -> dict[str, int]:
     return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -187,7 +162,7 @@ def _valid_name(name: str) -> bool:
     return True
 
 
-class LocalStore:
+class LocalStore(ObjectStore):
     """ObjectStore over a local directory.  Thread-safe within one process."""
 
     url: str
@@ -446,17 +421,7 @@ class LocalStore:
         finally:
             os.close(fd)
 
-    def get_range_into(
-        self,
-        key: str,
-        start: int,
-        bufs: Sequence[memoryview],
-        etag: str | None = None,
-        *,
-        stop: Callable[[], bool] | None = None,
-    ) -> int:
-        if start < 0:
-            raise InvalidArgument(f"get_range_into {key!r}: negative start")
+    def _read_into(self, key: str, start: int, bufs: Bufs, etag: str | None, stop: Stop) -> int:
         fd, st = self._open_range(key, etag)
         try:
             want = max(0, min(sum(len(b) for b in bufs), st.st_size - start))
@@ -531,32 +496,17 @@ class LocalStore:
 
     # --- write path: multipart, copy, uploads ----------------------------------------
 
-    def put_multipart(
-        self,
-        key: str,
-        size: int,
-        read_part: ReadPart,
-        metadata: dict[str, str] | None = None,
-        *,
-        part_size: int | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        on_upload_id: Callable[[str], None] | None = None,
-    ) -> str:
-        """See :meth:`tierfs.store.base.ObjectStore.put_multipart`.
+    def _put_parts(self, job: PartsUpload) -> str:
+        """The multipart upload of :meth:`tierfs.store.base.ObjectStore.put_multipart`.
 
         Parts are written with ``pwrite`` into one upload temp file, at most
         ``concurrency`` at a time on the store's worker threads, then the file
         is fsynced and renamed into place like a ``put``.  The ETag is the
         one S3 would give the same parts (``md5(md5s)-N``).
         """
+        key, parts, read_part, meta = job.key, job.parts, job.read_part, job.metadata
         path, sidecar = self._paths(key)
-        meta = validate_metadata(metadata)
-        part_size = resolve_part_size(size, part_size)
-        check_concurrency(concurrency)
-        if size <= part_size:
-            data = read_exact(read_part, Part(1, 0, size)) if size else b""
-            return self.put(key, data, meta)
-        parts = plan_parts(size, part_size)
+        concurrency, on_upload_id = job.concurrency, job.on_upload_id
         executor = self._executor()
         upload_id, tmp = self._begin_upload("put_multipart", key, path, sidecar)
         # Only our own file operations are mapped to StoreError: an OSError
@@ -605,18 +555,8 @@ class LocalStore:
         finally:
             self._end_upload(upload_id)
 
-    def copy(
-        self,
-        src_key: str,
-        dst_key: str,
-        metadata: dict[str, str] | None = None,
-        *,
-        multipart_threshold: int = MAX_SINGLE_COPY_SIZE,
-        part_size: int | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        on_upload_id: Callable[[str], None] | None = None,
-    ) -> str:
-        """See :meth:`tierfs.store.base.ObjectStore.copy`.
+    def _copy(self, job: CopyJob) -> str:
+        """The copy of :meth:`tierfs.store.base.ObjectStore.copy`.
 
         A sequential read of the source into a temp file, renamed into place
         like a ``put``.  The ETag is what S3 gives: the MD5 of the content for
@@ -625,28 +565,20 @@ class LocalStore:
         handed to ``on_upload_id``).  A source rewritten during the copy
         raises PreconditionFailed, like S3's ``x-amz-copy-source-if-match``.
         """
+        src_key, dst_key, meta = job.src_key, job.dst_key, job.metadata
         dst_path, dst_sidecar = self._paths(dst_key)
         self._paths(src_key)
-        meta = None if metadata is None else validate_metadata(metadata)
-        check_concurrency(concurrency)
-        if not isinstance(multipart_threshold, int) or not (
-            0 <= multipart_threshold <= MAX_SINGLE_COPY_SIZE
-        ):
-            raise InvalidArgument(
-                f"multipart_threshold must be between 0 and {MAX_SINGLE_COPY_SIZE}, "
-                f"got {multipart_threshold!r}"
-            )
         fd, st, src_sidecar = self._open_object("copy", src_key)
         upload_id: str | None = None
         tmp: str | Path | None = None
         try:
             _, src_meta = self._read_sidecar(src_sidecar, st)
             size = st.st_size
-            if size > multipart_threshold:
-                parts = plan_parts(size, resolve_part_size(size, part_size))
+            if size > job.multipart_threshold:
+                parts = plan_parts(size, resolve_part_size(size, job.part_size))
                 upload_id, tmp = self._begin_upload("copy", dst_key, dst_path, dst_sidecar)
-                if on_upload_id is not None:
-                    on_upload_id(upload_id)
+                if job.on_upload_id is not None:
+                    job.on_upload_id(upload_id)
             else:
                 parts = [Part(1, 0, size)]
                 tmp_dir = self._prepare_write(dst_path, dst_sidecar)

@@ -188,20 +188,22 @@ from tierfs.errors import (
 )
 from tierfs.store.base import (
     ORDINARY_ERROR_STATUSES,
+    Bufs,
+    CopyJob,
     ListPage,
     ObjectInfo,
+    ObjectStore,
+    PartsUpload,
     RequestObserver,
+    Stop,
     UploadInfo,
+    metadata_mtime,
+    validate_metadata,
 )
 from tierfs.store.breaker import CircuitBreaker
-from tierfs.store.local import metadata_mtime, validate_metadata
 from tierfs.store.multipart import (
-    DEFAULT_CONCURRENCY,
-    MAX_SINGLE_COPY_SIZE,
     Part,
-    ReadPart,
     UploadCancelled,
-    check_concurrency,
     etag_digest,
     md5_digest,
     multipart_etag,
@@ -523,7 +525,7 @@ def botocore_equivalent(exc: BaseException, operation: str, endpoint: str) -> Ba
     return exc
 
 
-class S3Store:
+class S3Store(ObjectStore):
     """ObjectStore over boto3 (and obstore for small GETs and PUTs).  Thread-safe;
     share one instance.
 
@@ -933,19 +935,9 @@ class S3Store:
             b"",
         )
 
-    def get_range_into(
-        self,
-        key: str,
-        start: int,
-        bufs: Sequence[memoryview],
-        etag: str | None = None,
-        *,
-        stop: Callable[[], bool] | None = None,
-    ) -> int:
+    def _read_into(self, key: str, start: int, bufs: Bufs, etag: str | None, stop: Stop) -> int:
         full = self._full_key(key)
         length = sum(len(b) for b in bufs)
-        if start < 0:
-            raise InvalidArgument(f"get_range_into {key!r}: negative start")
         if length == 0:
             return 0
         if length <= self.native_get_max and native_key_ok(full):
@@ -1032,26 +1024,11 @@ class S3Store:
 
     # --- write path: multipart --------------------------------------------------
 
-    def put_multipart(
-        self,
-        key: str,
-        size: int,
-        read_part: ReadPart,
-        metadata: dict[str, str] | None = None,
-        *,
-        part_size: int | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        on_upload_id: Callable[[str], None] | None = None,
-    ) -> str:
-        """See :meth:`tierfs.store.base.ObjectStore.put_multipart`."""
-        full = self._full_key(key)
-        meta = validate_metadata(metadata)
-        part_size = resolve_part_size(size, part_size)
-        check_concurrency(concurrency)
-        if size <= part_size:
-            data = read_exact(read_part, Part(1, 0, size)) if size else b""
-            return self.put(key, data, meta)
-        parts = plan_parts(size, part_size)
+    def _put_parts(self, job: PartsUpload) -> str:
+        """The multipart upload of :meth:`tierfs.store.base.ObjectStore.put_multipart`."""
+        full = self._full_key(job.key)
+        parts, read_part, meta = job.parts, job.read_part, job.metadata
+        concurrency, on_upload_id = job.concurrency, job.on_upload_id
         total = len(parts)
 
         def send(part: Part, upload_id: str, stop: threading.Event) -> str:
@@ -1079,18 +1056,8 @@ class S3Store:
 
         return self._multipart("put_multipart", full, meta, parts, send, concurrency, on_upload_id)
 
-    def copy(
-        self,
-        src_key: str,
-        dst_key: str,
-        metadata: dict[str, str] | None = None,
-        *,
-        multipart_threshold: int = MAX_SINGLE_COPY_SIZE,
-        part_size: int | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        on_upload_id: Callable[[str], None] | None = None,
-    ) -> str:
-        """See :meth:`tierfs.store.base.ObjectStore.copy`.
+    def _copy(self, job: CopyJob) -> str:
+        """The copy of :meth:`tierfs.store.base.ObjectStore.copy`.
 
         HEADs the source first (its size picks CopyObject or UploadPartCopy;
         its metadata goes on a multipart copy, which cannot copy it by
@@ -1098,22 +1065,14 @@ class S3Store:
         with that ETag, so a source replaced during the copy gives
         PreconditionFailed instead of a mix of two versions.
         """
+        src_key, dst_key, meta = job.src_key, job.dst_key, job.metadata
         full_src = self._full_key(src_key)
         full_dst = self._full_key(dst_key)
-        meta = None if metadata is None else validate_metadata(metadata)
-        check_concurrency(concurrency)
-        if not isinstance(multipart_threshold, int) or not (
-            0 <= multipart_threshold <= MAX_SINGLE_COPY_SIZE
-        ):
-            raise InvalidArgument(
-                f"multipart_threshold must be between 0 and {MAX_SINGLE_COPY_SIZE}, "
-                f"got {multipart_threshold!r}"
-            )
         src = self.head(src_key)
         source = {"Bucket": self.bucket, "Key": full_src}
         if_match = f'"{src.etag}"'
         where = f"{full_src} -> {full_dst}"
-        if src.size <= multipart_threshold:
+        if src.size <= job.multipart_threshold:
             params: dict[str, Any] = {
                 "Bucket": self.bucket,
                 "Key": full_dst,
@@ -1126,7 +1085,7 @@ class S3Store:
             resp = self._call("copy", where, lambda: self.client.copy_object(**params))
             return _strip_etag((resp.get("CopyObjectResult") or {}).get("ETag"))
 
-        parts = plan_parts(src.size, resolve_part_size(src.size, part_size))
+        parts = plan_parts(src.size, resolve_part_size(src.size, job.part_size))
         total = len(parts)
 
         def send(part: Part, upload_id: str, stop: threading.Event) -> str:
@@ -1147,7 +1106,9 @@ class S3Store:
             return self._call(f"copy part {part.number}/{total}", where, attempt, sleep=stop.wait)
 
         new_meta = src.metadata if meta is None else meta
-        return self._multipart("copy", full_dst, new_meta, parts, send, concurrency, on_upload_id)
+        return self._multipart(
+            "copy", full_dst, new_meta, parts, send, job.concurrency, job.on_upload_id
+        )
 
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
         """ListMultipartUploads under the store prefix + ``prefix``, all pages."""

@@ -101,7 +101,7 @@ from typing import Any
 
 import trio
 
-from tierfs.config import Config
+from tierfs.config import WriteConfig
 from tierfs.errors import (
     BlockDamaged,
     EndpointUnreachable,
@@ -247,7 +247,7 @@ class Sync:
 
     def __init__(
         self,
-        config: Config,
+        write: WriteConfig,
         meta: MetaDB,
         store: ObjectStore,
         tiers: list[Tier],
@@ -263,10 +263,16 @@ class Sync:
         upload_limiter: trio.CapacityLimiter,
         endpoint: CircuitBreaker | None,
         shared_writes: SharedWrites | None = None,
+        block_size: int,
+        access_uid: int | None,
     ) -> None:
-        """``shared_writes``: told of each file uploaded, to copy it into the
+        """``write``: ``[write]`` (``upload_delay``, ``part_size``);
+        ``access_uid``: an access point's fixed owner (``[access] uid``);
+        ``shared_writes``: told of each file uploaded, to copy it into the
         shared tier (None: no shared tier)."""
-        self.config = config
+        self.write_config = write
+        self.block_size = block_size
+        self.access_uid = access_uid
         self.meta = meta
         self.store = store
         self.tiers = tiers
@@ -599,7 +605,7 @@ class Sync:
         hurried the entry before this attempt ended, and would otherwise
         wait out the delay."""
         self.journal.retry_later(
-            seq, 0.0 if self.journal.waiters else self.config.write.upload_delay
+            seq, 0.0 if self.journal.waiters else self.write_config.upload_delay
         )
         self.journal.failures.pop(seq, None)  # a change is not a failure of the bucket
 
@@ -643,8 +649,8 @@ class Sync:
     def _part_size(self, size: int) -> int:
         """Parts are whole blocks, at least ``[write] part_size``, and 10,000
         of them hold the file."""
-        bs = self.config.fetch.block_size
-        part = max(self.config.write.part_size, -(-size // 10_000))
+        bs = self.block_size
+        part = max(self.write_config.part_size, -(-size // 10_000))
         return -(-part // bs) * bs
 
     def _record_upload_id(self, seq: int, key: str, upload_id: str) -> None:
@@ -997,7 +1003,7 @@ class Sync:
         outcome: FlushOutcome,
     ) -> set[int]:
         """The entries of ``seqs`` a flush by ``uid`` may hurry (see ``flush_path``)."""
-        shown_owner = self.config.access.uid  # an access point's fixed owner
+        shown_owner = self.access_uid  # an access point's fixed owner
         mine = set()
         for seq in seqs:
             entry = self.journal.entries.get(seq)
