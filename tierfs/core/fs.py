@@ -71,7 +71,7 @@ from .state.clock import Clock
 from .state.journal import Journal
 from .state.leases import ReaderLeases
 from .state.openfiles import OpenFiles
-from .state.results import Attributes, DirEntry, FsStats, OpenResult
+from .state.results import AttributeRules, Attributes, DirEntry, FsStats, OpenResult
 from .state.space import SpaceManager
 from .state.store_threads import StoreThreads
 from .state.supervisor import BackgroundTasks, Supervisor
@@ -193,7 +193,9 @@ class TierFS:
         self.damage = DamageLog(
             meta, tiers, config.fetch.block_size, path_of=self.namespace.path_of
         )
-        self.policies = FilePolicies(config, tiers, meta, self.journal, self.namespace)
+        self.policies = FilePolicies(
+            config.rules, config.write.mode, tiers, meta, self.journal, self.namespace
+        )
         self.space = SpaceManager(
             tiers,
             meta,
@@ -258,7 +260,12 @@ class TierFS:
                 self.shared_tier, meta, self.open_files, self.block_writes, self.policies
             )
         self.names = NameReads(
-            config,
+            AttributeRules(
+                config.access.uid,
+                config.access.gid,
+                config.fetch.block_size,
+                config.namespace.list_ttl,
+            ),
             meta,
             self.namespace,
             self.listings,
@@ -286,7 +293,8 @@ class TierFS:
             access_uid=config.access.uid,
         )
         self.quotas = Quotas(
-            config,
+            config.quotas,
+            config.namespace.list_ttl,
             meta,
             self.journal,
             self.namespace,
@@ -351,7 +359,8 @@ class TierFS:
             on_damage=self.damage.block_damaged,
         )
         self.lifecycle = Lifecycle(
-            config,
+            config.source,
+            config.policy_files,
             meta,
             tiers,
             self.journal,
@@ -384,7 +393,7 @@ class TierFS:
         )
 
         self.reports = Reports(
-            config=config,
+            block_size=config.fetch.block_size,
             store=store,
             tiers=tiers,
             meta=meta,

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tierfs.config import Config
 from tierfs.meta import Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
 from tierfs.tiers import Tier
@@ -45,7 +44,7 @@ from .write.sync import Sync
 class Reports:
     """The status, ``where`` and statfs replies (see the module docstring)."""
 
-    config: Config
+    block_size: int
     store: ObjectStore
     tiers: list[Tier]
     meta: MetaDB
@@ -74,7 +73,7 @@ class Reports:
             total += cap
             free += tier.usable_bytes(self.space.used(tier.index))
         return FsStats(
-            block_size=self.config.fetch.block_size,
+            block_size=self.block_size,
             total_bytes=total,
             free_bytes=free,
             files=sum(self.meta.tier_usage(t.index).files for t in self.tiers),
@@ -100,7 +99,7 @@ class Reports:
             state = "uploading"
         else:
             state = "clean" if inode.state == SyncState.CLEAN else "dirty"
-        bs = self.config.fetch.block_size
+        bs = self.block_size
         blocks = self.meta.get_blocks(inode.ino)
         return {
             "path": relpath,
@@ -187,7 +186,7 @@ class Reports:
         lookups = stats.hit_blocks + stats.miss_blocks
         return {
             "backing": self.store.url,
-            "block_size": self.config.fetch.block_size,
+            "block_size": self.block_size,
             "tiers": tiers,
             "dirty_bytes": self.sync.dirty_bytes(),
             "pending_uploads": len(self.journal),

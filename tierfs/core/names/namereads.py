@@ -33,13 +33,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tierfs.config import Config
 from tierfs.errors import NotADirectory, NotFound
 from tierfs.meta import Inode, MetaDB
 from tierfs.meta.records import decode_inode
 
 from ..state.openfiles import OpenFiles
-from ..state.results import Attributes, DirEntry, attributes_of
+from ..state.results import AttributeRules, Attributes, DirEntry, attributes_of
 from .attrcache import AttributeCache
 from .dirhandles import DOT, DOTDOT, DirHandles, cookie_after, offset_of
 from .listings import Listings
@@ -56,7 +55,7 @@ READDIR_BATCH = 32
 class NameReads:
     """Lookups, attributes and directory reads (see the module docstring)."""
 
-    config: Config
+    rules: AttributeRules
     meta: MetaDB
     namespace: Namespace
     listings: Listings
@@ -70,15 +69,15 @@ class NameReads:
     readdir_entries: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        config = self.config
-        self.attribute_cache = AttributeCache(lambda inode: attributes_of(inode, config))
+        rules = self.rules
+        self.attribute_cache = AttributeCache(lambda inode: attributes_of(inode, rules))
 
     def attributes(self, inode: Inode, timeout: float | None = None) -> Attributes:
         """What the kernel sees of ``inode``; ``timeout`` (seconds it may
         keep them) defaults to ``list_ttl``."""
         return attributes_of(
             inode,
-            self.config,
+            self.rules,
             unlinked=inode.ino in self.unlinked,
             atime_ns=self.access_times.atime_of(inode),
             timeout=timeout,
@@ -116,7 +115,7 @@ class NameReads:
         listed_at = self.meta.listed_at(parent)
         if listed_at is None or listed_at <= 0:
             return 0.0
-        return max(0.0, listed_at + self.config.namespace.list_ttl - time.time())
+        return max(0.0, listed_at + self.rules.list_ttl - time.time())
 
     # --- directories -----------------------------------------------------------------
 

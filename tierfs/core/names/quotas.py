@@ -87,7 +87,7 @@ from dataclasses import dataclass
 
 import trio
 
-from tierfs.config import Config, QuotaConfig
+from tierfs.config import QuotaConfig
 from tierfs.errors import QuotaExceeded, StoreError
 from tierfs.meta import Inode, MetaDB, SyncState
 from tierfs.store import ObjectStore
@@ -227,7 +227,8 @@ class Quotas:
 
     def __init__(
         self,
-        config: Config,
+        quotas: Iterable[QuotaConfig],
+        list_ttl: float,
         meta: MetaDB,
         journal: Journal,
         namespace: Namespace,
@@ -243,7 +244,7 @@ class Quotas:
         self.store = store
         self.store_threads = store_threads
         self.store_limiter = store_limiter
-        self.list_ttl = config.namespace.list_ttl
+        self.list_ttl = list_ttl
         self._clock = clock
         self._quotas: tuple[Quota, ...] = ()
         self._by_prefix: dict[str, Quota] = {}
@@ -254,7 +255,7 @@ class Quotas:
         self._walked = trio.Event()
         self._wake = trio.Event()
         self._walking = False
-        self.set_quotas(config.quotas)
+        self.set_quotas(quotas)
 
     # --- configuration ------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierfs.config import Config
 from tierfs.meta import Inode
 
 
@@ -60,9 +59,22 @@ class FsStats:
     name_max: int = 255
 
 
+@dataclass(frozen=True, slots=True)
+class AttributeRules:
+    """What of the config the kernel's attributes follow: an access point's
+    fixed owner (``[access] uid``/``gid``, None: the stored one), the block
+    size shown as ``st_blksize``, and how long the kernel keeps attributes
+    (``[namespace] list_ttl``)."""
+
+    uid: int | None
+    gid: int | None
+    block_size: int
+    list_ttl: float
+
+
 def attributes_of(
     inode: Inode,
-    config: Config,
+    rules: AttributeRules,
     *,
     unlinked: bool = False,
     atime_ns: int | None = None,
@@ -81,17 +93,17 @@ def attributes_of(
         nlink = 2 + inode.nsubdirs
     else:
         nlink = 1
-    access = config.access  # an access point's fixed owner hides the stored one
     return Attributes(
         ino=inode.ino,
         mode=inode.mode,
         nlink=nlink,
-        uid=inode.uid if access.uid is None else access.uid,
-        gid=inode.gid if access.gid is None else access.gid,
+        # An access point's fixed owner hides the stored one.
+        uid=inode.uid if rules.uid is None else rules.uid,
+        gid=inode.gid if rules.gid is None else rules.gid,
         size=inode.size,
-        blksize=config.fetch.block_size,
+        blksize=rules.block_size,
         mtime_ns=inode.mtime_ns,
         ctime_ns=inode.ctime_ns,
         atime_ns=inode.atime_ns if atime_ns is None else atime_ns,
-        timeout=config.namespace.list_ttl if timeout is None else timeout,
+        timeout=rules.list_ttl if timeout is None else timeout,
     )

@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -76,7 +77,8 @@ log = logging.getLogger(__name__)
 class Lifecycle:
     def __init__(
         self,
-        config: Config,
+        config_file: Path,
+        policy_files: tuple[Path, ...],
         meta: MetaDB,
         tiers: list[Tier],
         journal: Journal,
@@ -88,7 +90,9 @@ class Lifecycle:
         *,
         open_for_write: Callable[[int], bool],
     ) -> None:
-        self.config = config
+        #: The config file a reload reads again, and the policy files it named.
+        self.config_file = config_file
+        self.policy_files = policy_files
         self.meta = meta
         self.tiers = tiers
         self.journal = journal
@@ -329,8 +333,8 @@ class Lifecycle:
                 {"match": config_rule.match, "source": config_rule.source, "settings": settings}
             )
         return {
-            "config": str(self.config.source),
-            "policy_files": [str(p) for p in self.config.policy_files],
+            "config": str(self.config_file),
+            "policy_files": [str(p) for p in self.policy_files],
             "rules": rules,
             "warnings": self._warnings(self.policies.rule_configs) + await self._pin_warnings(),
         }
@@ -374,12 +378,12 @@ class Lifecycle:
         of ``fresh`` (the config file read again by the caller).  A file with
         any problem raises ``ConfigError`` and the rules in force stay."""
         if fresh is None:
-            fresh = load_config(self.config.source, check_paths=False)
+            fresh = load_config(self.config_file, check_paths=False)
         names = [t.name for t in fresh.tiers]
         if names != [t.name for t in self.tiers]:
             log.warning(
                 "policy reload: the [[tiers]] changed in %s; that needs a remount",
-                self.config.source,
+                self.config_file,
             )
         self.policies.set_rules(fresh.rules)
         warnings = self._warnings(fresh.rules)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import trio
 
-from tierfs.config import Config, RuleConfig
+from tierfs.config import RuleConfig
 from tierfs.errors import InvalidArgument, NotFound
 from tierfs.meta import ROOT_INO, Inode, MetaDB
 from tierfs.policy.rules import RuleMatch, RuleSet
@@ -80,16 +80,17 @@ class FilePolicies:
 
     def __init__(
         self,
-        config: Config,
+        rules: tuple[RuleConfig, ...],
+        write_mode: str,
         tiers: list[Tier],
         meta: MetaDB,
         journal: Journal,
         namespace: Namespace,
     ) -> None:
         """``meta`` keeps the pins; ``namespace`` gives the paths rules match."""
-        self.write_mode = config.write.mode
-        self.rule_configs = config.rules
-        self.rules = RuleSet(config.rules, default_write=self.write_mode)
+        self.write_mode = write_mode
+        self.rule_configs = rules
+        self.rules = RuleSet(rules, default_write=write_mode)
         self.tier_names = [t.name for t in tiers]
         self._tier_index = {t.name: t.index for t in tiers}
         self.meta = meta
