@@ -121,3 +121,36 @@ def test_design_names_modules_that_exist() -> None:
         and not (REPO / "tierfs" / f"{short}.py").exists()
     )
     assert not missing, f"docs/design.md names modules that do not exist: {missing}"
+
+
+#: A figure with a unit of time, throughput or CPU, or a ratio ("0.83x"):
+#: what a measurement reports.  Quoted examples of input ("200MiB/s") are
+#: not figures.
+FIGURE = re.compile(
+    r"(?<![\"'\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?"
+    r"(?:ms|us|µs|MB/s|GB/s|MiB/s|GiB/s|files/s|CPU-s|s/GiB)(?![\"'\w])"
+    r"|(?<![\w.])\d+\.\d+x\b"
+)
+LONG_DOCSTRING = 40
+
+
+def test_long_module_docstrings_state_rules_not_measurements() -> None:
+    """A module docstring states invariants and the design; the figures
+    behind them live in docs/benchmarks.md, dated, with their commands.  A
+    docstring longer than 40 lines may name one figure at most."""
+    import ast
+
+    offenders = []
+    for path in sorted([*(REPO / "tierfs").rglob("*.py"), *(REPO / "daemon").rglob("*.py")]):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        if doc is None or doc.count("\n") + 1 <= LONG_DOCSTRING:
+            continue
+        figures = FIGURE.findall(doc)
+        if len(figures) > 1:
+            offenders.append(f"{path.relative_to(REPO)}: {figures[:5]}")
+    assert not offenders, "long docstrings that report measurements:\n" + "\n".join(offenders)
+
+
+def test_the_figure_pattern_finds_measurements_and_not_examples() -> None:
+    text = 'took 6.9 ms, 0.5-0.7 CPU-s; 0.83x the GET loop; write "200MiB/s" or "250ms"'
+    assert FIGURE.findall(text) == ["6.9 ms", "0.5-0.7 CPU-s", "0.83x"]

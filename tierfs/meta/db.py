@@ -44,7 +44,7 @@ ONE write transaction, so they hold after every commit and after a crash):
   directory pins its subtree, which the lifecycle code resolves).  It goes
   with the inode, so a pin survives remounts and renames but not a delete.
 * ``failed[ino]`` exists only while ``ino`` exists: a file whose dirty block
-  failed its checksum (see ``core.blockcache``, damage).  It goes when the inode is
+  failed its checksum (see ``core.read.blockcache``, damage).  It goes when the inode is
   deleted or when the file is uploaded again from bytes that all verify.
 * A block record exists only after its bytes were written to the cache file
   (the caller's duty: write, then ``add_block``).  The reverse is allowed: a
@@ -1051,7 +1051,7 @@ class MetaDB:
 
     def write_posix_atimes(self, atimes: dict[int, int]) -> None:
         """Store the POSIX access times (ino -> atime_ns) of many inodes in
-        one write block (``core.atime`` batches them); inodes gone meanwhile
+        one write block (``core.names.posix_attrs`` batches them); inodes gone meanwhile
         are skipped.  A format 3 record is patched in place."""
         with self.write() as w:
             txn = w.txn

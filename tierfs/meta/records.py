@@ -49,7 +49,7 @@ class Inode:
     rename it is the old key until the server-side copy completes.
     ``validated_at`` is when LIST or HEAD last confirmed that ETag.
     ``atime_ns`` is the POSIX access time (set by utimensat, moved forward
-    by reads in the relatime way, see ``core.atime``); a record that never
+    by reads in the relatime way, see ``core.names.posix_attrs``); a record that never
     had one starts with atime = mtime.  ``nsubdirs`` (directories) counts
     the subdirectories linked under it, so that nlink = 2 + nsubdirs as on
     ext4; it changes with every dentry of a directory linked or unlinked

@@ -14,7 +14,7 @@ binary float just below it): ``mark(capacity, f) = floor(f * capacity)``.
   leaves the tier between its marks, and the next pass goes on down to low
   instead of stopping because the tier is no longer above high.  Who keeps
   the ``draining`` flag between passes is the caller's business
-  (``core.lifecycle``): it keeps ``must_drain`` as the next ``draining``;
+  (``core.tiering.lifecycle``): it keeps ``must_drain`` as the next ``draining``;
 * to free     =   ``max(0, used - mark(capacity, low))`` while draining, 0
   otherwise: what brings the tier down to its low mark;
 * room        =   ``max(0, mark(capacity, high) - used)``: what may still be

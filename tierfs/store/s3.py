@@ -18,7 +18,7 @@ Invariants:
   ``max_pool_connections`` bounds the HTTP connection pool and must be at
   least the number of parallel ranged GETs.  The sessions of all stores in a
   process share one botocore data loader (a read-only cache of the service
-  model JSON), so a second store costs ~10 ms instead of ~150 ms; credentials
+  model JSON), so a second store costs a fraction of the first; credentials
   and config are still resolved per store.  The native engine is one
   obstore store per timeout class (GETs, PUTs), made with the store and
   shared by all threads (its connection pool and tokio runtime are its own;
@@ -96,9 +96,9 @@ Invariants:
   other form to botocore's own.
 
 Read engine.  Small requests go native, bulk ranged GETs stay on botocore.
-botocore costs about 3 ms of client CPU per request whatever its size
-(building, signing, parsing, under the GIL), obstore about 0.5 ms (in Rust,
-GIL released), so for small objects the engine decides the daemon's CPU.
+botocore costs several times obstore's client CPU per request whatever its
+size (building, signing, parsing, under the GIL; obstore works in Rust with
+the GIL released), so for small objects the engine decides the daemon's CPU.
 Past ``NATIVE_GET_MAX`` (2 MiB) the native engine no longer wins: its body
 arrives as a new buffer that is copied into the block cache's, where
 botocore's ``readinto`` copies nothing, and for 16 MiB ranges it costs as

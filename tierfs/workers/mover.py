@@ -7,7 +7,7 @@ full that new blocks spill past it, a pin, a reload; never sooner than
 
 One pass: ``Lifecycle.plan()`` (the planner over the facts of the moment),
 then the moves in plan order, each through the data-movement API
-(``core.movement``): a relocate (copy -> verify -> switch in one LMDB
+(``core.tiering.movement``): a relocate (copy -> verify -> switch in one LMDB
 transaction -> delete the old copy), an evict (clean copies only), or a
 fill (pins).  Moves start in plan order, ``MOVE_CONCURRENCY`` (3) at once
 whatever their size, and more, up to ``MAX_MOVE_CONCURRENCY`` (16, one copy
@@ -47,7 +47,7 @@ by reads served from a slower tier than the file's placement) and copies
 them up, only while the target tier stays below its high watermark after
 the copy, so that promotion never makes the next pass demote.
 
-Crash safety is the data-movement API's (see ``core.movement``): a kill -9
+Crash safety is the data-movement API's (see ``core.tiering.movement``): a kill -9
 at any point loses nothing and leaves no block indexed twice.
 """
 

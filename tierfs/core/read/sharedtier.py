@@ -28,8 +28,8 @@ absent, the next ones are *claimed* first (the run is probably cold):
       won   --> this node fetches it; the next blocks it wins join one
                 ranged GET of the bucket, and each block of it is put into
                 the shared tier at once by a background thread
-      held  --> another node fetches it: ``wait_for`` polls the block (20 ms
-                growing to 200 ms, jittered) and serves it when it appears;
+      held  --> another node fetches it: ``wait_for`` polls the block (``FIRST_POLL``
+                growing to ``LAST_POLL``, jittered) and serves it when it appears;
                 from the bucket instead after ``CLAIM_WAIT`` (4 s, under
                 the 5 s foreground budget), or at once if the claim is older
                 than ``CLAIM_STALE`` (60 s, by the cluster's clock: its node

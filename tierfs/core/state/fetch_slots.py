@@ -23,7 +23,7 @@ The rule (``FetchSlots.take``):
    ``SHORT_FETCH_BYTES``: a small file of a preload) is held to all the
    slots instead of half: it ends within one round trip, so a demand fetch
    that comes while short ones fill every slot waits for the first of them
-   to end (at 32 GETs of 30 ms each, about 1 ms), and (a) then holds every
+   to end (with 32 GETs in flight, a small share of one), and (a) then holds every
    other one back.  Why: a preload of small files is bound by the GETs it
    keeps in flight, not by bytes (see "Short fetches" below).  AHEAD
    fetches are not held to (c): the readers

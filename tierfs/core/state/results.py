@@ -86,7 +86,7 @@ def attributes_of(
     nlink: 0 once ``unlinked`` (removed from the namespace while still open
     or referenced), 2 + its subdirectories for a directory (as on ext4; a
     directory never listed knows none yet), else 1 (no hard links).
-    ``atime_ns``: an access time newer than the record's (``core.atime``)."""
+    ``atime_ns``: an access time newer than the record's (``core.names.posix_attrs``)."""
     if unlinked:
         nlink = 0
     elif inode.is_dir:

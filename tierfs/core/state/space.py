@@ -43,7 +43,7 @@ Rules:
 
 ``TIERFS_TEST_EVICTION=lru`` (benchmarks only) swaps S3-FIFO for plain LRU.
 
-Access times (on the lifecycle clock, ``core.clock``) are kept in memory and
+Access times (on the lifecycle clock, ``core.state.clock``) are kept in memory and
 flushed to LMDB in batches by ``flush_atimes`` (called periodically and at
 unmount), so they survive a remount and order the trackers across mounts.
 

@@ -1,10 +1,10 @@
 """The lifecycle: the plan of moves, and the commands that move data.
 
 This part decides; ``workers.mover`` carries the decisions out through the
-data-movement API (``core.movement``), and so do the ``evict`` and ``pin``
+data-movement API (``core.tiering.movement``), and so do the ``evict`` and ``pin``
 commands here.  Nothing in this module touches block maps or tier files.
 What the rules and pins say of each file (placement, ``cache = false``,
-write-through, pins, promotion requests) is ``core.policies``, built
+write-through, pins, promotion requests) is ``core.tiering.policies``, built
 before the data path so that it can ask it directly; this part changes
 them (``pin_path``, ``unpin_path``, ``reload``) and plans with them.
 
@@ -19,7 +19,7 @@ What it holds
   later included.  A rule with ``pin = true`` protects what it matches the
   same way, on the first tier (or the rule's ``place``).
 * The ranking of files by value is ``SpaceManager``'s (one S3-FIFO tracker
-  per tier, see ``core.space``); planning reads it with ``ranking_later()``,
+  per tier, see ``core.state.space``); planning reads it with ``ranking_later()``,
   which changes nothing, and brings it in line with the residency first.
   The mover's passes first ``settle`` it (the S3-FIFO queue moves for what
   each tier must free); ``tierfs policy plan`` does not, and gets the same

@@ -30,7 +30,7 @@ Invariants:
   ``promotion_done``), and the queue is bounded (``PROMOTION_QUEUE``): a
   request that does not fit is dropped, and the next slow read asks again.
 
-``core.lifecycle`` plans the moves and runs the commands (pin, evict,
+``core.tiering.lifecycle`` plans the moves and runs the commands (pin, evict,
 reload) on top of this part; ``workers.mover`` takes the promotions.
 """
 
