@@ -154,3 +154,19 @@ def test_long_module_docstrings_state_rules_not_measurements() -> None:
 def test_the_figure_pattern_finds_measurements_and_not_examples() -> None:
     text = 'took 6.9 ms, 0.5-0.7 CPU-s; 0.83x the GET loop; write "200MiB/s" or "250ms"'
     assert FIGURE.findall(text) == ["6.9 ms", "0.5-0.7 CPU-s", "0.83x"]
+
+
+def test_each_core_subpackage_names_each_of_its_modules() -> None:
+    """A core subpackage's ``__init__`` docstring is the map of its files:
+    each module is named there (``changes``), so none is left out of it."""
+    import ast
+
+    core = REPO / "tierfs" / "core"
+    missing = []
+    for init in sorted(core.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        for module in sorted(init.parent.glob("*.py")):
+            if module.stem != "__init__" and f"``{module.stem}``" not in doc:
+                missing.append(f"{init.parent.name}/{module.name}")
+    assert len(list(core.glob("*/__init__.py"))) == 5
+    assert not missing, f"modules their subpackage's docstring does not name: {missing}"
