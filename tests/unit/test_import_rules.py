@@ -428,3 +428,22 @@ def test_a_client_only_install_imports_the_client_and_torch_and_says_what_mount_
     assert "pip install 'tierfs[daemon]'" in done.stderr
     assert "pyfuse3" in done.stderr
     assert not (tmp_path / "state").exists()  # nothing was started
+
+
+def test_workers_take_their_parts_not_the_filesystem() -> None:
+    """A worker is given its parts at construction (docs/design.md, "The
+    core and its parts"): only ``workers/wiring.py``, which builds them,
+    knows ``TierFS``; no worker keeps it (``self.fs``) to reach through."""
+    offenders = []
+    for path in sorted((REPO / "tierfs" / "workers").glob("*.py")):
+        if path.name == "wiring.py":
+            continue
+        rel = path.relative_to(REPO).as_posix()
+        source = path.read_text(encoding="utf-8")
+        if "tierfs.core" in imports_of(rel, source) or "tierfs.core.TierFS" in imports_of(
+            rel, source
+        ):
+            offenders.append(f"{rel}: imports tierfs.core (TierFS)")
+        if "self.fs." in source or "self.fs =" in source:
+            offenders.append(f"{rel}: keeps the filesystem (self.fs)")
+    assert not offenders, "\n".join(offenders)

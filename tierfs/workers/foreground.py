@@ -46,13 +46,13 @@ FollowOpens = Callable[
 
 class ForegroundMeter:
     def __init__(
-        self, fs: CountsRequests, *, window: float = BUSY_WINDOW, hold: float = 0.0
+        self, mount: CountsRequests, *, window: float = BUSY_WINDOW, hold: float = 0.0
     ) -> None:
-        self.fs = fs
+        self.mount = mount
         self.window = window
         self.hold = hold
         self._since = trio.current_time()
-        self._count = fs.requests
+        self._count = mount.requests
         self._busy_until = -1.0
         self.busy = False
         #: When the current busy spell began (meaningful while ``busy``).
@@ -63,13 +63,13 @@ class ForegroundMeter:
         now = trio.current_time()
         elapsed = now - self._since
         if elapsed >= self.window:
-            rate = (self.fs.requests - self._count) / elapsed
+            rate = (self.mount.requests - self._count) / elapsed
             if rate >= BUSY_REQUESTS_PER_SECOND:
                 if not self.busy:
                     self.busy_since = self._since  # the window that was busy began then
                 self._busy_until = now + self.hold
             self.busy = now <= self._busy_until
-            self._since, self._count = now, self.fs.requests
+            self._since, self._count = now, self.mount.requests
         return self.busy
 
     async def run(self) -> None:
@@ -77,7 +77,7 @@ class ForegroundMeter:
         window starts now: a caller that runs the meter only while it has
         work (the mover) starts with what the mount does from then on, not
         an average over the idle time before."""
-        self._since, self._count = trio.current_time(), self.fs.requests
+        self._since, self._count = trio.current_time(), self.mount.requests
         while True:
             self.update()
             await trio.sleep(self.window)
