@@ -194,7 +194,7 @@ class TierFS:
             meta, tiers, config.fetch.block_size, path_of=self.namespace.path_of
         )
         self.policies = FilePolicies(
-            config.rules, config.write.mode, tiers, meta, self.journal, self.namespace
+            config.rules, tiers, meta, self.journal, self.namespace, write_mode=config.write.mode
         )
         self.space = SpaceManager(
             tiers,

@@ -81,13 +81,16 @@ class FilePolicies:
     def __init__(
         self,
         rules: tuple[RuleConfig, ...],
-        write_mode: str,
         tiers: list[Tier],
         meta: MetaDB,
         journal: Journal,
         namespace: Namespace,
+        *,
+        write_mode: str,
     ) -> None:
-        """``meta`` keeps the pins; ``namespace`` gives the paths rules match."""
+        """``meta`` keeps the pins; ``namespace`` gives the paths rules match;
+        ``write_mode``: ``[write] mode``, for the files no rule's ``write``
+        decides."""
         self.write_mode = write_mode
         self.rule_configs = rules
         self.rules = RuleSet(rules, default_write=write_mode)
