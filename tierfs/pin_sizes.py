@@ -113,6 +113,12 @@ def measure(config: Config) -> PinSizes:
     except (TierfsError, OSError) as exc:
         result.complete = False
         result.error = str(exc)
+    except ImportError as exc:  # a client-only install: no S3 engine
+        result.complete = False
+        result.error = (
+            f"this install of tierfs has only the client ({exc.name or exc} is missing); "
+            "the bucket is listed by a node's install: pip install 'tierfs[daemon]'"
+        )
     return result
 
 

@@ -447,3 +447,44 @@ def test_workers_take_their_parts_not_the_filesystem() -> None:
         if "self.fs." in source or "self.fs =" in source:
             offenders.append(f"{rel}: keeps the filesystem (self.fs)")
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_client_only_install_checks_a_policy_with_a_pin_on_an_s3_bucket(
+    tmp_path: Path,
+) -> None:
+    """``tierfs policy check`` on a client-only install, of a config with an
+    ``s3://`` backing and a ``pin`` rule (as the shipped example has): the
+    pin sizes need the S3 engine, so they are not checked, and the check
+    says so and why instead of ending in a traceback."""
+    import subprocess
+    import sys
+
+    from tierfs.cli import DAEMON_MODULES
+
+    (tmp_path / "nvme").mkdir()
+    config = tmp_path / "tierfs.toml"
+    config.write_text(
+        '[backing]\nurl = "s3://some-bucket/data"\n'
+        f'[state]\ndir = "{tmp_path}/state"\n'
+        f'[[tiers]]\nname = "nvme"\npath = "{tmp_path}/nvme"\ncapacity = "1GiB"\n'
+        '[[rules]]\nmatch = "datasets/imagenet/**"\npin = true\n'
+    )
+    code = (
+        "import sys\n"
+        "for name in sys.argv[1].split(','):\n"
+        "    sys.modules[name] = None\n"
+        "from tierfs.cli import main\n"
+        "print('check', main(['policy', 'check', sys.argv[2]]), flush=True)\n"
+    )
+    blocked = ",".join((*DAEMON_MODULES, "botocore", "outcome"))
+    done = subprocess.run(
+        [sys.executable, "-c", code, blocked, str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.splitlines()[-1] == "check 0", (done.stdout, done.stderr)
+    said = done.stdout + done.stderr
+    assert "pin sizes not checked" in said and "pip install 'tierfs[daemon]'" in said, said
