@@ -164,6 +164,7 @@ class PrefetchSession:
         window_files: int | None = None,
         window_bytes: int | None = None,
     ) -> None:
+        self._bound: BoundRequest | None = None  # before anything that may raise (``__del__``)
         self.location = locate(mountpoint)
         self.job = job
         self.rank = rank
@@ -171,7 +172,6 @@ class PrefetchSession:
         self.name = f"pid-{os.getpid()}-{next(_SESSION_NUMBERS)}"
         self.window_files = window_files
         self.window_bytes = window_bytes
-        self._bound: BoundRequest | None = None
         #: The last order's status (None before the first).
         self.last: dict[str, Any] | None = None
         _SESSIONS.add(self)

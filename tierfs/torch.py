@@ -91,18 +91,26 @@ class PrefetchSampler(Sampler[int]):
         self.sampler = sampler
         self.files = files
         self.mountpoint = Path(mountpoint)
-        self.session = PrefetchSession(
-            self.mountpoint,
-            job=job if job is not None else _default_job(),
-            rank=rank if rank is not None else _default_rank(sampler),
-            window_files=window_files,
-            window_bytes=window_bytes,
-        )
+        #: None when ``mountpoint`` is no tierfs mount this process can reach:
+        #: every epoch then runs without prefetch (said once, here).
+        self.session: PrefetchSession | None = None
+        try:
+            self.session = PrefetchSession(
+                self.mountpoint,
+                job=job if job is not None else _default_job(),
+                rank=rank if rank is not None else _default_rank(sampler),
+                window_files=window_files,
+                window_bytes=window_bytes,
+            )
+        except (TierfsError, OSError) as exc:
+            log.warning("tierfs prefetch: the epochs run without prefetch: %s", exc)
         #: The daemon's answer to the last order (None: none taken yet).
         self.last_order: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[int]:
         indices = [int(index) for index in self.sampler]
+        if self.session is None:
+            return iter(indices)
         try:
             self.last_order = self.session.set_order(
                 os.fspath(self.files[index]) for index in indices
@@ -131,7 +139,8 @@ class PrefetchSampler(Sampler[int]):
 
     def close(self) -> None:
         """End the current order (the process's exit does it too)."""
-        self.session.close()
+        if self.session is not None:
+            self.session.close()
 
 
 def load(path: str | os.PathLike[str], **kwargs: Any) -> Any:
