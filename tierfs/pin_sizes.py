@@ -116,7 +116,8 @@ def measure(config: Config) -> PinSizes:
     except ImportError as exc:  # a client-only install: no S3 engine
         result.complete = False
         result.error = (
-            f"this install of tierfs has only the client ({exc.name or exc} is missing); "
+            f"this install of tierfs has only the client "
+            f"({(exc.name or str(exc)).split('.')[0]} is missing); "
             "the bucket is listed by a node's install: pip install 'tierfs[daemon]'"
         )
     return result
