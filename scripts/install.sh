@@ -122,18 +122,10 @@ else
 fi
 
 # --- 5. The mount helper: `mount -t fuse.tierfs` and fstab lines ------------
-# mount(8) looks for /sbin/mount.fuse.tierfs; link this venv's there (root
-# only; a helper that is not our link, e.g. from a package, is left alone).
-helper=/sbin/mount.fuse.tierfs
-if [[ $EUID -eq 0 && -x .venv/bin/mount.fuse.tierfs ]]; then
-    if [[ ! -e $helper || -L $helper ]]; then
-        if [[ $(readlink "$helper" 2>/dev/null) != "$REPO_ROOT/.venv/bin/mount.fuse.tierfs" ]]; then
-            ln -sfn "$REPO_ROOT/.venv/bin/mount.fuse.tierfs" "$helper"
-            log "linked $helper (mount -t fuse.tierfs, fstab)"
-        fi
-    else
-        log "note: $helper exists and is not a link: left as it is"
-    fi
+# mount(8) looks for /sbin/mount.fuse.tierfs. Link this venv's there (root
+# only), unless the node has its own helper: see scripts/link-mount-helper.sh.
+if [[ $EUID -eq 0 ]]; then
+    bash scripts/link-mount-helper.sh /sbin/mount.fuse.tierfs
 fi
 
 log "ok: $REPO_ROOT/.venv ($(.venv/bin/python -c 'import sys; print(sys.version.split()[0])'))"
