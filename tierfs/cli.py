@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -24,7 +25,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from tierfs import __version__, pin_sizes
 from tierfs.config import Config, check_file, load_config, load_policy
@@ -40,7 +41,13 @@ UMOUNT_TIMEOUT = 60.0
 
 
 class CliError(Exception):
-    """One sentence for stderr; exit 1."""
+    """One sentence for stderr; exit 1.  ``errno`` goes into the ``--json``
+    error document (EINVAL, an argument the command cannot use, unless the
+    raiser names a closer one)."""
+
+    def __init__(self, message: str, errno_: int = errno.EINVAL) -> None:
+        super().__init__(message)
+        self.errno = errno_
 
 
 # --- mount / umount -------------------------------------------------------------------
@@ -69,7 +76,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if not mountpoint.is_dir():
         raise CliError(f"mount point {mountpoint} does not exist or is not a directory")
     if os.path.ismount(mountpoint):
-        raise CliError(f"mount point {mountpoint} is busy: something is already mounted there")
+        raise CliError(
+            f"mount point {mountpoint} is busy: something is already mounted there", errno.EBUSY
+        )
     argv = [sys.executable, "-m", "tierfsd", str(config_path.resolve()), str(mountpoint.resolve())]
     if args.options:
         argv += ["-o", args.options]
@@ -98,7 +107,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return 0
     if line.startswith("ERROR "):
         raise CliError(line[len("ERROR ") :])
-    raise CliError(f"the daemon exited before the mount was ready; see {log_path}")
+    raise CliError(f"the daemon exited before the mount was ready; see {log_path}", errno.EIO)
 
 
 def _read_ready_line(fd: int, proc: subprocess.Popen[bytes]) -> str:
@@ -109,7 +118,10 @@ def _read_ready_line(fd: int, proc: subprocess.Popen[bytes]) -> str:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             proc.terminate()
-            raise CliError(f"the mount was not ready after {MOUNT_TIMEOUT:.0f} s; daemon stopped")
+            raise CliError(
+                f"the mount was not ready after {MOUNT_TIMEOUT:.0f} s; daemon stopped",
+                errno.ETIMEDOUT,
+            )
         readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
         if not readable:
             continue
@@ -136,18 +148,20 @@ def cmd_umount(args: argparse.Namespace) -> int:
             request(location.socket_path, "flush", {"paths": [""]}, timeout=None)
     except ControlError as exc:
         if args.flush:
-            raise CliError(f"cannot flush before unmounting: {exc}") from None
+            raise CliError(f"cannot flush before unmounting: {exc}", exc.errno) from None
         # a dead daemon: the unmount below still cleans up
     fusermount = shutil.which("fusermount3") or "fusermount3"
     done = subprocess.run([fusermount, "-u", str(mountpoint)], capture_output=True, text=True)
     if done.returncode != 0:
         reason = done.stderr.strip() or f"{fusermount} exited {done.returncode}"
-        raise CliError(f"cannot unmount {mountpoint}: {reason}")
+        raise CliError(f"cannot unmount {mountpoint}: {reason}", errno.EBUSY)
     if pid is not None:
         deadline = time.monotonic() + UMOUNT_TIMEOUT
         while _alive(pid):
             if time.monotonic() > deadline:
-                raise CliError(f"unmounted, but the daemon (pid {pid}) has not exited yet")
+                raise CliError(
+                    f"unmounted, but the daemon (pid {pid}) has not exited yet", errno.ETIMEDOUT
+                )
             time.sleep(0.05)
     if args.json:
         _print_json({"unmounted": str(mountpoint), "pid": pid, "flushed": bool(args.flush)})
@@ -587,7 +601,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
         try:
             list_file = open(args.from_file, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
         except OSError as exc:
-            raise CliError(f"{args.from_file}: {exc.strerror}") from None
+            raise CliError(f"{args.from_file}: {exc.strerror}", exc.errno or errno.EIO) from None
     try:
         lines = _list_lines(list_file) if list_file is not None else iter(())
         first = next(lines, None)
@@ -680,7 +694,7 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
         try:
             order_file = open(args.order, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
         except OSError as exc:
-            raise CliError(f"{args.order}: {exc.strerror}") from None
+            raise CliError(f"{args.order}: {exc.strerror}", exc.errno or errno.EIO) from None
     session: dict[str, Any] = {"job": args.job or ""}
     if args.rank is not None:
         session["rank"] = args.rank
@@ -824,17 +838,19 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         if config is not None and not args.offline:  # a policy file has no tiers, no bucket
             warnings += pin_sizes.warnings(config)
     if args.json:
-        _print_json(
-            {
-                "ok": not problems,
-                "offline": args.offline,
-                "problems": [
-                    {"file": file, "line": line, "message": sentence}
-                    for file, line, sentence in problems
-                ],
-                "warnings": warnings,
-            }
-        )
+        document: dict[str, Any] = {
+            "ok": not problems,
+            "offline": args.offline,
+            "problems": [
+                {"file": file, "line": line, "message": sentence}
+                for file, line, sentence in problems
+            ],
+            "warnings": warnings,
+        }
+        if problems:  # as in every other error document
+            document["errno"] = errno.EINVAL
+            document["error"] = f"{len(problems)} problem(s); the first: {problems[0][2]}"
+        _print_json(document)
         return 1 if problems else 0
     for problem in problems:
         print(ConfigError.format_problem(problem), file=sys.stderr)
@@ -989,20 +1005,58 @@ def _print_json(document: Any) -> None:
     sys.stdout.write("\n")
 
 
+_MOUNTPOINT_HELP = "the directory a tierfs mount is on"
+_PATH_HELP = "a file or directory on a tierfs mount"
+USAGE_EXIT = 2
+_EXIT_STATUS = (
+    "exit status: 0 success; 1 failure (one sentence on stderr, or with --json one "
+    '{"ok": false, "error": ..., "errno": N} document on stdout); 2 bad usage (the same '
+    "JSON document with --json); 130 interrupted (Ctrl-C)."
+)
+
+
+class UsageError(Exception):
+    """A command line argparse refuses: raised by ``_Parser.error`` instead
+    of exiting there, so that ``main`` prints it as text or as JSON."""
+
+    def __init__(self, message: str, usage: str, prog: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors raised (``UsageError``) rather than
+    printed and exited on; its subparsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage(), self.prog)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tierfs",
         description=(
             "tierfs: one namespace over an NVMe cache tier, an HDD tier and an S3 bucket. "
             "Files are fetched lazily, block by block, and cached on the tiers."
         ),
+        epilog=_EXIT_STATUS,
     )
     parser.add_argument("--version", action="version", version=f"tierfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("mount", help="mount a bucket (returns once the mount is ready)")
-    p.add_argument("config", help="config file (TOML), see deploy/examples/tierfs.toml")
-    p.add_argument("mountpoint", help="empty directory to mount on")
+    p = sub.add_parser(
+        "mount",
+        help="mount a bucket (returns once the mount is ready)",
+        description="Mount the bucket of CONFIG on MOUNTPOINT, with its tiers. Returns once "
+        "the mount is ready; a bad config, a missing bucket, bad credentials or a busy mount "
+        "point gives one sentence on stderr and exit status 1 within seconds. With -f the "
+        "daemon stays in the foreground and logs to stderr (systemd, a DaemonSet).",
+    )
+    p.add_argument(
+        "config", metavar="CONFIG", help="config file (TOML), see deploy/examples/tierfs.toml"
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="empty directory to mount on")
     p.add_argument(
         "-f",
         "--foreground",
@@ -1025,7 +1079,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Unmount. Uploads still pending stay in the journal and resume at the "
         "next mount, unless --flush is given.",
     )
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     p.add_argument(
         "--flush",
         action="store_true",
@@ -1034,8 +1088,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_umount)
 
-    p = sub.add_parser("status", help="per tier: capacity, used, watermarks, files; hit ratio")
-    p.add_argument("mountpoint")
+    p = sub.add_parser(
+        "status",
+        help="per tier: capacity, used, watermarks, files; hit ratio",
+        description="The state of a mount: per tier its capacity, use, watermarks and files; "
+        "dirty bytes and pending uploads; the hit ratio; the preloads, prefetch orders, "
+        "quotas and the bucket's health.",
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="one JSON document on stdout")
     shown.add_argument(
@@ -1046,8 +1106,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("where", help="per file: size, bytes on each tier, sync state")
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = sub.add_parser(
+        "where",
+        help="per file: size, bytes on each tier, sync state",
+        description="Where the bytes of each PATH are: its size, the bytes on each tier and "
+        "its sync state (clean, dirty, uploading). For a directory: the totals of its "
+        "subtree (files, bytes, bytes on each tier, dirty bytes).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_where)
 
@@ -1058,7 +1124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mount root) is in the bucket. Fails, instead of waiting forever, if the bucket keeps "
         "refusing the uploads.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_flush)
 
@@ -1069,7 +1135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tier NAME, or from every local tier. Data not yet uploaded is never dropped: such "
         "files are named on stderr and kept. Pinned files are kept too (unpin them first).",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--tier", metavar="NAME", help="only this tier (default: every tier)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_evict)
@@ -1166,7 +1232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "orders. From Python: tierfs.client.set_order(MOUNTPOINT, paths), or "
         "tierfs.client.PrefetchSession for an order that ends with its process.",
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the tierfs mount")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     p.add_argument(
         "--order",
         metavar="FILE",
@@ -1205,20 +1271,36 @@ def build_parser() -> argparse.ArgumentParser:
         "NAME (default: the first tier) and is never demoted or evicted. Files created later "
         "under a pinned directory are pinned too. Pins survive remounts and renames.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--tier", metavar="NAME", help="tier to keep the data on (default: the first)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_pin)
 
-    p = sub.add_parser("unpin", help="undo `tierfs pin`: the lifecycle rules apply again")
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = sub.add_parser(
+        "unpin",
+        help="undo `tierfs pin`: the lifecycle rules apply again",
+        description="Unpin each PATH (a file or a directory tree): its data stays where it "
+        "is, and the lifecycle rules may move or evict it again.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_unpin)
 
-    p = sub.add_parser("policy", help="lifecycle rules and quotas: check, show, plan, reload")
+    p = sub.add_parser(
+        "policy",
+        help="lifecycle rules and quotas: check, show, plan, reload",
+        description="Lifecycle rules and quotas: check a file before it goes live, show the "
+        "rules a mount has in force, plan (a dry run of the mover), reload a mount's files.",
+    )
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
-    c = policy.add_parser("check", help="validate a config or policy file; errors as file:line")
-    c.add_argument("file")
+    c = policy.add_parser(
+        "check",
+        help="validate a config or policy file; errors as file:line",
+        description="Validate a config file (with the policy files it names) or one policy "
+        "file: every problem is reported as file:line, and the exit status is 1 if there is "
+        "any. On the node it also checks the tier and state directories and the bucket.",
+    )
+    c.add_argument("file", metavar="FILE", help="a config file or a policy file (TOML)")
     c.add_argument(
         "--offline",
         action="store_true",
@@ -1229,8 +1311,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="one JSON document on stdout: ok, problems, warnings"
     )
     c.set_defaults(func=cmd_policy_check)
-    c = policy.add_parser("show", help="the rules in effect on a mount, in order, with file:line")
-    c.add_argument("mountpoint")
+    c = policy.add_parser(
+        "show",
+        help="the rules in effect on a mount, in order, with file:line",
+        description="The lifecycle rules a mount has in force, in the order they apply, each "
+        "with the file:line it came from.",
+    )
+    c.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     c.add_argument("--json", action="store_true", help="one JSON document on stdout")
     c.set_defaults(func=cmd_policy_show)
     c = policy.add_parser(
@@ -1239,7 +1326,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="What the mover would do now, per source and target tier and reason "
         "(watermark, age, evict_after, keep_newest, pin), in files and bytes. Moves nothing.",
     )
-    c.add_argument("mountpoint")
+    c.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     c.add_argument("--json", action="store_true", help="one JSON document on stdout")
     c.set_defaults(func=cmd_policy_plan)
     c = policy.add_parser(
@@ -1249,7 +1336,7 @@ def build_parser() -> argparse.ArgumentParser:
         "broken file is rejected with file:line and the rules and quotas in force stay. With "
         "quotas, it returns once the bucket is counted for them.",
     )
-    c.add_argument("mountpoint")
+    c.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     c.add_argument("--json", action="store_true", help="one JSON document on stdout")
     c.set_defaults(func=cmd_policy_reload)
 
@@ -1261,7 +1348,7 @@ def build_parser() -> argparse.ArgumentParser:
         "change that would pass a limit fails with EDQUOT (Disk quota exceeded); at warn_at "
         "the quota shows WARNING and the daemon logs it once.",
     )
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
     p.add_argument(
         "--walk",
         action="store_true",
@@ -1273,18 +1360,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(words)
+    except UsageError as exc:
+        if "--json" in words:
+            _print_json(
+                {"ok": False, "error": str(exc), "errno": errno.EINVAL, "usage": exc.usage.strip()}
+            )
+        else:
+            sys.stderr.write(exc.usage)
+            print(f"{exc.prog}: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     try:
         return int(args.func(args))
     except ConfigError as exc:
         if getattr(args, "json", False):
-            _print_json({"ok": False, "error": str(exc)})
+            _print_json({"ok": False, "error": str(exc), "errno": errno.EINVAL})
         else:
             print(str(exc), file=sys.stderr)
         return 1
     except (CliError, TierfsError) as exc:
         if getattr(args, "json", False):  # one JSON document, the error too
-            _print_json({"ok": False, "error": str(exc), "errno": getattr(exc, "errno", None)})
+            _print_json({"ok": False, "error": str(exc), "errno": exc.errno})
         else:
             # A daemon's sentence may name other users' paths: escaped.
             text = shown(str(exc)) if isinstance(exc, ControlError) else str(exc)

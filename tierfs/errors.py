@@ -228,6 +228,13 @@ class NotATierfsMount(ControlError):
     errno = _errno.EINVAL
 
 
+class NoSuchPath(NotATierfsMount):
+    """The path does not exist, nor does any directory above it on a tierfs
+    mount: "no such file", not "not on a tierfs mount"."""
+
+    errno = _errno.ENOENT
+
+
 class ControlAccessDenied(ControlError):
     """The caller may not use this mount's control socket."""
 

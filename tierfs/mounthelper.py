@@ -105,9 +105,30 @@ def parse(argv: list[str]) -> tuple[str, str, list[str]]:
     return positional[0], positional[1], list(dict.fromkeys(options))
 
 
+HELP = """\
+usage: mount.fuse.tierfs CONFIG MOUNTPOINT [-o OPTIONS]
+
+The helper mount(8) runs for `mount -t fuse.tierfs` and fstab lines of type
+fuse.tierfs: it mounts the bucket of the tierfs config file CONFIG on
+MOUNTPOINT (as `tierfs mount` does) and returns once the mount is ready.
+
+  mount -t fuse.tierfs /etc/tierfs/main.toml /mnt/data -o allow_other
+  /etc/fstab: /etc/tierfs/main.toml /mnt/data fuse.tierfs allow_other,_netdev,nofail 0 0
+
+options for tierfs: ro, allow_other, allow_root, debug, no_kernel_tuning;
+those of mount(8) and systemd (defaults, rw, _netdev, nofail, x-systemd.*,
+nosuid, ...) are accepted and left to them; any other is an error.
+`umount MOUNTPOINT` unmounts, and the daemon ends cleanly.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if any(word in ("-h", "--help") for word in words):
+        print(HELP, end="")
+        return 0
     try:
-        config, mountpoint, options = parse(sys.argv[1:] if argv is None else argv)
+        config, mountpoint, options = parse(words)
     except HelperError as exc:
         print(f"mount.fuse.tierfs: {exc}", file=sys.stderr)
         return 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tierfs.control.protocol import CONTROL_XATTR, decode, encode
-from tierfs.errors import ControlAccessDenied, ControlError, NotATierfsMount
+from tierfs.errors import ControlAccessDenied, ControlError, NoSuchPath, NotATierfsMount
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,8 @@ def locate(path: str | Path) -> Location:
         sock = os.getxattr(root, CONTROL_XATTR).decode()
     except OSError as exc:
         if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT):
+            if probe != abspath:
+                raise NoSuchPath(f"{path}: no such file or directory") from None
             raise NotATierfsMount(f"{path} is not on a tierfs mount") from None
         if exc.errno in (errno.EACCES, errno.EPERM):
             raise _denied(path) from None
