@@ -2,9 +2,9 @@
 
 So that tierfs mounts like any filesystem::
 
-    mount -t fuse.tierfs /etc/tierfs/main.toml /mnt/data -o allow_other
+    mount -t fuse.tierfs /etc/tierfs/data.toml /mnt/data -o allow_other
     # /etc/fstab:
-    /etc/tierfs/main.toml /mnt/data fuse.tierfs allow_other,_netdev,nofail 0 0
+    /etc/tierfs/data.toml /mnt/data fuse.tierfs allow_other,_netdev,nofail 0 0
 
 mount(8) looks for ``/sbin/mount.fuse.tierfs`` (``scripts/install.sh``
 links it there when run as root) and calls it as ``mount.fuse.tierfs
@@ -112,8 +112,8 @@ The helper mount(8) runs for `mount -t fuse.tierfs` and fstab lines of type
 fuse.tierfs: it mounts the bucket of the tierfs config file CONFIG on
 MOUNTPOINT (as `tierfs mount` does) and returns once the mount is ready.
 
-  mount -t fuse.tierfs /etc/tierfs/main.toml /mnt/data -o allow_other
-  /etc/fstab: /etc/tierfs/main.toml /mnt/data fuse.tierfs allow_other,_netdev,nofail 0 0
+  mount -t fuse.tierfs /etc/tierfs/data.toml /mnt/data -o allow_other
+  /etc/fstab: /etc/tierfs/data.toml /mnt/data fuse.tierfs allow_other,_netdev,nofail 0 0
 
 options for tierfs: ro, allow_other, allow_root, debug, no_kernel_tuning;
 those of mount(8) and systemd (defaults, rw, _netdev, nofail, x-systemd.*,

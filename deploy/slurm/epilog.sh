@@ -16,7 +16,7 @@
 set -u
 PATH=/usr/local/bin:/usr/bin:/bin
 TIERFS=${TIERFS:-/usr/local/bin/tierfs}
-MNT=${TIERFS_MOUNT:-/mnt/main}
+MNT=${TIERFS_MOUNT:-/mnt/data}
 
 log() {
     logger -t tierfs-epilog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || true

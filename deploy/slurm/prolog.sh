@@ -36,7 +36,7 @@
 set -u
 PATH=/usr/local/bin:/usr/bin:/bin
 TIERFS=${TIERFS:-/usr/local/bin/tierfs}
-MNT=${TIERFS_MOUNT:-/mnt/main}
+MNT=${TIERFS_MOUNT:-/mnt/data}
 TIMEOUT=${TIERFS_PRELOAD_TIMEOUT:-1800}
 READY=${TIERFS_READY_FRACTION:-0.3}
 

@@ -266,3 +266,65 @@ def test_a_sampler_runs_its_epoch_without_prefetch_when_the_daemon_refuses(
         assert orders(m) == []
     finally:
         sampler.close()
+
+
+ITERABLE = """
+import hashlib, json, os, sys
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+import tierfs.client
+from tierfs.control.client import locate, request
+
+mountpoint, files = sys.argv[1], sys.argv[2:]
+
+
+class Shards(IterableDataset):
+    # The docs' recipe: each worker hands its own shard, in the order it
+    # will read it, through a session that ends with the worker.
+    def __iter__(self):
+        worker = get_worker_info()
+        mine = files[worker.id :: worker.num_workers]
+        with tierfs.client.PrefetchSession(mountpoint, job="iterable", rank=worker.id,
+                                           window_files=4) as session:
+            order = session.set_order(mine)
+            for path in mine:
+                with tierfs.client.open(os.path.join(mountpoint, path)) as f:
+                    yield path, hashlib.sha256(f.read()).hexdigest()
+            orders = request(locate(mountpoint).socket_path, "status")["prefetch"]["orders"]
+            (status,) = [o for o in orders if o["id"] == order["id"]]
+            yield "status", json.dumps(status)
+
+
+loader = DataLoader(Shards(), batch_size=None, num_workers=2)
+print(json.dumps([item for item in loader]))
+"""
+
+
+def test_an_iterable_dataset_hands_each_workers_shard_as_its_order(mount: MountFactory) -> None:
+    """``IterableDataset`` has no sampler: each worker opens a
+    ``PrefetchSession`` in ``__iter__`` for its own shard (docs/ml.md)."""
+    pytest.importorskip("torch")
+    data = dataset()
+    m = mount(data)
+    files = sorted(data)
+    done = subprocess.run(
+        [sys.executable, "-c", ITERABLE, str(m.path), *files],
+        capture_output=True,
+        text=True,
+        env=daemon_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    items = json.loads(done.stdout)
+    statuses = [json.loads(value) for key, value in items if key == "status"]
+    read = {key: value for key, value in items if key != "status"}
+    assert sorted(read) == files
+    for path, digest in read.items():
+        assert digest == hashlib.sha256(data[path]).hexdigest()
+    assert sorted(s["rank"] for s in statuses) == [0, 1]
+    for status in statuses:
+        assert status["job"] == "iterable" and status["order_files"] == FILES // 2
+        assert status["opens"] == FILES // 2, status
+    assert wait_until(lambda: orders(m) == [], timeout=5), "the workers' orders ended with them"

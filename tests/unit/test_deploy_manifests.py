@@ -46,7 +46,7 @@ def test_the_daemonset_tolerates_taints_has_resources_probes_metrics_and_propaga
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(port["containerPort"])
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    assert mounts["/mnt/tierfs"]["mountPropagation"] == "Bidirectional"
+    assert mounts["/mnt/data"]["mountPropagation"] == "Bidirectional"
 
     config_text = by_kind(docs, "ConfigMap")["data"]["tierfs.toml"]
     listen = tomllib.loads(config_text)["metrics"]["listen"]
@@ -67,9 +67,36 @@ def test_the_example_job_preloads_in_an_init_container_and_trains_as_a_user() ->
     (init,) = spec["initContainers"]
     assert init["command"][:2] == ["tierfs", "preload"] and "--ready-fraction" in init["command"]
     mounts = {m["mountPath"] for m in init["volumeMounts"]}
-    assert {"/mnt/tierfs", "/run/tierfs"} <= mounts
+    assert {"/mnt/data", "/run/tierfs"} <= mounts
     (train,) = spec["containers"]
     assert train["securityContext"]["runAsNonRoot"] is True
+    assert init["securityContext"]["runAsNonRoot"] is True  # the socket serves every user
+    # The sampler and tierfs.client reach the daemon through /run/tierfs, at
+    # the host's path; without it the sampler is always off in a pod.
+    train_mounts = {m["mountPath"]: m for m in train["volumeMounts"]}
+    assert train_mounts["/run/tierfs"]["readOnly"] is True
+    assert "/mnt/data" in train_mounts
+    assert "--cancel-tag train-example" in train["command"][-1]  # no epilog in Kubernetes
+    assert "--tag" in init["command"] and "train-example" in init["command"]
+
+
+def test_the_default_mount_point_is_one_everywhere() -> None:
+    """The README, fstab line, systemd unit, Slurm scripts and Kubernetes
+    manifests agree on /mnt/data: a prolog preloading another mount point
+    would silently preload nothing."""
+    root = DEPLOY.parent
+    texts = {
+        "slurm/prolog.sh": (DEPLOY / "slurm" / "prolog.sh").read_text(),
+        "slurm/epilog.sh": (DEPLOY / "slurm" / "epilog.sh").read_text(),
+        "systemd": (root / "systemd" / "tierfs@.service").read_text(),
+        "daemonset": (DEPLOY / "kubernetes" / "daemonset.yaml").read_text(),
+        "README": (root / "README.md").read_text(),
+    }
+    for name, text in texts.items():
+        assert "/mnt/data" in text, name
+        assert not re.findall(r"/mnt/(main|tierfs)\b", text), name
+    assert "TIERFS_MOUNT:-/mnt/data}" in texts["slurm/prolog.sh"]
+    assert "TIERFS_MOUNT:-/mnt/data}" in texts["slurm/epilog.sh"]
 
 
 def test_the_image_is_debian_12_with_fuse3_and_the_package() -> None:

@@ -12,7 +12,7 @@ import pytest
 from tierfs.config import reference
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: ``[text](target)`` outside code; images too.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

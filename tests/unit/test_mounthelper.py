@@ -10,14 +10,14 @@ from tierfs.mounthelper import HelperError, parse
 def test_fstab_options_that_are_not_the_daemons_are_dropped() -> None:
     config, mountpoint, options = parse(
         [
-            "/etc/tierfs/main.toml",
+            "/etc/tierfs/data.toml",
             "/mnt/data",
             "-o",
             "rw,allow_other,_netdev,nofail,x-systemd.requires=network-online.target,"
             "nosuid,nodev,defaults,comment=x",
         ]
     )
-    assert (config, mountpoint, options) == ("/etc/tierfs/main.toml", "/mnt/data", ["allow_other"])
+    assert (config, mountpoint, options) == ("/etc/tierfs/data.toml", "/mnt/data", ["allow_other"])
 
 
 def test_read_only_from_ro_or_minus_r_and_the_daemons_options_pass() -> None:

@@ -62,7 +62,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
         UNIT.read_text().replace("/usr/local/bin/tierfs", str(tierfs))
     )
     done = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(tmp_path / "tierfs@main.service")],
+        ["systemd-analyze", "verify", "--man=no", str(tmp_path / "tierfs@data.service")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -70,7 +70,7 @@ Rules
   rejected.  A TOML integer is bytes per second.
 * ``[metrics]``: ``listen`` = "host:port" (Prometheus text at /metrics); no
   ``listen`` (or no table) means metrics are off.  The host is an IPv4
-  address, a bracketed IPv6 address ("[::1]:9567") or a host name; the port
+  address, a bracketed IPv6 address ("[::1]:9581") or a host name; the port
   1..65535.  A non-loopback host such as "0.0.0.0" is allowed: the metrics
   carry no file names and no credentials, but then anyone who can reach the
   node can read them, so put such a port behind a firewall.

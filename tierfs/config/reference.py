@@ -64,7 +64,7 @@ def keys_table() -> str:
             )
             rows += _key_rows(section.variant)
     rows.append(
-        "| **`policy_files`** | paths | none | files of more `[[rules]]`, "
+        "| **`policy_files`** | paths | none | files of more `[[rules]]` and `[[quotas]]`, "
         "relative to the config file |"
     )
     return "\n".join(rows) + "\n"

@@ -493,7 +493,7 @@ SECTIONS = (
     Section("write", WriteConfig, "writes and uploads", "[write]"),
     Section("mover", MoverConfig, "the lifecycle mover", "[mover]"),
     Section(
-        "metrics", MetricsConfig, "Prometheus metrics", '[metrics] with listen = "127.0.0.1:9567"'
+        "metrics", MetricsConfig, "Prometheus metrics", '[metrics] with listen = "127.0.0.1:9581"'
     ),
     Section(
         "audit",

@@ -267,7 +267,7 @@ _HOSTNAME_RE = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
 )
-_LISTEN_HINT = 'use "host:port" like "127.0.0.1:9567" or "[::1]:9567"'
+_LISTEN_HINT = 'use "host:port" like "127.0.0.1:9581" or "[::1]:9581"'
 
 
 def conv_listen(value: Any) -> tuple[str, str, int]:
@@ -292,7 +292,7 @@ def conv_listen(value: Any) -> tuple[str, str, int]:
         except ValueError:
             raise ValueError(f"{quote(text)}: {quote(host)} is not an IPv6 address") from None
     elif ":" in host:
-        raise ValueError(f'{quote(text)}: write an IPv6 address in brackets, like "[::1]:9567"')
+        raise ValueError(f'{quote(text)}: write an IPv6 address in brackets, like "[::1]:9581"')
     elif re.fullmatch(r"[\d.]+", host):
         try:
             ipaddress.IPv4Address(host)

@@ -6,8 +6,9 @@ exactly one final line: ``{"ok": true, "result": ...}`` or ``{"ok": false,
 "error": "sentence", "errno": N}``.  One request per connection.
 
 Where the socket lives: as root ``/run/tierfs/<id>/control.sock``, else
-``<state dir>/control/control.sock``; the directory is mode 0700 and the
-socket 0600.  ``<id>`` is derived from the mount point, so two mounts never
+``<state dir>/control/control.sock``; the directory is mode 0755 and the
+socket 0666: every local user may connect, and what each may do is checked
+per request against the peer's credentials (``SO_PEERCRED``).  ``<id>`` is derived from the mount point, so two mounts never
 share a socket.  The CLI does not compute this: it reads the path from the
 read-only xattr ``user.tierfs.control_socket`` of the mount root.
 """
