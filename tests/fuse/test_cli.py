@@ -186,7 +186,7 @@ def test_other_users_are_refused_clearly_and_logged(mount: MountFactory, other_u
     # cannot find the daemon's socket: it says who may.
     text = as_user(other_uid, lambda: str(locate(m.path / "a.txt")))
     assert text.startswith("ControlAccessDenied: permission denied"), text
-    assert "only root and the user who mounted it" in text, text
+    assert "mounted without allow_other, so only the user who mounted it" in text, text
 
     # The socket serves every local user; the admin operations stay root's
     # (and the mounting user's), refused with a sentence, and logged.

@@ -39,9 +39,8 @@ def mount_root_of(path: Path) -> Path:
 
 def _denied(path: str | Path) -> ControlAccessDenied:
     return ControlAccessDenied(
-        f"permission denied: {path}: this user may not use that tierfs mount (only root and "
-        "the user who mounted it may use its control socket; other users can read its files "
-        "only when it was mounted with allow_other)"
+        f"permission denied: {path}: this user cannot reach that tierfs mount (it was mounted "
+        "without allow_other, so only the user who mounted it can enter it)"
     )
 
 
