@@ -383,6 +383,8 @@ def _print_where(results: list[dict[str, Any]]) -> None:
         for name in item.get("tiers", {}):
             if name not in tier_names:
                 tier_names.append(name)
+    if all("error" in item for item in results):
+        return  # only errors: stderr has them, no empty table
     header = f"{'size':>10} {'cached':>10} " + " ".join(f"{n:>10}" for n in tier_names)
     print(f"{header} {'state':<9} path")
     for item in results:
