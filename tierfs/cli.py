@@ -1017,6 +1017,14 @@ _EXIT_STATUS = (
 )
 
 
+def _add_mountpoint(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
+
+
+def _add_json(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
 class UsageError(Exception):
     """A command line argparse refuses: raised by ``_Parser.error`` instead
     of exiting there, so that ``main`` prints it as text or as JSON."""
@@ -1081,13 +1089,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Unmount. Uploads still pending stay in the journal and resume at the "
         "next mount, unless --flush is given.",
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
+    _add_mountpoint(p)
     p.add_argument(
         "--flush",
         action="store_true",
         help="wait until every pending upload is in the bucket first",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser(
@@ -1097,9 +1105,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dirty bytes and pending uploads; the hit ratio; the preloads, prefetch orders, "
         "quotas and the bucket's health.",
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
+    _add_mountpoint(p)
     shown = p.add_mutually_exclusive_group()
-    shown.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(shown)
     shown.add_argument(
         "--watch",
         action="store_true",
@@ -1116,7 +1124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "subtree (files, bytes, bytes on each tier, dirty bytes).",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_where)
 
     p = sub.add_parser(
@@ -1127,7 +1135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "refusing the uploads.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_flush)
 
     p = sub.add_parser(
@@ -1139,7 +1147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--tier", metavar="NAME", help="only this tier (default: every tier)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_evict)
 
     p = sub.add_parser(
@@ -1234,7 +1242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "orders. From Python: tierfs.client.set_order(MOUNTPOINT, paths), or "
         "tierfs.client.PrefetchSession for an order that ends with its process.",
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
+    _add_mountpoint(p)
     p.add_argument(
         "--order",
         metavar="FILE",
@@ -1263,7 +1271,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="end every order of yours on the mount (as root: every order)",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_prefetch)
 
     p = sub.add_parser(
@@ -1275,7 +1283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--tier", metavar="NAME", help="tier to keep the data on (default: the first)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_pin)
 
     p = sub.add_parser(
@@ -1285,7 +1293,7 @@ def build_parser() -> argparse.ArgumentParser:
         "is, and the lifecycle rules may move or evict it again.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help=_PATH_HELP)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_unpin)
 
     p = sub.add_parser(
@@ -1319,8 +1327,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="The lifecycle rules a mount has in force, in the order they apply, each "
         "with the file:line it came from.",
     )
-    c.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
-    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_mountpoint(c)
+    _add_json(c)
     c.set_defaults(func=cmd_policy_show)
     c = policy.add_parser(
         "plan",
@@ -1328,8 +1336,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="What the mover would do now, per source and target tier and reason "
         "(watermark, age, evict_after, keep_newest, pin), in files and bytes. Moves nothing.",
     )
-    c.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
-    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_mountpoint(c)
+    _add_json(c)
     c.set_defaults(func=cmd_policy_plan)
     c = policy.add_parser(
         "reload",
@@ -1338,8 +1346,8 @@ def build_parser() -> argparse.ArgumentParser:
         "broken file is rejected with file:line and the rules and quotas in force stay. With "
         "quotas, it returns once the bucket is counted for them.",
     )
-    c.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
-    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_mountpoint(c)
+    _add_json(c)
     c.set_defaults(func=cmd_policy_reload)
 
     p = sub.add_parser(
@@ -1350,13 +1358,13 @@ def build_parser() -> argparse.ArgumentParser:
         "change that would pass a limit fails with EDQUOT (Disk quota exceeded); at warn_at "
         "the quota shows WARNING and the daemon logs it once.",
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help=_MOUNTPOINT_HELP)
+    _add_mountpoint(p)
     p.add_argument(
         "--walk",
         action="store_true",
         help="count the bucket again first and wait for it (other nodes' uploads show)",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_json(p)
     p.set_defaults(func=cmd_quota)
     return parser
 
