@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "link-mount-helper.sh"
-OURS = Path(sys.executable).parent / "mount.fuse.tierfs"
+#: The helper the script links: the checkout's own venv's.
+OURS = SCRIPT.parents[1].resolve() / ".venv" / "bin" / "mount.fuse.tierfs"
 
 pytestmark = pytest.mark.skipif(
-    not OURS.exists(), reason="no mount.fuse.tierfs in this venv: run scripts/install.sh"
+    not OURS.exists(),
+    reason="no .venv/bin/mount.fuse.tierfs in this checkout: run scripts/install.sh",
 )
 
 
@@ -26,8 +27,7 @@ def link(helper: Path) -> subprocess.CompletedProcess[str]:
 
 
 def ours() -> str:
-    # The script names the helper by the checkout's physical path.
-    return str(Path(SCRIPT).parents[1].resolve() / ".venv" / "bin" / "mount.fuse.tierfs")
+    return str(OURS)
 
 
 def test_a_missing_helper_is_linked(tmp_path: Path) -> None:
