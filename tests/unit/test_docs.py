@@ -170,3 +170,48 @@ def test_each_core_subpackage_names_each_of_its_modules() -> None:
                 missing.append(f"{init.parent.name}/{module.name}")
     assert len(list(core.glob("*/__init__.py"))) == 5
     assert not missing, f"modules their subpackage's docstring does not name: {missing}"
+
+
+def test_troubleshooting_and_permissions_cover_what_users_meet() -> None:
+    """The errors a user meets each have a section, and the S3 permissions
+    page names every action the stores call and the conditional PUT the
+    shared tier's claims rely on."""
+    trouble = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    for errno_name in ("ENOTCONN", "EIO", "ENOSPC", "EDQUOT", "EACCES", "EPERM", "ESTALE"):
+        assert f"## `{errno_name}`" in trouble or f"`{errno_name}`" in trouble, errno_name
+    for sentence in ("not on a tierfs mount", "belongs to", "A preload stays at 0 %"):
+        assert sentence in trouble, sentence
+    permissions = (REPO / "docs" / "s3-permissions.md").read_text(encoding="utf-8")
+    for action in (
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        "s3:ListBucketMultipartUploads",
+        "If-None-Match: *",
+    ):
+        assert action in permissions, action
+    store = (REPO / "tierfs" / "store" / "s3.py").read_text(encoding="utf-8")
+    called = set(re.findall(r"client\.([a-z_]+)\(", store))
+    # Every S3 call of the backing store maps to an action the page names.
+    action_of = {
+        "abort_multipart_upload": "s3:AbortMultipartUpload",
+        "complete_multipart_upload": "s3:PutObject",
+        "copy_object": "s3:PutObject",
+        "create_multipart_upload": "s3:PutObject",
+        "delete_object": "s3:DeleteObject",
+        "delete_objects": "s3:DeleteObject",
+        "get_object": "s3:GetObject",
+        "head_bucket": "s3:ListBucket",
+        "head_object": "s3:GetObject",
+        "list_multipart_uploads": "s3:ListBucketMultipartUploads",
+        "list_objects_v2": "s3:ListBucket",
+        "put_object": "s3:PutObject",
+        "upload_part": "s3:PutObject",
+        "upload_part_copy": "s3:PutObject",
+        "close": None,
+    }
+    assert called <= set(action_of), (
+        f"S3 calls with no documented action: {called - set(action_of)}"
+    )
