@@ -87,7 +87,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
 
 
+def _start_rank(item: pytest.Item) -> int:
+    """Longest first: ``long`` tests, then the other mounts, then the rest.
+    Worker processes (``scripts/test.sh`` runs 3) take tests in collection
+    order, so a long test never starts last and ends the run alone, and the
+    quick unit tests fill the workers' gaps at the end."""
+    if "long" in item.keywords:
+        return 0
+    if "fuse" in item.keywords:
+        return 1
+    return 2
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)  # stable: the order within each rank stays
     if config.getoption("--run-slow"):
         return
     skip_slow = pytest.mark.skip(reason="slow test: run with --run-slow")

@@ -84,7 +84,7 @@ from tests.fuse.conftest import (
 )
 from tierfs.errors import ControlError
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.long]
 
 KiB = 1024
 MiB = 1024 * KiB

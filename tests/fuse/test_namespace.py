@@ -142,6 +142,7 @@ def test_odd_keys_are_skipped_with_one_warning_each(mount: MountFactory) -> None
 # --- 8: a directory with many objects ----------------------------------------------------------
 
 
+@pytest.mark.long
 def test_large_directory_lists_completely(mount: MountFactory) -> None:
     # Three LIST pages (S3 returns at most 1000 keys a page), the last one
     # partial; each object is a PUT to the test's S3 server, the bulk of the

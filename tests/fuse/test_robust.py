@@ -237,6 +237,7 @@ def sample_rss(pid: int, seconds: float) -> int:
     return peak
 
 
+@pytest.mark.long
 def test_memory_stays_bounded_and_sigterm_is_quick_while_uploads_fail(
     mount: MountFactory, small_backing: SmallBacking
 ) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.fuse.conftest import Mount, MountFactory, wait_until
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.long]
 
 MiB = 1024 * 1024
 HOT = ["hot/h0.bin", "hot/h1.bin"]
