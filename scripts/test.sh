@@ -22,8 +22,9 @@ printf 'test: pytest\n' >&2
 set +e
 # Worker processes (pytest-xdist): the suite mostly waits on mounts, timeouts
 # and S3 round trips (in one process it kept a quarter of two cores busy), so
-# three workers cut its time by about 40 %. TIERFS_TEST_WORKERS=0 (or -n 0)
-# runs it in one process.
+# three workers run it in well under half the time; the longest tests start
+# first (tests/conftest.py). Four kept both cores busy and made timing tests
+# fail. TIERFS_TEST_WORKERS=0 (or -n 0) runs it in one process.
 .venv/bin/python -m pytest -q -n "${TIERFS_TEST_WORKERS:-3}" "$@"
 rc=$?
 set -e
