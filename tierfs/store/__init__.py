@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from tierfs.errors import ConfigError
 from tierfs.store.base import (
+    RESERVED_ROOTS,
     SHADOW_ROOT,
     ListPage,
     ObjectInfo,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from tierfs.store.shared import SharedBucket
 
 __all__ = [
+    "RESERVED_ROOTS",
     "SHADOW_ROOT",
     "ListPage",
     "ObjectInfo",

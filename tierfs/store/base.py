@@ -51,6 +51,10 @@ from tierfs.store.multipart import (
 #: own (the local store's ``.tierfs-*``) lets this one through as the first
 #: segment of a key.
 SHADOW_ROOT = ".tierfs-attrs"
+#: Every top-level name tierfs keeps for itself in a bucket: mounts never
+#: list one, never let one be made in their root, and the local store lets
+#: each through as the first segment of a key.
+RESERVED_ROOTS = frozenset({SHADOW_ROOT})
 
 
 @dataclass(frozen=True, slots=True)

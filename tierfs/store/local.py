@@ -86,7 +86,7 @@ from tierfs.errors import (
     StoreError,
 )
 from tierfs.store.base import (
-    SHADOW_ROOT,
+    RESERVED_ROOTS,
     Bufs,
     CopyJob,
     ListPage,
@@ -202,7 +202,7 @@ class LocalStore(ObjectStore):
                 raise InvalidArgument(f"{what} {key!r}: empty, '.' or '..' segment")
             if "\0" in seg:
                 raise InvalidArgument(f"{what} {key!r}: contains NUL")
-            if seg.startswith(RESERVED_PREFIX) and not (index == 0 and seg == SHADOW_ROOT):
+            if seg.startswith(RESERVED_PREFIX) and not (index == 0 and seg in RESERVED_ROOTS):
                 raise InvalidArgument(
                     f"{what} {key!r}: names starting with {RESERVED_PREFIX!r} are reserved"
                 )
@@ -298,7 +298,7 @@ class LocalStore(ObjectStore):
     def reserved(self, key: str) -> bool:
         segments = (key[:-1] if key.endswith("/") else key).split("/")
         return any(
-            seg.startswith(RESERVED_PREFIX) and not (index == 0 and seg == SHADOW_ROOT)
+            seg.startswith(RESERVED_PREFIX) and not (index == 0 and seg in RESERVED_ROOTS)
             for index, seg in enumerate(segments)
         )
 

@@ -72,6 +72,7 @@ from tierfs.errors import (
     NotSupported,
 )
 from tierfs.meta import ROOT_INO, Inode, MetaDB, SyncState
+from tierfs.store import RESERVED_ROOTS
 from tierfs.tiers import Tier
 
 from ..state.journal import Journal, JournalWriter, child_key
@@ -89,7 +90,6 @@ from .posix_attrs import (
     mode_after_write,
 )
 from .quotas import Quotas
-from .shadow import SHADOW_ROOT
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -130,9 +130,10 @@ def _xattr_cost(name: bytes, value: bytes) -> int:
 
 
 def check_not_reserved(parent: int, name: bytes) -> None:
-    """The attribute shadow's top-level name cannot be made in the root."""
-    if parent == ROOT_INO and name == SHADOW_ROOT.encode():
-        raise NotPermitted(f"{SHADOW_ROOT!r} is reserved by tierfs in the root of the mount")
+    """tierfs's reserved top-level names (the attribute shadow's, ...)
+    cannot be made in the root."""
+    if parent == ROOT_INO and name.decode(errors="replace") in RESERVED_ROOTS:
+        raise NotPermitted(f"{name.decode()!r} is reserved by tierfs in the root of the mount")
 
 
 class NameChanges:

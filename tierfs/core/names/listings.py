@@ -168,7 +168,7 @@ from tierfs.errors import (
     StoreUnavailable,
 )
 from tierfs.meta import PROVISIONAL, Inode, ListedEntry, MergeResult, MetaDB
-from tierfs.store import ObjectInfo, ObjectStore
+from tierfs.store import RESERVED_ROOTS, ObjectInfo, ObjectStore
 from tierfs.store.breaker import breaker_of
 
 from .inodekeys import InodeKeys
@@ -826,8 +826,8 @@ class Listings:
         name = obj.key[len(prefix) :]
         if name == "":  # the directory's own marker object
             return None
-        if prefix == "" and name == SHADOW_ROOT:
-            return None  # reserved for the attribute shadow
+        if prefix == "" and name in RESERVED_ROOTS:
+            return None  # reserved: the attribute shadow, tierfs's own records
         if not self._name_ok(obj.key, name):
             return None
         return ListedEntry(
@@ -840,8 +840,8 @@ class Listings:
 
     def _prefix_entry(self, prefix: str, common: str) -> ListedEntry | None:
         name = common[len(prefix) : -1]
-        if prefix == "" and name == SHADOW_ROOT:
-            return None  # the attribute shadow, never a directory of the mount
+        if prefix == "" and name in RESERVED_ROOTS:
+            return None  # the attribute shadow, tierfs's records: never a directory of the mount
         problem = name_problem(name)
         if problem is not None:
             self._warn_once(

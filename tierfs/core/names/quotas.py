@@ -90,14 +90,13 @@ import trio
 from tierfs.config import QuotaConfig
 from tierfs.errors import QuotaExceeded, StoreError
 from tierfs.meta import Inode, MetaDB, SyncState
-from tierfs.store import ObjectStore
+from tierfs.store import RESERVED_ROOTS, ObjectStore
 from tierfs.units import format_size
 
 from ..state.journal import Journal
 from ..state.store_threads import StoreThreads
 from .listings import name_problem
 from .namespace import Namespace
-from .shadow import SHADOW_ROOT
 
 log = logging.getLogger(__name__)
 
@@ -633,7 +632,7 @@ class Quotas:
                 name = obj.key[len(prefix) :]
                 if name == "" or name_problem(name) is not None:
                     continue  # the directory's own marker; a key the mount skips
-                if prefix == "" and name == SHADOW_ROOT:
+                if prefix == "" and name in RESERVED_ROOTS:
                     continue
                 for quota in _covering(by_prefix, obj.key):
                     tally = counts.setdefault(quota.prefix, [0, 0])
@@ -641,7 +640,7 @@ class Quotas:
                     tally[1] += 1
             for common in page.prefixes:
                 name = common[len(prefix) : -1]
-                if name_problem(name) is not None or (prefix == "" and name == SHADOW_ROOT):
+                if name_problem(name) is not None or (prefix == "" and name in RESERVED_ROOTS):
                     continue
                 for quota in _covering(by_prefix, common[:-1]):
                     counts.setdefault(quota.prefix, [0, 0])[1] += 1

@@ -67,11 +67,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tierfs.store.base import SHADOW_ROOT as STORE_SHADOW_ROOT
+
 if TYPE_CHECKING:
     from tierfs.store import ObjectStore
 
-#: The shadow tree's top-level name (reserved in the root of the mount).
-SHADOW_ROOT = ".tierfs-attrs"
+#: The shadow tree's top-level name (reserved in the root of the mount, with
+#: the store's other ``RESERVED_ROOTS``).
+SHADOW_ROOT = STORE_SHADOW_ROOT
 #: Attributes that need no shadow object.
 CANONICAL_FILE_PERM = 0o644
 CANONICAL_DIR_PERM = 0o755
