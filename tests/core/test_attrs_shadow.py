@@ -481,3 +481,26 @@ async def test_provisional_attributes_never_reach_the_bucket(
         inode = fs.namespace.get(ino)
         assert not fs.listings.is_provisional(inode), name
         assert (stat.S_IMODE(inode.mode), inode.uid, inode.gid) == (perm, uid, gid), name
+
+
+async def test_the_snapshots_root_is_reserved_too(make_fs: Any, s3_store: Any) -> None:
+    """``.tierfs-snapshots`` (the snapshots' records) is never listed as a
+    directory of the mount, nor made in its root; below the root it is an
+    ordinary name."""
+    put(s3_store, ".tierfs-snapshots/run-1/manifest.json", b"{}")
+    put(s3_store, "data/a.bin", b"a")
+    node = await make_fs()
+    data = await node.fs.lookup(ROOT_INO, b"data")  # the root is listed
+    names = [e.name for e in await node.fs.names.readdir(ROOT_INO, 0)]
+    assert names == [b"data"]
+    with pytest.raises(TierfsError) as info:
+        await node.fs.lookup(ROOT_INO, b".tierfs-snapshots")
+    assert info.value.errno == errno.ENOENT
+    for make in (
+        lambda: node.fs.mkdir(ROOT_INO, b".tierfs-snapshots", 0o755, 0, 0),
+        lambda: node.fs.create(ROOT_INO, b".tierfs-snapshots", 0o644, os.O_WRONLY, 0, 0),
+    ):
+        with pytest.raises(TierfsError) as info:
+            await make()
+        assert info.value.errno == errno.EPERM
+    await node.fs.mkdir(data.ino, b".tierfs-snapshots", 0o755, 0, 0)

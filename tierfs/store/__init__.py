@@ -14,6 +14,7 @@ from tierfs.errors import ConfigError
 from tierfs.store.base import (
     RESERVED_ROOTS,
     SHADOW_ROOT,
+    SNAPSHOT_ROOT,
     ListPage,
     ObjectInfo,
     ObjectStore,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESERVED_ROOTS",
     "SHADOW_ROOT",
+    "SNAPSHOT_ROOT",
     "ListPage",
     "ObjectInfo",
     "ObjectStore",

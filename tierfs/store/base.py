@@ -51,10 +51,12 @@ from tierfs.store.multipart import (
 #: own (the local store's ``.tierfs-*``) lets this one through as the first
 #: segment of a key.
 SHADOW_ROOT = ".tierfs-attrs"
+#: Top-level key prefix of the snapshots' records (``tierfs.snapshot.record``).
+SNAPSHOT_ROOT = ".tierfs-snapshots"
 #: Every top-level name tierfs keeps for itself in a bucket: mounts never
 #: list one, never let one be made in their root, and the local store lets
 #: each through as the first segment of a key.
-RESERVED_ROOTS = frozenset({SHADOW_ROOT})
+RESERVED_ROOTS = frozenset({SHADOW_ROOT, SNAPSHOT_ROOT})
 
 
 @dataclass(frozen=True, slots=True)
