@@ -3,4 +3,6 @@ show exactly as it was.
 
 - ``record``: the record's layout in the bucket (parts and a manifest), its
   writer and its reader; a snapshot exists iff its manifest does.
+- ``walk``: what a snapshot records, the bucket's objects under some paths
+  in key order with their stored attributes, and ``take_snapshot``.
 """

@@ -1,0 +1,82 @@
+"""What a snapshot records (``tierfs.snapshot.walk``) on a real S3 protocol
+server (moto) and the ``file://`` store: every object under the paths in
+key order, empty directories, the shadow's attributes, nothing reserved."""
+
+from __future__ import annotations
+
+import pytest
+
+from tierfs.errors import InvalidArgument
+from tierfs.snapshot.record import RecordStore
+from tierfs.snapshot.walk import normalised_paths, take_snapshot, walk_entries
+from tierfs.store import ObjectStore
+
+
+@pytest.fixture(params=["s3", "local"])
+def store(request: pytest.FixtureRequest) -> ObjectStore:
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+KEYS = [
+    "a-b.txt",
+    "a.txt",
+    "ds/0.bin",
+    "ds/sub/1.bin",
+    "ds/sub/deeper/2.bin",
+    "ds-other/3.bin",
+    "ds0.bin",
+    "top.bin",
+]
+
+
+def fill(store: ObjectStore) -> None:
+    for key in KEYS:
+        store.put(key, key.encode())
+    store.put("ds/empty/", b"")  # an empty directory's marker
+    store.put(".tierfs-attrs/ds/0.bin@m0600,u1000,g1000", b"")  # the shadow
+    store.put(".tierfs-attrs/ds/empty@m0700,u1000,g1000", b"")
+    store.put(".tierfs-snapshots/old/manifest.json", b"{}")  # never recorded
+
+
+def test_the_whole_bucket_in_key_order_with_attributes(store: ObjectStore) -> None:
+    fill(store)
+    entries = list(walk_entries(store, []))
+    keys = [e.key for e in entries]
+    assert keys == sorted([*KEYS, "ds/empty/"], key=str.encode)
+    by_key = {e.key: e for e in entries}
+    assert (by_key["ds/0.bin"].mode, by_key["ds/0.bin"].uid, by_key["ds/0.bin"].gid) == (
+        0o600,
+        1000,
+        1000,
+    )
+    assert by_key["ds/empty/"].mode == 0o700
+    assert by_key["ds/sub/1.bin"].mode is None  # no shadow: the mount's defaults
+    assert by_key["a.txt"].size == len(b"a.txt") and by_key["a.txt"].etag
+
+
+def test_paths_pick_files_and_trees(store: ObjectStore) -> None:
+    fill(store)
+    keys = [e.key for e in walk_entries(store, ["ds/sub", "a.txt", "ds/sub/deeper", "top.bin"])]
+    assert keys == ["a.txt", "ds/sub/1.bin", "ds/sub/deeper/2.bin", "top.bin"]
+
+
+def test_take_snapshot_writes_a_record_that_reads_back(store: ObjectStore) -> None:
+    fill(store)
+    manifest = take_snapshot(store, "run-1", ["ds"], creator_uid=1000, part_entries=2)
+    assert manifest.paths == ["ds"] and manifest.objects == 4 and len(manifest.parts) == 2
+    records = RecordStore(store)
+    assert records.names() == ["old", "run-1"]  # "old": the manifest fill() put
+    recorded = [e.key for e in records.entries(records.manifest("run-1"))]
+    assert recorded == ["ds/0.bin", "ds/empty/", "ds/sub/1.bin", "ds/sub/deeper/2.bin"]
+    # The record is not part of what a later snapshot records.
+    later = take_snapshot(store, "run-2", [], creator_uid=0)
+    assert later.objects == len(KEYS) + 1
+
+
+def test_bad_paths_are_refused() -> None:
+    for bad in ("../x", "a/../b", "a\0b"):
+        with pytest.raises(InvalidArgument):
+            normalised_paths([bad])
+    assert normalised_paths([]) == [""]
+    assert normalised_paths(["./a/", "a/b", "c", ""]) == [""]
+    assert normalised_paths(["a/b", "a", "c//d/"]) == ["a", "c/d"]
