@@ -189,6 +189,8 @@ def test_troubleshooting_and_permissions_cover_what_users_meet() -> None:
         "s3:DeleteObject",
         "s3:AbortMultipartUpload",
         "s3:ListBucketMultipartUploads",
+        "s3:GetBucketVersioning",
+        "s3:ListBucketVersions",
         "If-None-Match: *",
     ):
         assert action in permissions, action
@@ -206,6 +208,8 @@ def test_troubleshooting_and_permissions_cover_what_users_meet() -> None:
         "head_bucket": "s3:ListBucket",
         "head_object": "s3:GetObject",
         "list_multipart_uploads": "s3:ListBucketMultipartUploads",
+        "get_bucket_versioning": "s3:GetBucketVersioning",
+        "list_object_versions": "s3:ListBucketVersions",
         "list_objects_v2": "s3:ListBucket",
         "put_object": "s3:PutObject",
         "upload_part": "s3:PutObject",

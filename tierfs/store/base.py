@@ -77,6 +77,18 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectVersion:
+    """The current version of one object, from a listing of versions:
+    ``key`` relative to the store prefix, ``version_id`` the bucket's."""
+
+    key: str
+    version_id: str
+    size: int
+    etag: str
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
 class ListPage:
     """One page of a delimited listing.
 
@@ -357,6 +369,18 @@ class ObjectStore(Protocol):
 
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
         """Multipart uploads in progress whose key starts with ``prefix``."""
+        ...
+
+    def versioning(self) -> bool:
+        """Does the bucket keep the versions of its objects (versioning
+        enabled)?  A store without versions answers False."""
+        ...
+
+    def current_versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        """The current version of every object whose key starts with
+        ``prefix`` (no delimiter: the whole subtree), in key order; objects
+        whose current version is a delete marker are left out.  Nothing on a
+        store without versions."""
         ...
 
     def abort_upload(self, key: str, upload_id: str) -> None:

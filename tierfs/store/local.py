@@ -92,6 +92,7 @@ from tierfs.store.base import (
     ListPage,
     ObjectInfo,
     ObjectStore,
+    ObjectVersion,
     PartsUpload,
     Stop,
     UploadInfo,
@@ -611,6 +612,12 @@ class LocalStore(ObjectStore):
             elif tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+    def versioning(self) -> bool:
+        return False  # a directory keeps one version of each file
+
+    def current_versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        return iter(())
 
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
         """The local equivalent of ListMultipartUploads: unfinished temp files.

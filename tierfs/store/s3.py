@@ -193,6 +193,7 @@ from tierfs.store.base import (
     ListPage,
     ObjectInfo,
     ObjectStore,
+    ObjectVersion,
     PartsUpload,
     RequestObserver,
     Stop,
@@ -1109,6 +1110,55 @@ class S3Store(ObjectStore):
         return self._multipart(
             "copy", full_dst, new_meta, parts, send, job.concurrency, job.on_upload_id
         )
+
+    def versioning(self) -> bool:
+        resp = self._call(
+            "versioning",
+            None,
+            lambda: self.client.get_bucket_versioning(Bucket=self.bucket),
+            policy=self.foreground_retry,
+            bucket_level=True,
+        )
+        return resp.get("Status") == "Enabled"
+
+    def current_versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        """ListObjectVersions under the store prefix + ``prefix``, all pages:
+        each key's latest entry, unless it is a delete marker."""
+        full_prefix = self.prefix + prefix
+        key_marker: str | None = None
+        id_marker: str | None = None
+        while True:
+            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if key_marker is not None:
+                params["KeyMarker"] = key_marker
+                if id_marker:
+                    params["VersionIdMarker"] = id_marker
+            resp = self._call(
+                "list_versions",
+                full_prefix,
+                lambda p=params: self.client.list_object_versions(**p),
+                policy=self.foreground_retry,
+            )
+            for version in resp.get("Versions") or []:
+                if not version.get("IsLatest"):
+                    continue
+                modified = version.get("LastModified")
+                yield ObjectVersion(
+                    key=self._rel_key(str(version["Key"])),
+                    version_id=str(version.get("VersionId") or "null"),
+                    size=int(version.get("Size", 0)),
+                    etag=_strip_etag(version.get("ETag")),
+                    mtime=modified.timestamp() if modified is not None else 0.0,
+                )
+            if not resp.get("IsTruncated"):
+                return
+            key_marker = resp.get("NextKeyMarker")
+            id_marker = resp.get("NextVersionIdMarker")
+            if not key_marker:
+                raise StoreError(
+                    f"list_versions s3://{self.bucket}/{full_prefix}: truncated listing "
+                    "without a next marker"
+                )
 
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
         """ListMultipartUploads under the store prefix + ``prefix``, all pages."""
