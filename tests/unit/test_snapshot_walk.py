@@ -4,12 +4,14 @@ key order, empty directories, the shadow's attributes, nothing reserved."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tierfs.errors import InvalidArgument
-from tierfs.snapshot.record import RecordStore
-from tierfs.snapshot.walk import normalised_paths, take_snapshot, walk_entries
-from tierfs.store import ObjectStore
+from tierfs.snapshot.record import RecordStore, SnapshotEntry
+from tierfs.snapshot.walk import normalised_paths, take_snapshot, walk_entries, with_versions
+from tierfs.store import ObjectStore, ObjectVersion
 
 
 @pytest.fixture(params=["s3", "local"])
@@ -80,3 +82,55 @@ def test_bad_paths_are_refused() -> None:
     assert normalised_paths([]) == [""]
     assert normalised_paths(["./a/", "a/b", "c", ""]) == [""]
     assert normalised_paths(["a/b", "a", "c//d/"]) == ["a", "c/d"]
+
+
+def test_a_versioned_bucket_records_each_current_version(
+    bucket: tuple[str, str], s3_client: Any, s3_store: ObjectStore
+) -> None:
+    """The recorded version IDs still give the recorded bytes after other
+    writers overwrite and delete the objects."""
+    _endpoint, name = bucket
+    s3_client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    fill(s3_store)
+    s3_store.put("ds/0.bin", b"the version the snapshot records")
+    manifest = take_snapshot(s3_store, "v1", ["ds", "top.bin"], creator_uid=0)
+    assert manifest.versioned
+    records = RecordStore(s3_store)
+    recorded = list(records.entries(records.manifest("v1")))
+    assert [e.key for e in recorded] == [
+        "ds/0.bin",
+        "ds/empty/",
+        "ds/sub/1.bin",
+        "ds/sub/deeper/2.bin",
+        "top.bin",
+    ]
+    assert all(e.version for e in recorded)
+    s3_store.put("ds/0.bin", b"overwritten later")
+    s3_store.delete("top.bin")
+    for entry in recorded:
+        body = s3_client.get_object(Bucket=name, Key=f"pre/{entry.key}", VersionId=entry.version)
+        data = body["Body"].read()
+        assert len(data) == entry.size, entry.key
+    first = recorded[0]
+    got = s3_client.get_object(Bucket=name, Key="pre/ds/0.bin", VersionId=first.version)
+    assert got["Body"].read() == b"the version the snapshot records"
+
+
+def test_versions_merge_by_key_and_belong_with_their_etag() -> None:
+    walked = [
+        SnapshotEntry(key="a", size=1, etag="ea", mtime=1.0),
+        SnapshotEntry(key="b", size=1, etag="old", mtime=1.0),  # overwritten in between
+        SnapshotEntry(key="c", size=1, etag="ec", mtime=1.0),  # gone in between: no version
+    ]
+    versions = [
+        ObjectVersion(key="a", version_id="va", size=1, etag="ea", mtime=1.0),
+        ObjectVersion(key="a-other", version_id="vx", size=9, etag="ex", mtime=1.0),
+        ObjectVersion(key="b", version_id="vb", size=5, etag="new", mtime=2.0),
+        ObjectVersion(key="d", version_id="vd", size=1, etag="ed", mtime=1.0),
+    ]
+    merged = list(with_versions(walked, versions))
+    assert [(e.key, e.version, e.etag, e.size) for e in merged] == [
+        ("a", "va", "ea", 1),
+        ("b", "vb", "new", 5),
+        ("c", None, "ec", 1),
+    ]

@@ -20,18 +20,20 @@ across all the paths, which is the order ``RecordWriter`` takes:
   none (the mount's defaults apply).  Several entries for one name combine
   to the most restrictive, as a mount reads them.
 
-Version IDs are not walked here: a bucket that keeps versions is recorded
-with its versions by the create (a listing of object versions), and this
-walk gives the ETags that a bucket without versions is checked against.
+Version IDs: on a bucket that keeps versions, ``take_snapshot`` lists the
+current versions of each walked root beside the walk (``with_versions``
+merges the two key-ordered streams); on one that keeps none, the ETags the
+walk records are what a snapshot mount's reads are checked against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from tierfs.core.names.shadow import combine, parse_shadow_name, shadow_dir_prefix
 from tierfs.errors import InvalidArgument, ObjectNotFound
-from tierfs.store import RESERVED_ROOTS, ObjectInfo, ObjectStore
+from tierfs.store import RESERVED_ROOTS, ObjectInfo, ObjectStore, ObjectVersion
 
 from .record import Manifest, RecordWriter, SnapshotEntry
 
@@ -56,9 +58,14 @@ def normalised_paths(paths: Iterable[str]) -> list[str]:
 
 def walk_entries(store: ObjectStore, paths: Iterable[str]) -> Iterator[SnapshotEntry]:
     """Every object under ``paths`` (``normalised_paths``), in key order."""
-    roots = normalised_paths(paths)
-    # A file root "a" sorts before a directory root "a/...": both kinds are
-    # walked in the order of the keys they yield.
+    for start, is_dir in _walks(store, normalised_paths(paths)):
+        yield from _entries_of(store, start, is_dir)
+
+
+def _walks(store: ObjectStore, roots: list[str]) -> list[tuple[str, bool]]:
+    """What to walk for ``roots``: a file at a root's key, a tree below
+    ``root/``; in the order of the keys they yield (a file root "a" sorts
+    before a directory root "a/...")."""
     walks: list[tuple[str, bool]] = []
     for root in roots:
         if root == "":
@@ -71,12 +78,43 @@ def walk_entries(store: ObjectStore, paths: Iterable[str]) -> Iterator[SnapshotE
             pass
         walks.append((f"{root}/", True))
     walks.sort(key=lambda walk: walk[0].encode())
-    for start, is_dir in walks:
-        if is_dir:
-            yield from _walk_dir(store, start)
+    return walks
+
+
+def _entries_of(store: ObjectStore, start: str, is_dir: bool) -> Iterator[SnapshotEntry]:
+    if is_dir:
+        yield from _walk_dir(store, start)
+    else:
+        info = store.head(start)
+        yield _entry(info, _attrs_of_names(store, _parent(start)).get(_name(start)))
+
+
+def with_versions(
+    entries: Iterable[SnapshotEntry], versions: Iterable[ObjectVersion]
+) -> Iterator[SnapshotEntry]:
+    """``entries`` (key order) with the version ID of each key's current
+    version from ``versions`` (key order, other keys among them skipped).
+    Where both name a key, the version's size and ETag are recorded with
+    its ID, so the three always belong together (an object overwritten
+    between the two listings is recorded as its newer version).  An entry
+    without a version (gone or made between the listings) keeps its ETag
+    and no ID."""
+    pending = iter(versions)
+    current = next(pending, None)
+    for entry in entries:
+        wanted = entry.key.encode()
+        while current is not None and current.key.encode() < wanted:
+            current = next(pending, None)
+        if current is not None and current.key == entry.key:
+            yield replace(
+                entry,
+                version=current.version_id,
+                size=current.size,
+                etag=current.etag,
+                mtime=current.mtime,
+            )
         else:
-            info = store.head(start)
-            yield _entry(info, _attrs_of_names(store, _parent(start)).get(_name(start)))
+            yield entry
 
 
 def _walk_dir(store: ObjectStore, prefix: str) -> Iterator[SnapshotEntry]:
@@ -149,13 +187,20 @@ def take_snapshot(
     part_entries: int | None = None,
 ) -> Manifest:
     """Walk ``paths`` and write the record of snapshot ``name``; its
-    manifest (written last) is returned.  A walk or a write that fails
-    leaves no snapshot (parts only, ``RecordStore.leftovers``)."""
+    manifest (written last) is returned.  On a bucket that keeps versions,
+    each object is recorded with its current version's ID (one listing of
+    versions per walked root, beside the walk).  A walk or a write that
+    fails leaves no snapshot (parts only, ``RecordStore.leftovers``)."""
     roots = normalised_paths(paths)
+    versioned = store.versioning()
     options = {} if part_entries is None else {"part_entries": part_entries}
     writer = RecordWriter(
-        store, name, creator_uid=creator_uid, paths=roots, versioned=False, **options
+        store, name, creator_uid=creator_uid, paths=roots, versioned=versioned, **options
     )
-    for entry in walk_entries(store, roots):
-        writer.add(entry)
+    for start, is_dir in _walks(store, roots):
+        entries = _entries_of(store, start, is_dir)
+        if versioned:
+            entries = with_versions(entries, store.current_versions(start))
+        for entry in entries:
+            writer.add(entry)
     return writer.finish()
