@@ -1124,21 +1124,14 @@ class S3Store(ObjectStore):
     def current_versions(self, prefix: str) -> Iterator[ObjectVersion]:
         """ListObjectVersions under the store prefix + ``prefix``, all pages:
         each key's latest entry, unless it is a delete marker."""
-        full_prefix = self.prefix + prefix
-        key_marker: str | None = None
-        id_marker: str | None = None
-        while True:
-            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
-            if key_marker is not None:
-                params["KeyMarker"] = key_marker
-                if id_marker:
-                    params["VersionIdMarker"] = id_marker
-            resp = self._call(
-                "list_versions",
-                full_prefix,
-                lambda p=params: self.client.list_object_versions(**p),
-                policy=self.foreground_retry,
-            )
+        pages = self._marker_pages(
+            "list_versions",
+            self.prefix + prefix,
+            self.client.list_object_versions,
+            "VersionIdMarker",
+            policy=self.foreground_retry,
+        )
+        for resp in pages:
             for version in resp.get("Versions") or []:
                 if not version.get("IsLatest"):
                     continue
@@ -1150,35 +1143,51 @@ class S3Store(ObjectStore):
                     etag=_strip_etag(version.get("ETag")),
                     mtime=modified.timestamp() if modified is not None else 0.0,
                 )
+
+    def _marker_pages(
+        self,
+        op: str,
+        full_prefix: str,
+        call: Callable[..., dict[str, Any]],
+        id_marker: str,
+        *,
+        policy: RetryPolicy | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """The pages of a listing that goes on from ``KeyMarker`` and an id
+        marker (``UploadIdMarker``: ListMultipartUploads; ``VersionIdMarker``:
+        ListObjectVersions)."""
+        key_marker: str | None = None
+        id_value: str | None = None
+        while True:
+            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if key_marker is not None:
+                params["KeyMarker"] = key_marker
+                if id_value:
+                    params[id_marker] = id_value
+            resp = self._call(op, full_prefix, lambda p=params: call(**p), policy=policy)
+            yield resp
             if not resp.get("IsTruncated"):
                 return
             key_marker = resp.get("NextKeyMarker")
-            id_marker = resp.get("NextVersionIdMarker")
+            id_value = resp.get(f"Next{id_marker}")
             if not key_marker:
                 raise StoreError(
-                    f"list_versions s3://{self.bucket}/{full_prefix}: truncated listing "
-                    "without a next marker"
+                    f"{op} s3://{self.bucket}/{full_prefix}: truncated listing without a "
+                    "next marker"
                 )
 
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
         """ListMultipartUploads under the store prefix + ``prefix``, all pages."""
         if not isinstance(prefix, str):
             raise InvalidArgument(f"prefix must be str, got {type(prefix).__name__}")
-        full_prefix = self.prefix + prefix
         out: list[UploadInfo] = []
-        key_marker: str | None = None
-        id_marker: str | None = None
-        while True:
-            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
-            if key_marker is not None:
-                params["KeyMarker"] = key_marker
-                if id_marker:
-                    params["UploadIdMarker"] = id_marker
-            resp = self._call(
-                "list_uploads",
-                full_prefix,
-                lambda p=params: self.client.list_multipart_uploads(**p),
-            )
+        pages = self._marker_pages(
+            "list_uploads",
+            self.prefix + prefix,
+            self.client.list_multipart_uploads,
+            "UploadIdMarker",
+        )
+        for resp in pages:
             for upload in resp.get("Uploads") or []:
                 initiated = upload.get("Initiated")
                 out.append(
@@ -1188,15 +1197,7 @@ class S3Store(ObjectStore):
                         initiated=initiated.timestamp() if initiated is not None else 0.0,
                     )
                 )
-            if not resp.get("IsTruncated"):
-                return out
-            key_marker = resp.get("NextKeyMarker")
-            id_marker = resp.get("NextUploadIdMarker")
-            if not key_marker:
-                raise StoreError(
-                    f"list_uploads s3://{self.bucket}/{full_prefix}: truncated listing "
-                    "without a next marker"
-                )
+        return out
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         """AbortMultipartUpload; NoSuchUpload (unknown, finished or aborted) is fine."""
