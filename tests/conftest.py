@@ -296,6 +296,12 @@ def local_store(tmp_path: Path) -> Any:
     return LocalStore(root.as_uri())
 
 
+@pytest.fixture(params=["s3", "local"])
+def store(request: pytest.FixtureRequest) -> Any:
+    """Each store in turn: ``s3_store`` (moto), then ``local_store`` (file://)."""
+    return request.getfixturevalue(f"{request.param}_store")
+
+
 @pytest.fixture
 def fault_proxy(moto_server: str) -> Iterator[Any]:
     """A FaultProxy in front of the session's moto server (see tests/faults.py)."""

@@ -5,17 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tierfs.snapshot.diff import diff_entries, differs
 from tierfs.snapshot.record import RecordStore, SnapshotEntry
 from tierfs.snapshot.walk import take_snapshot, walk_entries
 from tierfs.store import ObjectStore
-
-
-@pytest.fixture(params=["s3", "local"])
-def store(request: pytest.FixtureRequest) -> ObjectStore:
-    return request.getfixturevalue(f"{request.param}_store")
 
 
 def entry(key: str, etag: str = "e", size: int = 1, **more: Any) -> SnapshotEntry:

@@ -22,11 +22,6 @@ from tierfs.snapshot.record import (
 from tierfs.store import SNAPSHOT_ROOT, ObjectStore
 
 
-@pytest.fixture(params=["s3", "local"])
-def store(request: pytest.FixtureRequest) -> ObjectStore:
-    return request.getfixturevalue(f"{request.param}_store")
-
-
 def entries(count: int) -> list[SnapshotEntry]:
     out = [
         SnapshotEntry(

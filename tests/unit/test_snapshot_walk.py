@@ -13,12 +13,6 @@ from tierfs.snapshot.record import RecordStore, SnapshotEntry
 from tierfs.snapshot.walk import normalised_paths, take_snapshot, walk_entries, with_versions
 from tierfs.store import ObjectStore, ObjectVersion
 
-
-@pytest.fixture(params=["s3", "local"])
-def store(request: pytest.FixtureRequest) -> ObjectStore:
-    return request.getfixturevalue(f"{request.param}_store")
-
-
 KEYS = [
     "a-b.txt",
     "a.txt",

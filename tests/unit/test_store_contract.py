@@ -33,11 +33,6 @@ from tierfs.store.local import LocalStore
 from tierfs.store.s3 import S3Store, parse_s3_url
 
 
-@pytest.fixture(params=["s3", "local"])
-def store(request: pytest.FixtureRequest) -> ObjectStore:
-    return request.getfixturevalue(f"{request.param}_store")
-
-
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
 
