@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tierfs.errors import InvalidArgument
+from tierfs.snapshot.check import gone_versions, segments
 from tierfs.snapshot.record import RecordStore, SnapshotEntry
 from tierfs.snapshot.walk import normalised_paths, take_snapshot, walk_entries, with_versions
 from tierfs.store import ObjectStore, ObjectVersion
@@ -128,3 +129,30 @@ def test_versions_merge_by_key_and_belong_with_their_etag() -> None:
         ("b", "vb", "new", 5),
         ("c", None, "ec", 1),
     ]
+
+
+def test_recorded_versions_the_bucket_no_longer_keeps_are_named(
+    bucket: tuple[str, str], s3_client: Any, s3_store: ObjectStore
+) -> None:
+    _endpoint, name = bucket
+    s3_client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    fill(s3_store)
+    manifest = take_snapshot(s3_store, "v1", ["ds", "a.txt", "a-b.txt"], creator_uid=0)
+    records = RecordStore(s3_store)
+    recorded = list(records.entries(manifest))
+    assert list(gone_versions(s3_store, manifest.paths, recorded)) == []
+    # Overwrites and deletes keep the old versions: nothing is gone.
+    s3_store.put("ds/0.bin", b"newer")
+    s3_store.delete("a.txt")
+    assert list(gone_versions(s3_store, manifest.paths, recorded)) == []
+    # A version expired (here: deleted by version id) is gone.
+    by_key = {e.key: e for e in recorded}
+    for key in ("ds/sub/1.bin", "a.txt"):
+        s3_client.delete_object(Bucket=name, Key=f"pre/{key}", VersionId=by_key[key].version)
+    gone = [e.key for e in gone_versions(s3_store, manifest.paths, recorded)]
+    assert gone == ["a.txt", "ds/sub/1.bin"]
+
+
+def test_segments_cover_files_and_trees_in_key_order() -> None:
+    assert segments([]) == [""] and segments(["", "a"]) == [""]
+    assert segments(["a", "a-b"]) == ["a", "a-b", "a-b/", "a/"]

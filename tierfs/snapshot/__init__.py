@@ -7,5 +7,7 @@ show exactly as it was.
   in key order with their stored attributes (and version IDs on a bucket
   that keeps versions), and ``take_snapshot``;
 - ``diff``: added, removed and changed names between two key-ordered views
-  (two records, or a record and the live bucket), in one pass.
+  (two records, or a record and the live bucket), in one pass;
+- ``check``: the recorded versions the bucket no longer keeps (expired by
+  its lifecycle rules), in one pass over the record and the versions.
 """

@@ -86,6 +86,8 @@ class ObjectVersion:
     size: int
     etag: str
     mtime: float
+    #: The key's current version (not an older one the bucket keeps).
+    current: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +383,12 @@ class ObjectStore(Protocol):
         ``prefix`` (no delimiter: the whole subtree), in key order; objects
         whose current version is a delete marker are left out.  Nothing on a
         store without versions."""
+        ...
+
+    def versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        """Every version the bucket keeps of the objects whose key starts
+        with ``prefix``, in key order and newest first within a key (delete
+        markers left out).  Nothing on a store without versions."""
         ...
 
     def abort_upload(self, key: str, upload_id: str) -> None:

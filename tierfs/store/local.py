@@ -619,6 +619,9 @@ class LocalStore(ObjectStore):
     def current_versions(self, prefix: str) -> Iterator[ObjectVersion]:
         return iter(())
 
+    def versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        return iter(())
+
     def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
         """The local equivalent of ListMultipartUploads: unfinished temp files.
 

@@ -1122,8 +1122,12 @@ class S3Store(ObjectStore):
         return resp.get("Status") == "Enabled"
 
     def current_versions(self, prefix: str) -> Iterator[ObjectVersion]:
-        """ListObjectVersions under the store prefix + ``prefix``, all pages:
-        each key's latest entry, unless it is a delete marker."""
+        """Each key's current version (``versions``), unless it is a delete marker."""
+        return (version for version in self.versions(prefix) if version.current)
+
+    def versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        """ListObjectVersions under the store prefix + ``prefix``, all pages
+        (delete markers are listed apart by S3, and left out)."""
         pages = self._marker_pages(
             "list_versions",
             self.prefix + prefix,
@@ -1133,8 +1137,6 @@ class S3Store(ObjectStore):
         )
         for resp in pages:
             for version in resp.get("Versions") or []:
-                if not version.get("IsLatest"):
-                    continue
                 modified = version.get("LastModified")
                 yield ObjectVersion(
                     key=self._rel_key(str(version["Key"])),
@@ -1142,6 +1144,7 @@ class S3Store(ObjectStore):
                     size=int(version.get("Size", 0)),
                     etag=_strip_etag(version.get("ETag")),
                     mtime=modified.timestamp() if modified is not None else 0.0,
+                    current=bool(version.get("IsLatest")),
                 )
 
     def _marker_pages(
