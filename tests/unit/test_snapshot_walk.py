@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 
 from tierfs.errors import InvalidArgument
-from tierfs.snapshot.check import gone_versions, segments
+from tierfs.snapshot.check import gone_versions
 from tierfs.snapshot.record import RecordStore, SnapshotEntry
-from tierfs.snapshot.walk import normalised_paths, take_snapshot, walk_entries, with_versions
+from tierfs.snapshot.walk import (
+    normalised_paths,
+    segments,
+    take_snapshot,
+    walk_entries,
+    with_versions,
+)
 from tierfs.store import ObjectStore, ObjectVersion
 
 KEYS = [

@@ -19,18 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from tierfs.store import ObjectStore, ObjectVersion
+from tierfs.store import ObjectStore
 
 from .record import SnapshotEntry
-
-
-def segments(paths: Iterable[str]) -> list[str]:
-    """The key prefixes to list for ``paths``: "" for the whole bucket, else
-    each path's own key and ``path/``, in key order."""
-    roots = list(paths)
-    if "" in roots or not roots:
-        return [""]
-    return sorted({part for root in roots for part in (root, f"{root}/")}, key=str.encode)
+from .walk import KeyedVersions, is_tree, segments
 
 
 def gone_versions(
@@ -43,34 +35,15 @@ def gone_versions(
     for start in segments(paths):
         if entry is None:
             return
-        is_file = start != "" and not start.endswith("/")
-        versions: _Versions | None = None
-        while entry is not None and _in_segment(entry.key, start, is_file):
+        versions: KeyedVersions | None = None
+        while entry is not None and _in_segment(entry.key, start):
             if entry.version is not None:
                 if versions is None:
-                    versions = _Versions(store.versions(start))
-                if entry.version not in versions.of(entry.key):
+                    versions = KeyedVersions(store.versions(start))
+                if entry.version not in {v.version_id for v in versions.of(entry.key)}:
                     yield entry
             entry = next(pending, None)
 
 
-def _in_segment(key: str, start: str, is_file: bool) -> bool:
-    return key == start if is_file else key.startswith(start)
-
-
-class _Versions:
-    """A key-ordered stream of versions, read one key's versions at a time."""
-
-    def __init__(self, stream: Iterator[ObjectVersion]) -> None:
-        self.stream = stream
-        self.head = next(stream, None)
-
-    def of(self, key: str) -> set[str]:
-        wanted = key.encode()
-        while self.head is not None and self.head.key.encode() < wanted:
-            self.head = next(self.stream, None)
-        found: set[str] = set()
-        while self.head is not None and self.head.key == key:
-            found.add(self.head.version_id)
-            self.head = next(self.stream, None)
-        return found
+def _in_segment(key: str, start: str) -> bool:
+    return key.startswith(start) if is_tree(start) else key == start

@@ -28,6 +28,7 @@ walk records are what a snapshot mount's reads are checked against.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
@@ -58,35 +59,67 @@ def normalised_paths(paths: Iterable[str]) -> list[str]:
 
 def walk_entries(store: ObjectStore, paths: Iterable[str]) -> Iterator[SnapshotEntry]:
     """Every object under ``paths`` (``normalised_paths``), in key order."""
-    for start, is_dir in _walks(store, normalised_paths(paths)):
-        yield from _entries_of(store, start, is_dir)
+    for start, file_info in _walks(store, normalised_paths(paths)):
+        yield from _entries_of(store, start, file_info)
 
 
-def _walks(store: ObjectStore, roots: list[str]) -> list[tuple[str, bool]]:
-    """What to walk for ``roots``: a file at a root's key, a tree below
-    ``root/``; in the order of the keys they yield (a file root "a" sorts
-    before a directory root "a/...")."""
-    walks: list[tuple[str, bool]] = []
-    for root in roots:
-        if root == "":
-            walks.append(("", True))
+def segments(paths: Iterable[str]) -> list[str]:
+    """The key ranges of ``paths`` (``normalised_paths``): "" for the whole
+    bucket, else each path's own key (a file) and ``path/`` (a tree), in key
+    order.  They are disjoint, and in that order their keys are in order."""
+    roots = list(paths)
+    if "" in roots or not roots:
+        return [""]
+    return sorted({part for root in roots for part in (root, f"{root}/")}, key=str.encode)
+
+
+def is_tree(segment: str) -> bool:
+    return segment == "" or segment.endswith("/")
+
+
+def _walks(store: ObjectStore, roots: list[str]) -> list[tuple[str, ObjectInfo | None]]:
+    """The segments to walk for ``roots``: each tree, and each file segment
+    whose object exists (with its HEAD, so it is not asked twice)."""
+    walks: list[tuple[str, ObjectInfo | None]] = []
+    for segment in segments(roots):
+        if is_tree(segment):
+            walks.append((segment, None))
             continue
-        try:
-            store.head(root)
-            walks.append((root, False))
-        except ObjectNotFound:
-            pass
-        walks.append((f"{root}/", True))
-    walks.sort(key=lambda walk: walk[0].encode())
+        with contextlib.suppress(ObjectNotFound):
+            walks.append((segment, store.head(segment)))
     return walks
 
 
-def _entries_of(store: ObjectStore, start: str, is_dir: bool) -> Iterator[SnapshotEntry]:
-    if is_dir:
-        yield from _walk_dir(store, start)
+def _entries_of(
+    store: ObjectStore, start: str, file_info: ObjectInfo | None
+) -> Iterator[SnapshotEntry]:
+    if file_info is not None:
+        yield _entry(file_info, _attrs_of_names(store, _parent(start)).get(_name(start)))
+    elif start == "":
+        yield from _walk_dir(store, start, None)
     else:
-        info = store.head(start)
-        yield _entry(info, _attrs_of_names(store, _parent(start)).get(_name(start)))
+        body = start.rstrip("/")
+        own = _attrs_of_names(store, _parent(body)).get(_name(body))
+        yield from _walk_dir(store, start, own)
+
+
+class KeyedVersions:
+    """A key-ordered stream of versions, read one key's versions at a time
+    (newest first, as listed); keys between two asked-for keys are skipped."""
+
+    def __init__(self, stream: Iterable[ObjectVersion]) -> None:
+        self.stream = iter(stream)
+        self.head = next(self.stream, None)
+
+    def of(self, key: str) -> list[ObjectVersion]:
+        wanted = key.encode()
+        while self.head is not None and self.head.key.encode() < wanted:
+            self.head = next(self.stream, None)
+        found: list[ObjectVersion] = []
+        while self.head is not None and self.head.key == key:
+            found.append(self.head)
+            self.head = next(self.stream, None)
+        return found
 
 
 def with_versions(
@@ -99,25 +132,27 @@ def with_versions(
     between the two listings is recorded as its newer version).  An entry
     without a version (gone or made between the listings) keeps its ETag
     and no ID."""
-    pending = iter(versions)
-    current = next(pending, None)
+    current = KeyedVersions(versions)
     for entry in entries:
-        wanted = entry.key.encode()
-        while current is not None and current.key.encode() < wanted:
-            current = next(pending, None)
-        if current is not None and current.key == entry.key:
+        found = current.of(entry.key)
+        if found:
+            version = found[0]
             yield replace(
                 entry,
-                version=current.version_id,
-                size=current.size,
-                etag=current.etag,
-                mtime=current.mtime,
+                version=version.version_id,
+                size=version.size,
+                etag=version.etag,
+                mtime=version.mtime,
             )
         else:
             yield entry
 
 
-def _walk_dir(store: ObjectStore, prefix: str) -> Iterator[SnapshotEntry]:
+def _walk_dir(
+    store: ObjectStore, prefix: str, own: tuple[int, int, int] | None
+) -> Iterator[SnapshotEntry]:
+    """The tree below ``prefix``; ``own``: the directory's own attributes
+    (from its parent's shadow listing, which the caller has)."""
     attrs = _attrs_of_names(store, prefix)
     for page in store.list_pages(prefix):
         objects = [obj for obj in page.objects if _recorded(prefix, obj.key)]
@@ -127,9 +162,9 @@ def _walk_dir(store: ObjectStore, prefix: str) -> Iterator[SnapshotEntry]:
         merged.sort(key=lambda item: item[0])
         for _rank, item in merged:
             if isinstance(item, str):
-                yield from _walk_dir(store, item)
+                yield from _walk_dir(store, item, attrs.get(item[len(prefix) : -1]))
             elif item.key == prefix:  # the directory's own marker
-                yield _entry(item, _attrs_of_dir(store, prefix))
+                yield _entry(item, own)
             else:
                 yield _entry(item, attrs.get(item.key[len(prefix) :]))
 
@@ -156,11 +191,6 @@ def _attrs_of_names(store: ObjectStore, prefix: str) -> dict[str, tuple[int, int
         if combined is not None:
             out[name] = (combined.perm, combined.uid, combined.gid)
     return out
-
-
-def _attrs_of_dir(store: ObjectStore, prefix: str) -> tuple[int, int, int] | None:
-    body = prefix.rstrip("/")
-    return _attrs_of_names(store, _parent(body)).get(_name(body))
 
 
 def _parent(key: str) -> str:
@@ -197,8 +227,8 @@ def take_snapshot(
     writer = RecordWriter(
         store, name, creator_uid=creator_uid, paths=roots, versioned=versioned, **options
     )
-    for start, is_dir in _walks(store, roots):
-        entries = _entries_of(store, start, is_dir)
+    for start, file_info in _walks(store, roots):
+        entries = _entries_of(store, start, file_info)
         if versioned:
             entries = with_versions(entries, store.current_versions(start))
         for entry in entries:
