@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.core.conftest import MiB, put
 from tests.core.test_prefetch import put_files, settled
+from tests.core.test_preload import run_preload
 from tests.core.test_shared_tier import shared_config, wait_puts
 from tests.seaweed_cluster import SeaweedCluster
 from tests.unit.test_dashboard import documented
@@ -54,12 +55,7 @@ async def test_every_exported_series_is_in_the_reference_and_nothing_else(
     metrics.watch_preloads(preloader.status)
     async with trio.open_nursery() as nursery:
         await nursery.start(mover.run)
-        await nursery.start(preloader.run)
-        spool = preloader.new_spool()
-        spool.add("ds")
-        job = preloader.start(spool, ["ds"], None)
-        with trio.fail_after(30):
-            await job.done.wait()
+        await run_preload(nursery, mount, ["ds"], preloader=preloader)
         prefetcher = prefetcher_for(mount.fs, window_files=2)
         await nursery.start(prefetcher.run)
         spool = prefetcher.new_spool()

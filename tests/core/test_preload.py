@@ -20,7 +20,7 @@ from tierfs.core.names.namespace import WALK_PAGE
 from tierfs.core.read.fetcher import BACKGROUND_TRICKLE_BYTES
 from tierfs.errors import InvalidArgument, StoreAccessDenied
 from tierfs.workers.pathlists import normalize_path
-from tierfs.workers.preload import PreloadJob
+from tierfs.workers.preload import Preloader, PreloadJob
 from tierfs.workers.wiring import preloader_for
 
 TREE = {
@@ -51,8 +51,11 @@ async def run_preload(
     tier: str | None = None,
     *,
     bandwidth: int = 0,
+    preloader: Preloader | None = None,
 ) -> PreloadJob:
-    preloader = preloader_for(mount.fs)
+    """Start a preloader (``preloader``: one the caller made and watches)
+    in ``nursery`` and preload ``paths`` to the end."""
+    preloader = preloader or preloader_for(mount.fs)
     await nursery.start(preloader.run)
     spool = preloader.new_spool()
     for path in paths:
