@@ -62,9 +62,17 @@ class CountingStore:
         self.heads += 1
         return self.inner.head(key)
 
-    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+    def get_range(
+        self,
+        key: str,
+        start: int,
+        length: int,
+        etag: str | None = None,
+        *,
+        version: str | None = None,
+    ) -> bytes:
         self.gets.append((key, start, length))
-        return self.inner.get_range(key, start, length, etag)
+        return self.inner.get_range(key, start, length, etag, version=version)
 
     def get_range_into(
         self,
@@ -74,9 +82,10 @@ class CountingStore:
         etag: str | None = None,
         *,
         stop: Callable[[], bool] | None = None,
+        version: str | None = None,
     ) -> int:
         self.gets.append((key, start, sum(len(b) for b in bufs)))
-        return self.inner.get_range_into(key, start, bufs, etag, stop=stop)
+        return self.inner.get_range_into(key, start, bufs, etag, stop=stop, version=version)
 
     def __getattr__(self, name: str) -> Any:
         # put, put_multipart, copy, delete, ...: straight to the real store.

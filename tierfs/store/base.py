@@ -168,6 +168,15 @@ def metadata_mtime(metadata: dict[str, str], fallback: float) -> float:
     return fallback
 
 
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Which bytes of an object a GET wants: the version ``version`` (None:
+    the current one), and only if its ETag is ``etag`` (None: any)."""
+
+    etag: str | None = None
+    version: str | None = None
+
+
 #: The buffers a ranged GET fills, in order.
 Bufs = Sequence[memoryview]
 #: Asked whether a GET should give way (``get_range_into``'s ``stop``).
@@ -241,13 +250,25 @@ class ObjectStore(Protocol):
         """HEAD one object, with its user metadata.  ObjectNotFound if absent."""
         ...
 
-    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+    def get_range(
+        self,
+        key: str,
+        start: int,
+        length: int,
+        etag: str | None = None,
+        *,
+        version: str | None = None,
+    ) -> bytes:
         """Return bytes ``[start, start+length)`` of the object, clipped at its end.
 
         The whole body is read before returning; a reset or truncated body is
         retried (as a new ranged GET) inside the retry budget.  If ``etag`` is
         given the GET carries ``If-Match`` and a changed object raises
-        PreconditionFailed instead of returning mixed content.
+        PreconditionFailed instead of returning mixed content.  ``version``
+        reads that version of the object (``GetObject`` with ``VersionId``),
+        whatever the current one is: ``ObjectNotFound`` once the bucket no
+        longer keeps it; a store without versions refuses one
+        (``InvalidArgument``).
         """
         ...
 
@@ -259,8 +280,9 @@ class ObjectStore(Protocol):
         etag: str | None = None,
         *,
         stop: Callable[[], bool] | None = None,
+        version: str | None = None,
     ) -> int:
-        """Like ``get_range`` for ``sum(len(b) for b in bufs)`` bytes, but the
+        """Like ``get_range`` (``etag``, ``version`` as there) for ``sum(len(b) for b in bufs)`` bytes, but the
         bytes go into ``bufs``, filled in order, with no intermediate copy
         where the store allows.  Returns how many bytes were read: fewer
         where the object ends; the rest of ``bufs`` is left as it was.
@@ -273,9 +295,9 @@ class ObjectStore(Protocol):
         """
         if start < 0:
             raise InvalidArgument(f"get_range_into {key!r}: negative start")
-        return self._read_into(key, start, bufs, etag, stop)
+        return self._read_into(key, start, bufs, Match(etag, version), stop)
 
-    def _read_into(self, key: str, start: int, bufs: Bufs, etag: str | None, stop: Stop) -> int:
+    def _read_into(self, key: str, start: int, bufs: Bufs, match: Match, stop: Stop) -> int:
         """``get_range_into`` with ``start`` checked: each store's own."""
         ...
 

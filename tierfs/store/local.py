@@ -90,6 +90,7 @@ from tierfs.store.base import (
     Bufs,
     CopyJob,
     ListPage,
+    Match,
     ObjectInfo,
     ObjectStore,
     ObjectVersion,
@@ -384,13 +385,19 @@ class LocalStore(ObjectStore):
             metadata=metadata,
         )
 
-    def _open_range(self, key: str, etag: str | None) -> tuple[int, os.stat_result]:
-        """Open the object for a ranged read, after checking ``etag`` (If-Match)."""
+    def _open_range(self, key: str, match: Match) -> tuple[int, os.stat_result]:
+        """Open the object for a ranged read, after checking ``match.etag``
+        (If-Match).  This store keeps no versions: a version is refused."""
+        if match.version:
+            raise InvalidArgument(
+                f"get_range {self.url}/{key}: this store keeps no versions "
+                f"(asked for version {match.version!r})"
+            )
         fd, st, sidecar = self._open_object("get_range", key)
         try:
-            if etag:
+            if match.etag:
                 current, _ = self._read_sidecar(sidecar, st)
-                if current != etag.strip().strip('"'):
+                if current != match.etag.strip().strip('"'):
                     raise PreconditionFailed(
                         f"get_range {self.url}/{key}: object changed (ETag no longer matches)"
                     )
@@ -402,10 +409,18 @@ class LocalStore(ObjectStore):
             raise
         return fd, st
 
-    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+    def get_range(
+        self,
+        key: str,
+        start: int,
+        length: int,
+        etag: str | None = None,
+        *,
+        version: str | None = None,
+    ) -> bytes:
         if start < 0 or length < 0:
             raise InvalidArgument(f"get_range {key!r}: negative start or length")
-        fd, st = self._open_range(key, etag)
+        fd, st = self._open_range(key, Match(etag, version))
         try:
             want = max(0, min(length, st.st_size - start))
             chunks: list[bytes] = []
@@ -422,8 +437,8 @@ class LocalStore(ObjectStore):
         finally:
             os.close(fd)
 
-    def _read_into(self, key: str, start: int, bufs: Bufs, etag: str | None, stop: Stop) -> int:
-        fd, st = self._open_range(key, etag)
+    def _read_into(self, key: str, start: int, bufs: Bufs, match: Match, stop: Stop) -> int:
+        fd, st = self._open_range(key, match)
         try:
             want = max(0, min(sum(len(b) for b in bufs), st.st_size - start))
             views = [b for b in bufs if len(b)]

@@ -191,6 +191,7 @@ from tierfs.store.base import (
     Bufs,
     CopyJob,
     ListPage,
+    Match,
     ObjectInfo,
     ObjectStore,
     ObjectVersion,
@@ -870,7 +871,7 @@ class S3Store(ObjectStore):
         full: str,
         start: int,
         length: int,
-        etag: str | None,
+        match: Match,
         read: Callable[[Any, dict[str, Any]], T],
         past_end: T,
     ) -> T:
@@ -882,8 +883,10 @@ class S3Store(ObjectStore):
             "Key": full,
             "Range": f"bytes={start}-{start + length - 1}",
         }
-        if etag:
-            params["IfMatch"] = f'"{_strip_etag(etag)}"'
+        if match.etag:
+            params["IfMatch"] = f'"{_strip_etag(match.etag)}"'
+        if match.version:
+            params["VersionId"] = match.version
 
         def attempt() -> T:
             try:
@@ -896,15 +899,15 @@ class S3Store(ObjectStore):
 
         return self._call("get_range", full, attempt, policy=self.foreground_retry)
 
-    def _native_get(self, full: str, start: int, length: int, etag: str | None) -> Any | None:
+    def _native_get(self, full: str, start: int, length: int, match: Match) -> Any | None:
         """A ranged GET of ``length > 0`` bytes through the native engine,
         retried as a whole: a buffer of the bytes there are, or None when
         ``start`` is at or beyond the object's end."""
-        if_match = _strip_etag(etag) if etag else None
+        if_match = _strip_etag(match.etag) if match.etag else None
 
         def attempt() -> Any | None:
             try:
-                body, size = self._native.get(full, start, length, if_match)
+                body, size = self._native.get(full, start, length, if_match, match.version)
             except ClientError as exc:
                 if http_status(exc) == 416 or _s3_code(exc) == "InvalidRange":
                     return None
@@ -918,31 +921,40 @@ class S3Store(ObjectStore):
 
         return self._call("get_range", full, attempt, policy=self.foreground_retry)
 
-    def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
+    def get_range(
+        self,
+        key: str,
+        start: int,
+        length: int,
+        etag: str | None = None,
+        *,
+        version: str | None = None,
+    ) -> bytes:
         full = self._full_key(key)
         if start < 0 or length < 0:
             raise InvalidArgument(f"get_range {key!r}: negative start or length")
         if length == 0:
             return b""
+        match = Match(etag, version)
         if length <= self.native_get_max and native_key_ok(full):
-            body = self._native_get(full, start, length, etag)
+            body = self._native_get(full, start, length, match)
             return b"" if body is None else bytes(body)
         return self._ranged_get(
             full,
             start,
             length,
-            etag,
+            match,
             lambda body, resp: _read_range_body(body, resp, start, length, full),
             b"",
         )
 
-    def _read_into(self, key: str, start: int, bufs: Bufs, etag: str | None, stop: Stop) -> int:
+    def _read_into(self, key: str, start: int, bufs: Bufs, match: Match, stop: Stop) -> int:
         full = self._full_key(key)
         length = sum(len(b) for b in bufs)
         if length == 0:
             return 0
         if length <= self.native_get_max and native_key_ok(full):
-            body = self._native_get(full, start, length, etag)
+            body = self._native_get(full, start, length, match)
             return 0 if body is None else _scatter(memoryview(body), bufs)
 
         def read(body: Any, resp: dict[str, Any]) -> int:
@@ -957,7 +969,7 @@ class S3Store(ObjectStore):
                 return _scatter(_read_range_body(body, resp, start, length, full), bufs)
             return _read_body_into(body, bufs, promised, stop)
 
-        return self._ranged_get(full, start, length, etag, read, 0)
+        return self._ranged_get(full, start, length, match, read, 0)
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
         full = self._full_key(key)

@@ -202,8 +202,11 @@ class NativeEngine:
         self._on_request(operation, time.perf_counter() - started, 200)
         return result
 
-    def get(self, full_key: str, start: int, length: int, etag: str | None) -> Any:
-        """GetObject of bytes ``[start, start + length)``, If-Match ``etag`` if given.
+    def get(
+        self, full_key: str, start: int, length: int, etag: str | None, version: str | None = None
+    ) -> Any:
+        """GetObject of bytes ``[start, start + length)``, If-Match ``etag`` if
+        given, of the version ``version`` if given.
 
         Returns ``(body, object_size)`` where ``body`` is a buffer (obstore
         ``Bytes``) of at most ``length`` bytes: fewer when the object ends
@@ -213,6 +216,8 @@ class NativeEngine:
         options: dict[str, Any] = {"range": (start, start + length)}
         if etag:
             options["if_match"] = f'"{etag}"'
+        if version:
+            options["version"] = version
 
         def send() -> tuple[Any, int]:
             result = obstore.get(self._get_store, full_key, options=options)  # type: ignore[arg-type]
