@@ -116,17 +116,36 @@ class SnapshotEntry:
 
     @classmethod
     def from_line(cls, line: bytes) -> SnapshotEntry:
-        record = json.loads(line)
-        return cls(
-            key=record["k"],
-            size=int(record["s"]),
-            etag=record["e"],
-            mtime=float(record["t"]),
-            version=record.get("v"),
-            mode=record.get("m"),
-            uid=record.get("u"),
-            gid=record.get("g"),
-        )
+        """The entry of one line; ``ValueError`` for anything but what
+        ``to_line`` writes (a record is read from a bucket others can write)."""
+        try:
+            record = json.loads(line)
+            entry = cls(
+                key=record["k"],
+                size=record["s"],
+                etag=record["e"],
+                mtime=float(record["t"]),
+                version=record.get("v"),
+                mode=record.get("m"),
+                uid=record.get("u"),
+                gid=record.get("g"),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a snapshot entry: {exc}") from None
+        if not isinstance(entry.key, str) or not entry.key or "\0" in entry.key:
+            raise ValueError(f"not a snapshot entry: key {entry.key!r}")
+        if not isinstance(entry.size, int) or entry.size < 0 or not isinstance(entry.etag, str):
+            raise ValueError(f"not a snapshot entry: size {entry.size!r}, etag {entry.etag!r}")
+        if entry.version is not None and (not isinstance(entry.version, str) or not entry.version):
+            raise ValueError(f"not a snapshot entry: version {entry.version!r}")
+        for field_name, value, top in (
+            ("mode", entry.mode, 0o177777),
+            ("uid", entry.uid, (1 << 32) - 1),
+            ("gid", entry.gid, (1 << 32) - 1),
+        ):
+            if value is not None and (not isinstance(value, int) or not 0 <= value <= top):
+                raise ValueError(f"not a snapshot entry: {field_name} {value!r}")
+        return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,8 +340,11 @@ class RecordStore:
             raise SnapshotDamaged(
                 f"{where}: {len(lines)} entries, the manifest says {part.entries}"
             )
-        for line in lines:
-            yield SnapshotEntry.from_line(line)
+        for number, line in enumerate(lines, 1):
+            try:
+                yield SnapshotEntry.from_line(line)
+            except ValueError as exc:
+                raise SnapshotDamaged(f"{where}, line {number}: {exc}") from None
 
 
 def _exists(store: ObjectStore, key: str) -> bool:

@@ -12,7 +12,8 @@ across all the paths, which is the order ``RecordWriter`` takes:
   sub-directories are merged by key, and a sub-directory's keys all sort
   between the page's keys before and after its prefix.
 - A directory's marker object (``dir/``) is recorded, so an empty directory
-  is in the snapshot.  The reserved roots (the shadow, the snapshots'
+  is in the snapshot.  A directory with stored attributes and no marker
+  gets a recorded marker (size 0, no ETag) that carries them.  The reserved roots (the shadow, the snapshots'
   records) are never recorded.
 - Attributes: one delimited listing of the directory's shadow prefix per
   directory gives every child's stored mode, owner and group
@@ -154,7 +155,17 @@ def _walk_dir(
     """The tree below ``prefix``; ``own``: the directory's own attributes
     (from its parent's shadow listing, which the caller has)."""
     attrs = _attrs_of_names(store, prefix)
+    marked = False
     for page in store.list_pages(prefix):
+        if not marked and own is not None and prefix:
+            marked = True
+            if not (page.objects and page.objects[0].key == prefix):
+                # No marker object: record one, so the directory's stored
+                # attributes are in the snapshot (a mount must never show
+                # it wider than the bucket does).
+                yield SnapshotEntry(
+                    key=prefix, size=0, etag="", mtime=0.0, mode=own[0], uid=own[1], gid=own[2]
+                )
         objects = [obj for obj in page.objects if _recorded(prefix, obj.key)]
         subdirs = [p for p in page.prefixes if _recorded(prefix, p)]
         merged: list[tuple[bytes, ObjectInfo | str]] = [(o.key.encode(), o) for o in objects]
