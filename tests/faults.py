@@ -10,6 +10,7 @@ Use it between an S3 client and a loopback S3 server::
     proxy.rate = 100e6       # bytes per second through the proxy, both ways
                              # together, shared by every connection (0: no cap)
     proxy.bytes_down         # response-body bytes forwarded so far
+    proxy.request_lines      # "GET /bkt/key?... HTTP/1.1" of every request so far
     # the next 2 requests whose request line contains "partNumber=": RST
     # while their body is being sent (the server never gets all of it)
     proxy.fail_requests(2, kind="reset", match="partNumber=")
@@ -314,6 +315,8 @@ class FaultProxy:
         self._refuse_rules: list[_Rule] = []
         self._holds: list[tuple[Match, threading.Event]] = []
         self.held = 0
+        #: The request line of every request forwarded (or answered) so far.
+        self.request_lines: list[str] = []
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -661,6 +664,8 @@ class FaultProxy:
             while True:
                 head = reader.head()
                 start_line, fields = _headers(head)
+                with self._lock:
+                    self.request_lines.append(start_line)
                 if "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
                 length = int(fields.get("content-length", "0") or 0)

@@ -959,6 +959,138 @@ def cmd_quota(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_snapshot_create(args: argparse.Namespace) -> int:
+    socket_path = _mount_socket(args.mountpoint)
+    progress = sys.stderr.isatty() and not args.json
+
+    def on_event(event: dict[str, Any]) -> None:
+        if progress and event.get("event") == "progress":
+            print(
+                f"\rrecording: {event['objects']:,} objects, {format_size(event['bytes'])}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    try:
+        result = request(
+            socket_path,
+            "snapshot_create",
+            {"name": args.name, "paths": args.paths},
+            timeout=None,
+            on_event=on_event,
+        )
+    finally:
+        if progress:
+            print(file=sys.stderr)
+    if args.json:
+        _print_json(result)
+        return 0
+    result = _for_humans(result)
+    for warning in result.get("warnings", []):
+        print(f"tierfs: warning: {warning}", file=sys.stderr)
+    print(
+        f"snapshot {result['name']}: {result['objects']:,} objects, "
+        f"{format_size(result['bytes'])}; mount it with "
+        f"`tierfs mount CONFIG MOUNTPOINT -o snapshot={result['name']}`"
+    )
+    return 0
+
+
+def cmd_snapshot_list(args: argparse.Namespace) -> int:
+    answer = request(_mount_socket(args.mountpoint), "snapshot_list", timeout=None)
+    if args.json:
+        _print_json(answer)
+        return 0
+    answer = _for_humans(answer)
+    if not answer["snapshots"]:
+        print("no snapshots")
+    else:
+        print(f"{'name':<28} {'created':<19} {'by uid':>7} {'objects':>12} {'bytes':>10}  paths")
+        for item in answer["snapshots"]:
+            print(_snapshot_line(item))
+    for name in answer["leftovers"]:
+        print(
+            f"tierfs: {name}: the parts of a create that did not finish (not a snapshot); "
+            f"`tierfs snapshot delete {args.mountpoint} {name}` as root removes them",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _snapshot_line(item: dict[str, Any]) -> str:
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(item["created"]))
+    if "paths" in item:
+        paths = " ".join(p or "/" for p in item["paths"])
+    else:
+        paths = f"({item['paths_hidden']} paths, shown to their creator)"
+    return (
+        f"{item['name']:<28} {created:<19} {item['creator_uid']:>7} {item['objects']:>12,} "
+        f"{format_size(item['bytes']):>10}  {paths}"
+    )
+
+
+def cmd_snapshot_show(args: argparse.Namespace) -> int:
+    answer = request(
+        _mount_socket(args.mountpoint), "snapshot_show", {"name": args.name}, timeout=None
+    )
+    if args.json:
+        _print_json(answer)
+        return 0
+    answer = _for_humans(answer)
+    created = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(answer["created"]))
+    print(f"snapshot: {answer['name']}")
+    print(f"created:  {created} by uid {answer['creator_uid']}")
+    if "paths" in answer:
+        print(f"paths:    {' '.join(p or '/' for p in answer['paths'])}")
+    print(f"objects:  {answer['objects']:,} ({format_size(answer['bytes'])})")
+    kept = "version IDs" if answer["versioned"] else "ETags only (the bucket keeps no versions)"
+    print(f"recorded: {kept}")
+    if answer["versioned"]:
+        print(f"gone:     {answer['versions_gone']:,} recorded versions the bucket no longer keeps")
+    for warning in answer.get("warnings", []):
+        print(f"tierfs: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def cmd_snapshot_diff(args: argparse.Namespace) -> int:
+    answer = request(
+        _mount_socket(args.mountpoint),
+        "snapshot_diff",
+        {"name": args.name, "other": args.other},
+        timeout=None,
+    )
+    if args.json:
+        _print_json(answer)
+        return 0
+    answer = _for_humans(answer)
+    for change, mark in (("added", "+"), ("removed", "-"), ("changed", "M")):
+        for name in answer[change]:
+            print(f"{mark} {name}")
+    counts = answer["counts"]
+    against = answer["other"] or "the bucket now"
+    print(
+        f"{answer['name']} -> {against}: {counts['added']:,} added, "
+        f"{counts['removed']:,} removed, {counts['changed']:,} changed"
+        + (" (names shown: the first of each kind)" if answer["truncated"] else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_snapshot_delete(args: argparse.Namespace) -> int:
+    answer = request(
+        _mount_socket(args.mountpoint), "snapshot_delete", {"name": args.name}, timeout=None
+    )
+    if args.json:
+        _print_json(answer)
+    else:
+        print(
+            f"deleted snapshot {shown(answer['name'])} ({answer['deleted']} objects of its record)"
+        )
+    return 0
+
+
 def _quota_line(quota: dict[str, Any]) -> str:
     def limit(value: int | None, size: bool) -> str:
         if value is None:
@@ -1009,6 +1141,7 @@ def _print_json(document: Any) -> None:
 
 _MOUNTPOINT_HELP = "the directory a tierfs mount is on"
 _PATH_HELP = "a file or directory on a tierfs mount"
+_SNAPSHOT_NAME_HELP = "a snapshot's name: letters, digits, '.', '_', '-' (up to 128)"
 USAGE_EXIT = 2
 _EXIT_STATUS = (
     "exit status: 0 success; 1 failure (one sentence on stderr, or with --json one "
@@ -1079,7 +1212,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="OPT[,OPT]",
         help="mount options: allow_other, allow_root (other users may read, as the stored modes "
-        "allow), ro (read-only: every change fails with EROFS), debug",
+        "allow), ro (read-only: every change fails with EROFS), snapshot=NAME (mount that "
+        "snapshot, read-only: exactly the recorded names at their recorded bytes), debug",
     )
     p.set_defaults(func=cmd_mount)
 
@@ -1366,13 +1500,97 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_json(p)
     p.set_defaults(func=cmd_quota)
+    p = sub.add_parser(
+        "snapshot",
+        help="dataset snapshots: create, list, show, diff, delete",
+        description="A snapshot records the objects under some paths of a mount as the bucket "
+        "holds them now (key, size, ETag, version ID, mode, owner), in the bucket. "
+        "`tierfs mount CONFIG MOUNTPOINT -o snapshot=NAME` then mounts exactly those names at "
+        "their recorded bytes, read-only, on any node.",
+    )
+    snapshot = p.add_subparsers(dest="snapshot_command", required=True, metavar="SUBCOMMAND")
+    c = snapshot.add_parser(
+        "create",
+        help="record the objects under PATHs (default: the whole mount)",
+        description="Record the objects under each PATH as the bucket holds them now. A user "
+        "may snapshot only what they may read. Ctrl-C stops it, and nothing is kept. On a "
+        "bucket without versioning the snapshot stays readable only while its objects are "
+        "unchanged (a warning says so).",
+    )
+    _add_mountpoint(c)
+    c.add_argument("--name", required=True, metavar="NAME", help=_SNAPSHOT_NAME_HELP)
+    c.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="a file or directory of the mount, absolute or relative to MOUNTPOINT",
+    )
+    _add_json(c)
+    c.set_defaults(func=cmd_snapshot_create, paths_after_options=True)
+    c = snapshot.add_parser(
+        "list",
+        help="every snapshot of the mount's bucket",
+        description="Every snapshot of the mount's bucket: name, when, by whom, objects, "
+        "bytes, paths (shown to the creator and root).",
+    )
+    _add_mountpoint(c)
+    _add_json(c)
+    c.set_defaults(func=cmd_snapshot_list)
+    c = snapshot.add_parser(
+        "show",
+        help="one snapshot, and whether the bucket still keeps its versions",
+        description="One snapshot: when, by whom, which paths, objects and bytes; on a "
+        "versioned bucket, how many recorded versions the bucket no longer keeps (a warning "
+        "if any: reading those through a snapshot mount fails).",
+    )
+    _add_mountpoint(c)
+    c.add_argument("name", metavar="NAME", help=_SNAPSHOT_NAME_HELP)
+    _add_json(c)
+    c.set_defaults(func=cmd_snapshot_show)
+    c = snapshot.add_parser(
+        "diff",
+        help="names added, removed and changed since a snapshot",
+        description="Names added (+), removed (-) and changed (M) from snapshot NAME to "
+        "snapshot OTHER, or to the bucket as it is now. The creator or root may diff a "
+        "snapshot.",
+    )
+    _add_mountpoint(c)
+    c.add_argument("name", metavar="NAME", help=_SNAPSHOT_NAME_HELP)
+    c.add_argument("other", metavar="OTHER", nargs="?", help="another snapshot (default: now)")
+    _add_json(c)
+    c.set_defaults(func=cmd_snapshot_diff)
+    c = snapshot.add_parser(
+        "delete",
+        help="delete a snapshot's record (its creator or root)",
+        description="Delete a snapshot's record. The objects themselves stay (the bucket's "
+        "versioning and lifecycle rules decide how long old versions are kept). Mounts of it "
+        "keep reading what they have listed.",
+    )
+    _add_mountpoint(c)
+    c.add_argument("name", metavar="NAME", help=_SNAPSHOT_NAME_HELP)
+    _add_json(c)
+    c.set_defaults(func=cmd_snapshot_delete)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(words)``, except that a command whose PATHs may
+    follow its options (``snapshot create MP --name N PATH...``; argparse
+    takes positionals only before the first option) gets them."""
+    args, extra = parser.parse_known_args(words)
+    late_paths = extra and not any(word.startswith("-") for word in extra)
+    if late_paths and getattr(args, "paths_after_options", False):
+        args.paths = [*args.paths, *extra]
+        extra = []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(words)
+        args = _parse(build_parser(), words)
     except UsageError as exc:
         if "--json" in words:
             _print_json(

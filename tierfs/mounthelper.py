@@ -27,6 +27,8 @@ from tierfs import cli
 
 #: Options the daemon takes.
 PASSED = frozenset({"ro", "allow_other", "allow_root", "debug", "no_kernel_tuning"})
+#: Options with a value the daemon takes (``snapshot=NAME``: mount that snapshot).
+PASSED_WITH_VALUE = frozenset({"snapshot"})
 #: Options of mount(8), systemd and the generic mount flags: not the daemon's.
 IGNORED = frozenset(
     {
@@ -71,12 +73,12 @@ def daemon_options(options: str) -> list[str]:
     kept: list[str] = []
     for option in filter(None, (o.strip() for o in options.split(","))):
         name = option.split("=", 1)[0]
-        if option in PASSED:
+        if option in PASSED or (name in PASSED_WITH_VALUE and "=" in option):
             kept.append(option)
         elif name in IGNORED or name == "comment" or name.startswith("x-"):
             continue
         else:
-            known = ", ".join(sorted(PASSED))
+            known = ", ".join(sorted(PASSED | {f"{v}=NAME" for v in PASSED_WITH_VALUE}))
             raise HelperError(f"unknown mount option {option!r}; tierfs takes {known}")
     return kept
 

@@ -38,6 +38,7 @@ import gc
 import logging
 import logging.handlers
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -59,6 +60,15 @@ from tierfs.core.write.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer
+from tierfs.snapshot.mount import OPTION as SNAPSHOT_OPTION
+from tierfs.snapshot.mount import (
+    open_snapshot_store,
+    snapshot_config,
+    snapshot_source,
+    snapshot_status,
+)
+from tierfs.snapshot.record import check_name
+from tierfs.snapshot.view import SnapshotStore
 from tierfs.store import ObjectStore, open_shared_tier, open_store
 from tierfs.text import shown
 from tierfs.tiers import Tier
@@ -70,6 +80,7 @@ from tierfs.workers.wiring import (
     mover_for,
     prefetcher_for,
     preloader_for,
+    snapshots_for,
     uploader_for,
 )
 from tierfsd.fuse_ops import TierfsOperations
@@ -82,6 +93,17 @@ MAX_BACKGROUND = 64
 #: debug: debug logging; no_kernel_tuning: leave read_ahead_kb and
 #: max_background at the kernel defaults (to measure what tuning gains).
 ALLOWED_OPTIONS = {"allow_other", "allow_root", "debug", "no_kernel_tuning", "ro"}
+#: Options with a value: ``snapshot=NAME`` mounts that snapshot, read-only
+#: (``tierfs.snapshot.mount``).
+VALUE_OPTIONS = {SNAPSHOT_OPTION}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MountOptions:
+    """What ``-o`` asked for: the flags (``ALLOWED_OPTIONS``) and a snapshot."""
+
+    flags: set[str]
+    snapshot: str | None = None
 
 
 class StartupError(Exception):
@@ -137,7 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "-o",
         dest="options",
         default="",
-        help="mount options: allow_other, allow_root, ro, debug, no_kernel_tuning",
+        help="mount options: allow_other, allow_root, ro, debug, no_kernel_tuning, "
+        "snapshot=NAME (mount that snapshot, read-only)",
     )
     return parser.parse_args(argv)
 
@@ -159,15 +182,26 @@ def setup_logging(config: Config | None, foreground: bool, debug: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def parse_options(raw: str) -> set[str]:
-    options = {o.strip() for o in raw.split(",") if o.strip()}
-    unknown = options - ALLOWED_OPTIONS
-    if unknown:
-        raise StartupError(
-            f"unknown mount option(s): {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(sorted(ALLOWED_OPTIONS))}"
-        )
-    return options
+def parse_options(raw: str) -> MountOptions:
+    flags: set[str] = set()
+    values: dict[str, str] = {}
+    for option in filter(None, (o.strip() for o in raw.split(","))):
+        name, sep, value = option.partition("=")
+        if sep and name in VALUE_OPTIONS:
+            values[name] = value
+        elif not sep and option in ALLOWED_OPTIONS:
+            flags.add(option)
+        else:
+            known = sorted(ALLOWED_OPTIONS | {f"{v}=NAME" for v in VALUE_OPTIONS})
+            raise StartupError(f"unknown mount option {option!r}; known: {', '.join(known)}")
+    snapshot = values.get(SNAPSHOT_OPTION)
+    if snapshot is not None:
+        try:
+            check_name(snapshot)
+        except TierfsError as exc:
+            raise StartupError(f"-o snapshot={snapshot}: {exc}") from None
+        flags.add("ro")  # a snapshot is immutable: the kernel refuses every change
+    return MountOptions(flags, snapshot)
 
 
 def check_mountpoint(mountpoint: Path) -> Path:
@@ -263,7 +297,11 @@ class OneLineFormatter(logging.Formatter):
 
 
 class Daemon:
-    def __init__(self, config: Config, mountpoint: Path, options: set[str]) -> None:
+    def __init__(
+        self, config: Config, mountpoint: Path, options: set[str], snapshot: str | None = None
+    ) -> None:
+        """``snapshot``: mount that snapshot (``config`` is already the
+        snapshot mount's, ``tierfs.snapshot.mount.snapshot_config``)."""
         self.config = config
         self.mountpoint = mountpoint
         self.options = options
@@ -279,6 +317,11 @@ class Daemon:
             request_observer=self.metrics.s3_request,
         )
         self.store.check()
+        self.source = config.backing.url
+        self.snapshot: SnapshotStore | None = None
+        if snapshot is not None:
+            self.snapshot = self.store = open_snapshot_store(self.store, config, snapshot)
+            self.source = snapshot_source(config.backing.url, snapshot)
         self.metrics_server: MetricsServer | None = None
         if config.metrics.enabled:  # a port in use fails here, before anything is opened
             self.metrics_server = MetricsServer(self.metrics, config.metrics)
@@ -313,8 +356,11 @@ class Daemon:
             # The shared tier is not checked at mount: a node mounts and
             # reads from the bucket while the shared tier is away.
             shared=open_shared_tier(config.shared_tier) if config.shared_tier else None,
-            shadow_store=self._shadow_store(config),
+            shadow_store=self.snapshot or self._shadow_store(config),
         )
+        if self.snapshot is not None:
+            section = snapshot_status(self.snapshot.index.manifest)
+            self.fs.status_sections["snapshot"] = lambda: section
         self.metrics.watch(self.fs)
         # Every local user may connect: the connections leave descriptors
         # for the file system's own work (``tierfs.control.limits``).
@@ -367,7 +413,7 @@ class Daemon:
     def mount(self) -> None:
         self._listen_sock: trio.socket.SocketType | None = self.control.bind()
         ops = TierfsOperations(self.fs, self.metrics, self.audit)
-        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options, self.config.backing.url))
+        pyfuse3.init(ops, str(self.mountpoint), fuse_options(self.options, self.source))
 
     async def run(self, on_ready: Callable[[], None]) -> None:
         # Every background task runs under the supervisor (one failure
@@ -386,6 +432,12 @@ class Daemon:
             await supervisor.start(nursery, "preload", self.control.preloader.run)
             self.control.prefetcher = prefetcher_for(self.fs, spools=self.spools)
             await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
+            if self.snapshot is not None:  # list, show and diff the bucket's snapshots
+                snapshots = snapshots_for(self.fs, self.snapshot.inner, mounted=self.snapshot.name)
+            else:
+                snapshots = snapshots_for(self.fs)
+            self.control.snapshots = snapshots
+            await supervisor.start(nursery, "snapshots", snapshots.run)
             prefetcher = self.control.prefetcher
             dir_readahead = dir_readahead_for(self.fs, defer=lambda: prefetcher.has_order)
             await supervisor.start(nursery, "dir-readahead", dir_readahead.run)
@@ -485,19 +537,27 @@ def main(argv: list[str] | None = None) -> int:
                 pass
 
     config: Config | None = None
+    made_state_dir: Path | None = None
     try:
-        options = parse_options(args.options)
+        mount_options = parse_options(args.options)
+        options = mount_options.flags
         config = load_config(args.config)
         if config.access.read_only:
             options.add("ro")  # an access point for reading only
+        if mount_options.snapshot is not None:
+            config = snapshot_config(config, mount_options.snapshot)
+            made_state_dir = first_missing(config.state.dir)  # removed if the mount fails
         config.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         setup_logging(config, args.foreground, "debug" in options)
         mountpoint = check_mountpoint(args.mountpoint)
-        daemon = Daemon(config, mountpoint, options)
+        daemon = Daemon(config, mountpoint, options, mount_options.snapshot)
     except (StartupError, TierfsError) as exc:
         message = str(exc)
         print(f"tierfsd: {message}", file=sys.stderr)
         report("ERROR " + message.replace("\n", "\n      "))
+        if made_state_dir is not None:  # a snapshot that could not be mounted leaves nothing
+            logging.shutdown()
+            shutil.rmtree(made_state_dir, ignore_errors=True)
         return 1
 
     try:
@@ -510,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     def on_ready() -> None:
-        log.info("mounted %s on %s", daemon.store.url, mountpoint)
+        log.info("mounted %s on %s", daemon.source, mountpoint)
         report("READY")
         if ready is not None:
             ready.close()
@@ -539,6 +599,15 @@ def main(argv: list[str] | None = None) -> int:
         daemon.close(unmount=True)
     exit_without_stuck_threads(0)
     return 0
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` that does not exist yet (None: it does)."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
 
 
 def exit_without_stuck_threads(code: int) -> None:

@@ -128,7 +128,9 @@ def test_on_a_versioned_bucket_an_expired_version_is_named(
     s3_store.put("a.bin", b"newer")
     assert view.get_range("a.bin", 0, 100) == b"recorded"
     s3_client.delete_object(Bucket=name, Key=s3_store.prefix + "a.bin", VersionId=entry.version)
-    with pytest.raises(RecordedVersionGone, match=re.escape(f"recorded version {entry.version} of a.bin")):
+    with pytest.raises(
+        RecordedVersionGone, match=re.escape(f"recorded version {entry.version} of a.bin")
+    ):
         view.get_range("a.bin", 0, 100)
 
 

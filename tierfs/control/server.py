@@ -54,6 +54,7 @@ from tierfs.workers.audit import AuditLog
 from tierfs.workers.pathlists import BAD_LINES_NAMED, PathSpool, normalize_path
 from tierfs.workers.prefetch import MAX_ORDER_FILES, OrderKey, Prefetcher
 from tierfs.workers.preload import Preloader, PreloadJob
+from tierfs.workers.snapshots import SnapshotJob, Snapshots
 
 log = logging.getLogger(__name__)
 
@@ -262,10 +263,17 @@ class ControlServer:
             "preload_list": self._preload_list,
             "preload_cancel": self._preload_cancel,
             "prefetch_clear": self._prefetch_clear,
+            "snapshot_list": self._snapshot_list,
+            "snapshot_show": self._snapshot_show,
+            "snapshot_delete": self._snapshot_delete,
         }
         self._streaming: dict[str, StreamingHandler] = {"preload": self._preload}
         self._streaming["prefetch"] = self._prefetch
         self._streaming["reader"] = self._reader
+        self._streaming["snapshot_create"] = self._snapshot_create
+        self._streaming["snapshot_diff"] = self._snapshot_diff
+        #: The snapshot worker (set by the daemon when it starts it).
+        self.snapshots: Snapshots | None = None
         #: The preload worker (set by the daemon when it starts it).
         self.preloader: Preloader | None = None
         #: The prefetch worker (set by the daemon when it starts it).
@@ -553,6 +561,62 @@ class ControlServer:
         summary["failures"] = [{"path": f.path, "reason": f.reason} for f in job.failures]
         summary["warnings"] = list(job.warnings)
         return summary
+
+    def _snapshot_worker(self) -> Snapshots:
+        if self.snapshots is None:
+            raise InvalidArgument("this daemon runs no snapshot worker")
+        return self.snapshots
+
+    async def _snapshot_create(self, args: dict[str, Any], call: ControlCall) -> Any:
+        """Snapshot ``name`` of ``paths`` (the whole mount if none); progress
+        events until it is done.  The client going away stops it (nothing
+        is kept)."""
+        worker = self._snapshot_worker()
+        paths = _paths("snapshot_create", args) if args.get("paths") is not None else []
+        roots = [normalize_path(p, str(self.mountpoint)) for p in paths]
+        job = await worker.create(call.peer.caller, _snapshot_name(args, "name"), roots)
+        return await self._follow_snapshot_job(job, call)
+
+    async def _snapshot_diff(self, args: dict[str, Any], call: ControlCall) -> Any:
+        """Added, removed and changed names from snapshot ``name`` to
+        ``other`` (a snapshot, or the live bucket when absent)."""
+        worker = self._snapshot_worker()
+        other = _optional_str(args, "other")
+        job = await worker.diff(call.peer.caller, _snapshot_name(args, "name"), other)
+        return await self._follow_snapshot_job(job, call)
+
+    @staticmethod
+    async def _follow_snapshot_job(job: SnapshotJob, call: ControlCall) -> Any:
+        async with trio.open_nursery() as nursery:
+
+            async def client_gone() -> None:
+                await call.wait_closed()
+                job.stop.set()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(client_gone)
+            try:
+                while not job.done.is_set():
+                    await call.send_event("progress", **job.snapshot())
+                    with trio.move_on_after(PROGRESS_INTERVAL):
+                        await job.done.wait()
+            except trio.BrokenResourceError:  # the client went away
+                job.stop.set()
+            nursery.cancel_scope.cancel()
+        await job.done.wait()
+        result = job.result or {}
+        if result.get("ok") is False:
+            raise TierfsError(result["error"], errno=result["errno"])
+        return result
+
+    async def _snapshot_list(self, args: dict[str, Any], peer: Peer) -> Any:
+        return await self._snapshot_worker().list(peer.caller)
+
+    async def _snapshot_show(self, args: dict[str, Any], peer: Peer) -> Any:
+        return await self._snapshot_worker().show(peer.caller, _snapshot_name(args, "name"))
+
+    async def _snapshot_delete(self, args: dict[str, Any], peer: Peer) -> Any:
+        return await self._snapshot_worker().delete(peer.caller, _snapshot_name(args, "name"))
 
     async def _preload_list(self, args: dict[str, Any], peer: Peer) -> Any:
         """The preloads the daemon knows (running, and the last finished):
@@ -916,6 +980,13 @@ def _name(args: dict[str, Any], key: str, what: str) -> str:
     """A label the user chose (``key``, "" if absent): printable, at most
     ``MAX_TAG`` characters (it is shown to other users and root)."""
     return check_label(_optional_str(args, key) or "", what, MAX_TAG)
+
+
+def _snapshot_name(args: dict[str, Any], key: str) -> str:
+    value = _optional_str(args, key)
+    if value is None:
+        raise InvalidArgument(f"{key!r}: a snapshot's name is needed")
+    return value
 
 
 def _optional_str(args: dict[str, Any], key: str) -> str | None:

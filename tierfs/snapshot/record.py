@@ -52,7 +52,7 @@ from typing import Any
 
 import xxhash
 
-from tierfs.errors import InvalidArgument, ObjectNotFound, TierfsError
+from tierfs.errors import Exists, InvalidArgument, ObjectNotFound, TierfsError
 from tierfs.store import SNAPSHOT_ROOT, ObjectStore
 
 #: The record format; a reader refuses a manifest of another.
@@ -60,11 +60,14 @@ FORMAT = 1
 #: Entries per part: about 2-4 MB compressed.
 PART_ENTRIES = 100_000
 MANIFEST = "manifest.json"
+#: A manifest names one part per 100,000 objects (about 300 bytes each):
+#: 10 million objects take about 30 KB.  A longer one is refused unread.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 #: A snapshot's name: what users type and what the mount option carries.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-class SnapshotExists(TierfsError):
+class SnapshotExists(Exists):
     """A complete snapshot of that name exists already (they are immutable)."""
 
 
@@ -288,15 +291,22 @@ class RecordStore:
     def leftovers(self) -> list[str]:
         """Names with parts and no manifest: creates that did not finish."""
         complete = set(self.names())
-        return [n for n in self._prefixes() if n not in complete]
+        return [n for n in self._prefixes() if n not in complete and self._has_objects(n)]
+
+    def _has_objects(self, name: str) -> bool:
+        """Does anything remain under the name's prefix?  (A delimited
+        listing may still name a prefix whose objects are all deleted:
+        some servers list one that holds only delete markers.)"""
+        return any(page.objects for page in self.store.list_pages(record_prefix(name), 1))
 
     def manifest(self, name: str) -> Manifest:
         key = record_prefix(name) + MANIFEST
-        try:
-            info = self.store.head(key)
-            data = self.store.get_range(key, 0, info.size)
+        try:  # one GET, no HEAD first; a manifest is never this long
+            data = self.store.get_range(key, 0, MAX_MANIFEST_BYTES + 1)
         except ObjectNotFound:
             raise SnapshotNotFound(f"no snapshot {name!r} in {self.store.url}") from None
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise SnapshotDamaged(f"snapshot {name!r}: a manifest longer than {MAX_MANIFEST_BYTES}")
         return Manifest.from_json(data, f"snapshot {name!r}")
 
     def entries(self, manifest: Manifest) -> Iterator[SnapshotEntry]:

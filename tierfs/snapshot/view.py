@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from tierfs.core.names.shadow import SHADOW_ROOT, ShadowAttrs, shadow_dir_prefix
-from tierfs.errors import InvalidArgument, ObjectNotFound, PreconditionFailed
+from tierfs.errors import ObjectNotFound, PreconditionFailed, ReadOnly
 from tierfs.store import ListPage, ObjectInfo, ObjectStore, ObjectVersion, UploadInfo
 
 from .record import Manifest, RecordStore, SnapshotDamaged, SnapshotEntry
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 _BATCH = 1000
 
 
-class SnapshotReadOnly(InvalidArgument):
+class SnapshotReadOnly(ReadOnly):
     """A change asked of a snapshot (they are immutable)."""
 
 

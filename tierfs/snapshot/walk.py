@@ -30,7 +30,7 @@ walk records are what a snapshot mount's reads are checked against.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 from tierfs.core.names.shadow import combine, parse_shadow_name, shadow_dir_prefix
@@ -226,12 +226,15 @@ def take_snapshot(
     *,
     creator_uid: int,
     part_entries: int | None = None,
+    observe: Callable[[SnapshotEntry], None] | None = None,
 ) -> Manifest:
     """Walk ``paths`` and write the record of snapshot ``name``; its
     manifest (written last) is returned.  On a bucket that keeps versions,
     each object is recorded with its current version's ID (one listing of
     versions per walked root, beside the walk).  A walk or a write that
-    fails leaves no snapshot (parts only, ``RecordStore.leftovers``)."""
+    fails leaves no snapshot (parts only, ``RecordStore.leftovers``).
+    ``observe(entry)`` is called before each entry is recorded; what it
+    raises ends the create (a refusal, a cancel), as a failure would."""
     roots = normalised_paths(paths)
     versioned = store.versioning()
     options = {} if part_entries is None else {"part_entries": part_entries}
@@ -243,5 +246,7 @@ def take_snapshot(
         if versioned:
             entries = with_versions(entries, store.current_versions(start))
         for entry in entries:
+            if observe is not None:
+                observe(entry)
             writer.add(entry)
     return writer.finish()

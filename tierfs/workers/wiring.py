@@ -10,9 +10,11 @@ worker's own options (``tasks``, ``window_files``, ...) pass through.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tierfs.core import TierFS
+from tierfs.store import ObjectStore
 
 from .dirahead import DirectoryReadahead
 from .fillparts import FillParts
@@ -21,6 +23,7 @@ from .mover import Mover
 from .pathlists import SpoolBudget
 from .prefetch import Prefetcher
 from .preload import Preloader
+from .snapshots import ShownAttrs, Snapshots
 from .uploader import Uploader
 
 
@@ -52,6 +55,25 @@ def preloader_for(fs: TierFS, spools: SpoolBudget | None = None, **options: Any)
         fetch=fs.config.fetch,
         spool_dir=fs.config.state.dir / "preload",
         **options,
+    )
+
+
+def snapshots_for(
+    fs: TierFS, store: ObjectStore | None = None, *, mounted: str | None = None
+) -> Snapshots:
+    """The snapshot worker over ``store`` (the mount's own by default; a
+    snapshot mount gives the bucket's, and ``mounted``, its snapshot's
+    name: it creates none)."""
+    namespace = fs.config.namespace
+    shown = ShownAttrs.of(
+        namespace, os.getuid(), os.getgid(), fs.config.access.uid, fs.config.access.gid
+    )
+    return Snapshots(
+        store if store is not None else fs.store,
+        fs.permissions,
+        shown,
+        fs.store_limiter,
+        mounted=mounted,
     )
 
 

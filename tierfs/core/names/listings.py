@@ -347,8 +347,10 @@ class Listings:
 
     def listing_fresh(self, dir_inode: Inode) -> bool:
         """Is the listing of ``dir_inode`` younger than ``list_ttl`` (so
-        ``ensure_listed`` returns at once, without yielding)?"""
-        return time.time() - dir_inode.listed_at < self.config.list_ttl
+        ``ensure_listed`` returns at once, without yielding)?  Never for
+        one never listed, however long ``list_ttl`` is."""
+        listed_at = dir_inode.listed_at
+        return listed_at > 0 and time.time() - listed_at < self.config.list_ttl
 
     def listing_expired(self, dir_inode: Inode) -> bool:
         """``expired`` for a directory record already read (readdir reads

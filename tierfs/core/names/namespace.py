@@ -162,7 +162,7 @@ class Namespace:
         dir_inode = self.get(parent)
         if not dir_inode.is_dir:
             raise NotADirectory(f"inode {parent} is not a directory")
-        fresh = time.time() - dir_inode.listed_at < self.config.list_ttl
+        fresh = dir_inode.listed_at > 0 and time.time() - dir_inode.listed_at < self.config.list_ttl
         if name == b".":
             return dir_inode, not fresh and dir_inode.listed_at > 0
         if name == b"..":
