@@ -64,7 +64,8 @@ def test_every_subcommand_says_what_it_does_and_names_its_arguments(name: str) -
         if action.option_strings or isinstance(action, argparse._SubParsersAction):
             continue
         assert action.help, f"tierfs {name}: positional {action.dest} has no help"
-        assert action.metavar in {"MOUNTPOINT", "PATH", "CONFIG", "FILE"}, (
+        # NAME, OTHER: snapshots' names, as the contract spells them.
+        assert action.metavar in {"MOUNTPOINT", "PATH", "CONFIG", "FILE", "NAME", "OTHER"}, (
             f"tierfs {name}: positional {action.dest} is shown as {action.metavar!r}"
         )
 
