@@ -205,6 +205,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     version = f", tierfs {status['version']}" if status.get("version") else ""
     print(f"mount:    {status['mountpoint']}  (pid {status['pid']}{version})")
     print(f"backing:  {status['backing']}")
+    snapshot = status.get("snapshot")
+    if snapshot:
+        taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot["created"]))
+        print(
+            f"snapshot: {snapshot['name']} (read-only), taken {taken} by uid "
+            f"{snapshot['creator_uid']}: {snapshot['objects']:,} objects, "
+            f"{format_size(snapshot['bytes'])}"
+        )
     print(f"{'tier':<10} {'capacity':>10} {'used':>10} {'use%':>6} {'files':>8}  watermarks")
     for tier in status["tiers"]:
         print(

@@ -399,13 +399,14 @@ def file_backing_config(backing: Path, state: Path, tier: Path, capacity: str) -
 
 
 @contextlib.contextmanager
-def tierfs_mounted(config: Path, mp: Path) -> Iterator[int]:
-    """``tierfs mount CONFIG MP`` for the block, the daemon's pid yielded;
-    unmounted (and the daemon gone) after it."""
+def tierfs_mounted(config: Path, mp: Path, options: str = "") -> Iterator[int]:
+    """``tierfs mount CONFIG MP [-o OPTIONS]`` for the block, the daemon's
+    pid yielded; unmounted (and the daemon gone) after it."""
     from tierfs.control.client import locate, request
 
+    extra = ["-o", options] if options else []
     done = subprocess.run(
-        [str(VENV_BIN / "tierfs"), "mount", str(config), str(mp)],
+        [str(VENV_BIN / "tierfs"), "mount", str(config), str(mp), *extra],
         capture_output=True,
         text=True,
         timeout=120,

@@ -43,11 +43,14 @@ from tests.fuse.conftest import (
     traversable,
     wait_until,
 )
+from tests.fuse.test_shared_tier import shared_toml
+from tests.seaweed_cluster import SeaweedCluster
 from tierfs.control.client import locate, request
 
 pytestmark = pytest.mark.fuse
 
 KiB = 1024
+MiB = 1024 * KiB
 
 DATASET = {
     "ds/train/0.bin": b"zero " * 2000,
@@ -174,7 +177,15 @@ def test_a_snapshot_mount_on_another_node_shows_the_recorded_bytes(
             (snap.path / "ds/val/3.bin").read_bytes()
         assert "no longer holds ds/val/3.bin" in snap.log_text()
     else:
+        # A preload warms the snapshot as any mount; then every byte is local.
+        preload = run_tierfs("preload", str(snap.path / "ds"))
+        assert preload.returncode == 0, preload.stderr
+        assert int(snap.where_one("ds")["cached_bytes"]) == sum(
+            len(b) for b in recorded.values() if b is not None
+        )
+        gets = snap.status()["store_calls"].get("GetObject", 0)
         assert tree(snap.path / "ds") == recorded
+        assert snap.status()["store_calls"].get("GetObject", 0) == gets
     # Read-only, and named as the snapshot it is.
     for change in (
         lambda: (snap.path / "ds/new").write_bytes(b"x"),
@@ -187,6 +198,8 @@ def test_a_snapshot_mount_on_another_node_shows_the_recorded_bytes(
         assert caught.value.errno == errno.EROFS
     status = snap.status()
     assert status["snapshot"]["name"] == "run-1" and status["snapshot"]["objects"] == objects
+    shown_status = run_tierfs("status", str(snap.path))
+    assert "snapshot: run-1 (read-only), taken" in shown_status.stdout, shown_status.stdout
     sources = [
         line.split()[0]
         for line in Path("/proc/mounts").read_text().splitlines()
@@ -321,3 +334,29 @@ def test_a_create_killed_midway_leaves_no_snapshot(
     if listed["leftovers"]:
         assert cli_json("snapshot", "delete", str(live.path), "cut")["deleted"] == 1
     assert cli_json("snapshot", "list", str(live.path)) == {"snapshots": [], "leftovers": []}
+
+
+def test_the_shared_tier_serves_a_snapshot_mount(
+    mount: MountFactory,
+    snapshot_mounts: list[Mount],
+    s3_client: Any,
+    bucket: tuple[str, str],
+    seaweed: SeaweedCluster,
+) -> None:
+    """Blocks are shared by object version (its ETag): what one node's live
+    mount fetched is what another node's snapshot mount reads, from the
+    shared tier, with no GET of the bucket."""
+    s3_client.put_bucket_versioning(Bucket=bucket[1], VersioningConfiguration={"Status": "Enabled"})
+    data = os.urandom(3 * MiB + 5)
+    extra = shared_toml(seaweed)
+    first = mount({"ds/big.bin": data}, extra_config=extra)
+    assert run_tierfs("snapshot", "create", str(first.path), "--name", "s").returncode == 0
+    assert (first.path / "ds/big.bin").read_bytes() == data
+    assert wait_until(lambda: first.status()["shared_tier"]["puts"] >= 4, 30)
+    second = mount(extra_config=extra, do_mount=False)
+    snap = mount_snapshot(second, "s", snapshot_mounts)
+    at_mount = snap.status()["store_calls"].get("GetObject", 0)  # the record's reads
+    assert (snap.path / "ds/big.bin").read_bytes() == data
+    shared = snap.status()["shared_tier"]
+    assert shared["bytes_read"] == len(data) and shared["bucket_bytes"] == 0, shared
+    assert snap.status()["store_calls"].get("GetObject", 0) == at_mount

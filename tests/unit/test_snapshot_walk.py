@@ -162,3 +162,25 @@ def test_recorded_versions_the_bucket_no_longer_keeps_are_named(
 def test_segments_cover_files_and_trees_in_key_order() -> None:
     assert segments([]) == [""] and segments(["", "a"]) == [""]
     assert segments(["a", "a-b"]) == ["a", "a-b", "a-b/", "a/"]
+
+
+def test_an_access_points_snapshot_records_the_bucket_wide_attributes(
+    bucket: tuple[str, str], s3_store: ObjectStore
+) -> None:
+    """An access point rooted at users/alice keeps its shadow above its root
+    (``.tierfs-attrs/users/alice/...``, as its mount reads it): a snapshot
+    through it records those attributes, never the defaults (wider)."""
+    from tierfs.core.names.shadow import ShadowPlace
+    from tierfs.store.s3 import S3Store
+
+    s3_store.put("users/alice/private/x.bin", b"x")
+    s3_store.put(".tierfs-attrs/users/alice/private@m0700,u1000,g1000", b"")
+    s3_store.put(".tierfs-attrs/users/alice/private/x.bin@m0600,u1000,g1000", b"")
+    endpoint, name = bucket
+    point = S3Store(f"s3://{name}/pre/users/alice/", endpoint_url=endpoint, region="us-east-1")
+    try:
+        entries = list(walk_entries(point, [], ShadowPlace(s3_store, "users/alice/")))
+    finally:
+        point.close()
+    by_key = {e.key: (e.mode, e.uid, e.gid) for e in entries}
+    assert by_key == {"private/": (0o700, 1000, 1000), "private/x.bin": (0o600, 1000, 1000)}

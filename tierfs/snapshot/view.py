@@ -37,8 +37,9 @@ manifest) and then only read.  SQLite rather than LMDB: an S3 key may be
 1024 bytes and LMDB's keys stop at 511.  Built into a temporary file and
 renamed, so a killed build leaves no index that looks whole; an index whose
 manifest stamp differs from the snapshot's (a snapshot deleted and made
-again under the name) is built again.  Reads use one connection per thread
-(the store's methods run in worker threads), opened read-only.
+again under the name) is built again.  Reads take a read-only connection from a
+small pool for each query (the store's methods run in worker threads, which
+come and go).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: Rows fetched per query of a listing.
 _BATCH = 1000
+#: Objects whose lost bytes are logged (each once), at most.
+_LOGGED_KEYS = 10_000
 
 
 class SnapshotReadOnly(ReadOnly):
@@ -84,8 +87,8 @@ class SnapshotIndex:
     def __init__(self, path: Path, manifest: Manifest) -> None:
         self.path = path
         self.manifest = manifest
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
+        #: Connections not in use (at most one per thread that queries at once).
+        self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -96,27 +99,30 @@ class SnapshotIndex:
             _build(path, records, manifest)
         return cls(path, manifest)
 
-    def _db(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+    def _query(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        """All rows of one query, on a connection of the pool (a thread
+        takes one for the query and gives it back: threads come and go)."""
+        with self._lock:
+            db = self._idle.pop() if self._idle else None
         if db is None:
             db = sqlite3.connect(
                 f"file:{self.path}?mode=ro&immutable=1", uri=True, check_same_thread=False
             )
-            self._local.db = db
+        try:
+            return db.execute(sql, args).fetchall()
+        finally:
             with self._lock:
-                self._connections.append(db)
-        return db
+                self._idle.append(db)
 
     def close(self) -> None:
         with self._lock:
-            for db in self._connections:
+            for db in self._idle:
                 db.close()
-            self._connections.clear()
+            self._idle.clear()
 
     def get(self, key: str) -> SnapshotEntry | None:
-        row = self._db().execute("SELECT line FROM entries WHERE key = ?", (key.encode(),))
-        found = row.fetchone()
-        return None if found is None else SnapshotEntry.from_line(found[0])
+        rows = self._query("SELECT line FROM entries WHERE key = ?", (key.encode(),))
+        return SnapshotEntry.from_line(rows[0][0]) if rows else None
 
     def children(self, prefix: str) -> Iterator[SnapshotEntry | str]:
         """What a delimited listing of ``prefix`` shows, in key order: the
@@ -124,14 +130,13 @@ class SnapshotIndex:
         each sub-directory's prefix (a ``str`` ending in "/")."""
         low = prefix.encode()
         high = _after_prefix(low)
-        db = self._db()
         while True:
             query = "SELECT key, line FROM entries WHERE key >= ?"
             args: list[bytes | int] = [low]
             if high is not None:
                 query += " AND key < ?"
                 args.append(high)
-            rows = db.execute(query + " ORDER BY key LIMIT ?", [*args, _BATCH]).fetchall()
+            rows = self._query(query + " ORDER BY key LIMIT ?", [*args, _BATCH])
             if not rows:
                 return
             for key, line in rows:
@@ -227,6 +232,8 @@ class SnapshotStore:
         self.name = index.manifest.name
         self.url = inner.url
         self.shadow_below = shadow_below
+        #: Keys whose lost bytes were logged (each once; a reader may retry).
+        self._logged: set[str] = set()
 
     # -- what a mount asks -------------------------------------------------
 
@@ -331,7 +338,7 @@ class SnapshotStore:
                 "snapshot was taken, and the bucket keeps no versions: its recorded "
                 "bytes are gone"
             )
-            log.error("%s", message)
+            self._log_once(entry.key, message)
             raise PreconditionFailed(message) from None
         except ObjectNotFound:
             if entry.version:
@@ -339,8 +346,13 @@ class SnapshotStore:
             else:
                 what = f"no longer holds {entry.key}, and keeps no versions"
             message = f"snapshot {self.name!r}: {self.url} {what}"
-            log.error("%s", message)
+            self._log_once(entry.key, message)
             raise RecordedVersionGone(message) from None
+
+    def _log_once(self, key: str, message: str) -> None:
+        if key not in self._logged and len(self._logged) < _LOGGED_KEYS:
+            self._logged.add(key)
+            log.error("%s", message)
 
     def versioning(self) -> bool:
         return self.index.manifest.versioned

@@ -16,7 +16,8 @@ across all the paths, which is the order ``RecordWriter`` takes:
   gets a recorded marker (size 0, no ETag) that carries them.  The reserved roots (the shadow, the snapshots'
   records) are never recorded.
 - Attributes: one delimited listing of the directory's shadow prefix per
-  directory gives every child's stored mode, owner and group
+  directory (``ShadowPlace``: for an access point, the bucket-wide shadow
+  above its root, as its mount reads it) gives every child's stored mode, owner and group
   (``tierfs.core.names.shadow``); a child without a shadow entry records
   none (the mount's defaults apply).  Several entries for one name combine
   to the most restrictive, as a mount reads them.
@@ -33,7 +34,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
-from tierfs.core.names.shadow import combine, parse_shadow_name, shadow_dir_prefix
+from tierfs.core.names.shadow import ShadowPlace, combine, parse_shadow_name
 from tierfs.errors import InvalidArgument, ObjectNotFound
 from tierfs.store import RESERVED_ROOTS, ObjectInfo, ObjectStore, ObjectVersion
 
@@ -58,10 +59,15 @@ def normalised_paths(paths: Iterable[str]) -> list[str]:
     return kept
 
 
-def walk_entries(store: ObjectStore, paths: Iterable[str]) -> Iterator[SnapshotEntry]:
-    """Every object under ``paths`` (``normalised_paths``), in key order."""
+def walk_entries(
+    store: ObjectStore, paths: Iterable[str], shadows: ShadowPlace | None = None
+) -> Iterator[SnapshotEntry]:
+    """Every object under ``paths`` (``normalised_paths``), in key order;
+    ``shadows``: where the mount's attribute shadow is (default: ``store``'s
+    own, as for a mount of the whole backing)."""
+    place = shadows if shadows is not None else ShadowPlace(store)
     for start, file_info in _walks(store, normalised_paths(paths)):
-        yield from _entries_of(store, start, file_info)
+        yield from _entries_of(store, place, start, file_info)
 
 
 def segments(paths: Iterable[str]) -> list[str]:
@@ -92,16 +98,16 @@ def _walks(store: ObjectStore, roots: list[str]) -> list[tuple[str, ObjectInfo |
 
 
 def _entries_of(
-    store: ObjectStore, start: str, file_info: ObjectInfo | None
+    store: ObjectStore, shadows: ShadowPlace, start: str, file_info: ObjectInfo | None
 ) -> Iterator[SnapshotEntry]:
     if file_info is not None:
-        yield _entry(file_info, _attrs_of_names(store, _parent(start)).get(_name(start)))
+        yield _entry(file_info, _attrs_of_names(shadows, _parent(start)).get(_name(start)))
     elif start == "":
-        yield from _walk_dir(store, start, None)
+        yield from _walk_dir(store, shadows, start, None)
     else:
         body = start.rstrip("/")
-        own = _attrs_of_names(store, _parent(body)).get(_name(body))
-        yield from _walk_dir(store, start, own)
+        own = _attrs_of_names(shadows, _parent(body)).get(_name(body))
+        yield from _walk_dir(store, shadows, start, own)
 
 
 class KeyedVersions:
@@ -150,11 +156,11 @@ def with_versions(
 
 
 def _walk_dir(
-    store: ObjectStore, prefix: str, own: tuple[int, int, int] | None
+    store: ObjectStore, shadows: ShadowPlace, prefix: str, own: tuple[int, int, int] | None
 ) -> Iterator[SnapshotEntry]:
     """The tree below ``prefix``; ``own``: the directory's own attributes
     (from its parent's shadow listing, which the caller has)."""
-    attrs = _attrs_of_names(store, prefix)
+    attrs = _attrs_of_names(shadows, prefix)
     marked = False
     for page in store.list_pages(prefix):
         if not marked and own is not None and prefix:
@@ -173,7 +179,7 @@ def _walk_dir(
         merged.sort(key=lambda item: item[0])
         for _rank, item in merged:
             if isinstance(item, str):
-                yield from _walk_dir(store, item, attrs.get(item[len(prefix) : -1]))
+                yield from _walk_dir(store, shadows, item, attrs.get(item[len(prefix) : -1]))
             elif item.key == prefix:  # the directory's own marker
                 yield _entry(item, own)
             else:
@@ -187,11 +193,11 @@ def _recorded(prefix: str, key: str) -> bool:
     return top not in RESERVED_ROOTS
 
 
-def _attrs_of_names(store: ObjectStore, prefix: str) -> dict[str, tuple[int, int, int]]:
+def _attrs_of_names(shadows: ShadowPlace, prefix: str) -> dict[str, tuple[int, int, int]]:
     """The shadow's attributes of the children of directory ``prefix``."""
-    shadow_prefix = shadow_dir_prefix(prefix)
+    shadow_prefix = shadows.dir_prefix(prefix)
     found: dict[str, list[object]] = {}
-    for page in store.list_pages(shadow_prefix):
+    for page in shadows.store.list_pages(shadow_prefix):
         for obj in page.objects:
             parsed = parse_shadow_name(obj.key[len(shadow_prefix) :])
             if parsed is not None:
@@ -227,6 +233,7 @@ def take_snapshot(
     creator_uid: int,
     part_entries: int | None = None,
     observe: Callable[[SnapshotEntry], None] | None = None,
+    shadows: ShadowPlace | None = None,
 ) -> Manifest:
     """Walk ``paths`` and write the record of snapshot ``name``; its
     manifest (written last) is returned.  On a bucket that keeps versions,
@@ -234,7 +241,9 @@ def take_snapshot(
     versions per walked root, beside the walk).  A walk or a write that
     fails leaves no snapshot (parts only, ``RecordStore.leftovers``).
     ``observe(entry)`` is called before each entry is recorded; what it
-    raises ends the create (a refusal, a cancel), as a failure would."""
+    raises ends the create (a refusal, a cancel), as a failure would.
+    ``shadows`` as for ``walk_entries``."""
+    place = shadows if shadows is not None else ShadowPlace(store)
     roots = normalised_paths(paths)
     versioned = store.versioning()
     options = {} if part_entries is None else {"part_entries": part_entries}
@@ -242,7 +251,7 @@ def take_snapshot(
         store, name, creator_uid=creator_uid, paths=roots, versioned=versioned, **options
     )
     for start, file_info in _walks(store, roots):
-        entries = _entries_of(store, start, file_info)
+        entries = _entries_of(store, place, start, file_info)
         if versioned:
             entries = with_versions(entries, store.current_versions(start))
         for entry in entries:

@@ -27,8 +27,8 @@ Who may do what (every request is hostile input):
 - **diff**: the creator (of both snapshots) or root: it names objects.
 - **delete**: the creator or root.
 
-Bounds: an ordinary user runs one job at a time (create or diff), and at
-most ``MAX_JOBS`` run in all; a diff returns at most ``MAX_DIFF_NAMES``
+Bounds: an ordinary user runs one job at a time (any of these operations:
+each reads the bucket), and at most ``MAX_JOBS`` run in all; a diff returns at most ``MAX_DIFF_NAMES``
 names per kind of change, with the counts of all.
 """
 
@@ -47,6 +47,7 @@ import trio
 
 from tierfs.config import NamespaceConfig
 from tierfs.core.names.access import READ, SEARCH, Caller, Permissions, permits
+from tierfs.core.names.shadow import ShadowPlace
 from tierfs.errors import (
     Busy,
     InvalidArgument,
@@ -174,9 +175,13 @@ class Snapshots:
         shown: ShownAttrs,
         limiter: trio.CapacityLimiter,
         *,
+        shadows: ShadowPlace | None = None,
         mounted: str | None = None,
     ) -> None:
-        """``mounted``: the snapshot this daemon mounts (it creates none)."""
+        """``shadows``: where the mount's attribute shadow is (None:
+        ``store``'s own); ``mounted``: the snapshot this daemon mounts (it
+        creates none)."""
+        self.shadows = shadows
         self.mounted = mounted
         self.store = store
         self.records = RecordStore(store)
@@ -218,6 +223,23 @@ class Snapshots:
             del self.jobs[old.id]
         self.jobs[job.id] = job
         return job
+
+    async def _run_now(
+        self, caller: Caller, kind: str, name: str, work: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """``work()`` in a thread, as a job of ``caller`` (counted against
+        the same bounds as a create: a ``show`` of a large snapshot lists
+        every version of its paths)."""
+        job = self._admit(caller, kind, name, [])
+        try:
+            result = await trio.to_thread.run_sync(work, limiter=self.limiter)
+            job.state = "done"
+            return result
+        except BaseException as exc:
+            job.state, job.error = "failed", str(exc)
+            raise
+        finally:
+            job.done.set()
 
     def _start(self, job: SnapshotJob, work: Callable[[], dict[str, Any]]) -> None:
         assert self._nursery is not None
@@ -269,7 +291,12 @@ class Snapshots:
 
         try:
             manifest = take_snapshot(
-                self.store, job.name, job.paths, creator_uid=caller.uid, observe=observe
+                self.store,
+                job.name,
+                job.paths,
+                creator_uid=caller.uid,
+                observe=observe,
+                shadows=self.shadows,
             )
         except BaseException:
             self._discard_leftovers(job.name)
@@ -310,7 +337,7 @@ class Snapshots:
             leftovers = self.records.leftovers()
             return {"snapshots": found, "leftovers": leftovers}
 
-        return await trio.to_thread.run_sync(work, limiter=self.limiter)
+        return await self._run_now(caller, "list", "", work)
 
     async def show(self, caller: Caller, name: str) -> dict[str, Any]:
         check_name(name)
@@ -342,7 +369,7 @@ class Snapshots:
                 ]
             return described
 
-        return await trio.to_thread.run_sync(work, limiter=self.limiter)
+        return await self._run_now(caller, "show", name, work)
 
     def _described(self, manifest: Manifest, caller: Caller) -> dict[str, Any]:
         shown: dict[str, Any] = {
@@ -385,7 +412,9 @@ class Snapshots:
                     "only its creator or root may diff it"
                 )
         if newer is None:
-            new_entries: Iterator[SnapshotEntry] = walk_entries(self.store, older.paths)
+            new_entries: Iterator[SnapshotEntry] = walk_entries(
+                self.store, older.paths, self.shadows
+            )
         else:
             new_entries = self.records.entries(newer)
         counts = {"added": 0, "removed": 0, "changed": 0}
@@ -430,4 +459,4 @@ class Snapshots:
             log.info("snapshot %s deleted by uid %d", name, caller.uid)
             return {"name": name, "deleted": deleted}
 
-        return await trio.to_thread.run_sync(work, limiter=self.limiter)
+        return await self._run_now(caller, "delete", name, work)

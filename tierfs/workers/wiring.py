@@ -73,6 +73,7 @@ def snapshots_for(
         fs.permissions,
         shown,
         fs.store_limiter,
+        shadows=None if mounted is not None else fs.listings.shadows,
         mounted=mounted,
     )
 
