@@ -50,3 +50,12 @@ def check_label(text: str, what: str, most: int) -> str:
             f"line breaks): {shown(text[: most + 1])!r} is not"
         )
     return text
+
+
+def mount_source(url: str) -> str:
+    """``url`` as a mount's source: the characters that would break the
+    option string (commas, backslashes) or the mount table (white space,
+    control characters) percent-encoded."""
+    return "".join(
+        f"%{ord(c):02X}" if c in ",\\%" or c.isspace() or not c.isprintable() else c for c in url
+    )

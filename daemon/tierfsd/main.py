@@ -60,6 +60,7 @@ from tierfs.core.write.sync import SMALL_UPLOAD_CONCURRENCY
 from tierfs.errors import ConfigError, TierfsError
 from tierfs.meta import MetaDB
 from tierfs.metrics import Metrics, MetricsServer
+from tierfs.snapshot.lender import LiveMountLender
 from tierfs.snapshot.mount import OPTION as SNAPSHOT_OPTION
 from tierfs.snapshot.mount import (
     open_snapshot_store,
@@ -70,7 +71,7 @@ from tierfs.snapshot.mount import (
 from tierfs.snapshot.record import check_name
 from tierfs.snapshot.view import SnapshotStore
 from tierfs.store import ObjectStore, open_shared_tier, open_store
-from tierfs.text import shown
+from tierfs.text import mount_source, shown
 from tierfs.tiers import Tier
 from tierfs.workers.audit import STATUS_SECTION as AUDIT_SECTION
 from tierfs.workers.audit import AuditLog, AuditWriter
@@ -229,15 +230,6 @@ def fuse_options(options: set[str], source: str = "tierfs") -> set[str]:
     return opts
 
 
-def mount_source(url: str) -> str:
-    """``url`` as a mount's source: the characters that would break the
-    option string (commas, backslashes) or the mount table (white space,
-    control characters) percent-encoded."""
-    return "".join(
-        f"%{ord(c):02X}" if c in ",\\%" or c.isspace() or not c.isprintable() else c for c in url
-    )
-
-
 def tune_kernel(mountpoint: Path) -> None:
     """Raise readahead and background requests of this FUSE connection (root only)."""
     if os.geteuid() != 0:
@@ -319,9 +311,12 @@ class Daemon:
         self.store.check()
         self.source = config.backing.url
         self.snapshot: SnapshotStore | None = None
+        self.lender: LiveMountLender | None = None
         if snapshot is not None:
             self.snapshot = self.store = open_snapshot_store(self.store, config, snapshot)
             self.source = snapshot_source(config.backing.url, snapshot)
+            live_tiers = [str(tier.path.parent.parent) for tier in config.tiers]
+            self.lender = LiveMountLender(config.backing.url, live_tiers)
         self.metrics_server: MetricsServer | None = None
         if config.metrics.enabled:  # a port in use fails here, before anything is opened
             self.metrics_server = MetricsServer(self.metrics, config.metrics)
@@ -357,6 +352,9 @@ class Daemon:
             # reads from the bucket while the shared tier is away.
             shared=open_shared_tier(config.shared_tier) if config.shared_tier else None,
             shadow_store=self.snapshot or self._shadow_store(config),
+            # A snapshot mount reads in place what the live mount holds at
+            # the same version (``tierfs.snapshot.lender``).
+            lender=self.lender,
         )
         if self.snapshot is not None:
             section = snapshot_status(self.snapshot.index.manifest)
@@ -513,6 +511,8 @@ class Daemon:
     def close(self, *, unmount: bool) -> None:
         if self.metrics_server is not None:
             self.metrics_server.close()
+        if self.lender is not None:
+            self.lender.close()
         try:
             self.fs.close()
         finally:

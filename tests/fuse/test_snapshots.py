@@ -360,3 +360,38 @@ def test_the_shared_tier_serves_a_snapshot_mount(
     shared = snap.status()["shared_tier"]
     assert shared["bytes_read"] == len(data) and shared["bucket_bytes"] == 0, shared
     assert snap.status()["store_calls"].get("GetObject", 0) == at_mount
+
+
+def test_a_snapshot_mount_reads_the_live_mounts_warm_files_in_place(
+    mount: MountFactory,
+    snapshot_mounts: list[Mount],
+    s3_client: Any,
+    bucket: tuple[str, str],
+) -> None:
+    """Beside the node's live mount (the same config), a file unchanged
+    since the snapshot and warm in the live mount is read from the live
+    mount's tier file: no GET, nothing cached twice.  A file changed since
+    is read at its recorded version and cached by the snapshot mount."""
+    s3_client.put_bucket_versioning(Bucket=bucket[1], VersioningConfiguration={"Status": "Enabled"})
+    same, changed = os.urandom(2 * MiB + 3), os.urandom(300 * KiB)
+    live = mount({"ds/same.bin": same, "ds/changed.bin": changed})
+    assert (live.path / "ds/same.bin").read_bytes() == same  # warm in the live mount
+    assert run_tierfs("snapshot", "create", str(live.path), "--name", "s").returncode == 0
+    (live.path / "ds/changed.bin").write_bytes(b"new bytes")
+    assert run_tierfs("flush", str(live.path)).returncode == 0
+
+    snap = mount_snapshot(live, "s", snapshot_mounts)
+    gets = snap.status()["store_calls"].get("GetObject", 0)
+    # A preload fetches only what the live mount does not hold at its version.
+    preload = run_tierfs("preload", str(snap.path / "ds"), "--json")
+    assert preload.returncode == 0, preload.stderr
+    assert int(snap.where_one("ds/same.bin")["cached_bytes"]) == 0
+    assert int(snap.where_one("ds/changed.bin")["cached_bytes"]) == len(changed)
+    fetched = snap.status()["store_calls"].get("GetObject", 0)
+    assert fetched > gets
+    assert (snap.path / "ds/same.bin").read_bytes() == same
+    assert (snap.path / "ds/changed.bin").read_bytes() == changed
+    assert snap.status()["store_calls"].get("GetObject", 0) == fetched
+    assert int(snap.where_one("ds/same.bin")["cached_bytes"]) == 0
+    borrowed = snap.status()["borrowed"]
+    assert borrowed["opens"] >= 1 and borrowed["bytes"] >= len(same), borrowed

@@ -92,6 +92,8 @@ class _Entry:
     lease: int
     position: int | None
     at: float
+    #: The ETag of the version handed out ("" from an older daemon).
+    etag: str = ""
 
 
 class TierFile(io.RawIOBase):
@@ -99,14 +101,21 @@ class TierFile(io.RawIOBase):
     ``tell``, a context manager.  Reads use ``pread`` and stop at the
     file's size (bytes past the tier file's end read as zeros)."""
 
-    def __init__(self, fd: int, size: int, name: str, done: Any) -> None:
+    def __init__(self, fd: int, size: int, name: str, done: Any, etag: str = "") -> None:
         super().__init__()
+        #: The ETag of the version handed out.
+        self.etag = etag
         self._fd = fd
         self._size = size
         self._pos = 0
         self.name = name
         self.mode = "rb"
         self._done = done
+
+    @property
+    def size(self) -> int:
+        """The file's size as handed out."""
+        return self._size
 
     def readable(self) -> bool:
         return True
@@ -129,6 +138,16 @@ class TierFile(io.RawIOBase):
             got = want
         self._pos += got
         return got
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Bytes ``[offset, offset + size)``, clipped at the file's size,
+        without moving the position (threads may share the file)."""
+        self._check_open()
+        want = max(0, min(size, self._size - offset))
+        data = os.pread(self._fd, want, offset) if want else b""
+        if len(data) < want:  # past the tier file's end: a hole of the file
+            data += bytes(want - len(data))
+        return data
 
     def readall(self) -> bytes:
         self._check_open()
@@ -243,7 +262,7 @@ class ReaderConnection:
                 if entry is None:
                     return None
         lease, size = entry.lease, entry.size
-        raw = TierFile(entry.fd, size, shown_name, lambda: self._closed(lease, size))
+        raw = TierFile(entry.fd, size, shown_name, lambda: self._closed(lease, size), entry.etag)
         return io.BufferedReader(raw)  # type: ignore[return-value]
 
     def _cached(self, relpath: str) -> _Entry | None:
@@ -329,7 +348,14 @@ class ReaderConnection:
         mine: _Entry | None = None
         for item in reply["files"]:
             if "fd" in item:
-                mine = _Entry(fds[item["fd"]], item["size"], item["lease"], position, now)
+                mine = _Entry(
+                    fds[item["fd"]],
+                    item["size"],
+                    item["lease"],
+                    position,
+                    now,
+                    item.get("etag", ""),
+                )
         if mine is not None and position is not None:
             # A new run: what is cached behind it will not be read.
             for path, old in list(self._cache.items()):
@@ -337,7 +363,14 @@ class ReaderConnection:
                     del self._cache[path]
                     self._drop(old)
         for item in reply.get("ahead", []):
-            entry = _Entry(fds[item["fd"]], item["size"], item["lease"], item["position"], now)
+            entry = _Entry(
+                fds[item["fd"]],
+                item["size"],
+                item["lease"],
+                item["position"],
+                now,
+                item.get("etag", ""),
+            )
             stale = self._cache.pop(item["path"], None)
             if stale is not None:
                 self._drop(stale)

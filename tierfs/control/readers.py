@@ -6,7 +6,8 @@ sends one line per batch and gets one reply line per batch, with the
 descriptors of the files handed out passed along (``SCM_RIGHTS``)::
 
     -> {"open": ["train/0001.jpg"], "ahead": [[1, 31], [64, 32]], "close": [17, 18]}
-    <- {"files": [{"path": "train/0001.jpg", "size": 81234, "lease": 19, "fd": 0}],
+    <- {"files": [{"path": "train/0001.jpg", "size": 81234, "etag": "9b2c...", "lease": 19,
+                   "fd": 0}],
         "position": 0,
         "ahead": [{"path": "train/0002.jpg", "size": 90210, "lease": 20, "fd": 1}, ...]}
 
@@ -168,6 +169,7 @@ class ReaderSession:
                     {
                         "path": relpath,
                         "size": outcome.size,
+                        "etag": outcome.etag,
                         "lease": outcome.lease,
                         "fd": len(fds) - 1,
                         "position": positions[outcome.ino],
@@ -189,7 +191,13 @@ class ReaderSession:
             return {"path": relpath, "via": "mount", "why": outcome.why}, None
         self._record(relpath, 0)
         fds.append(outcome.fd)
-        entry = {"path": relpath, "size": outcome.size, "lease": outcome.lease, "fd": len(fds) - 1}
+        entry = {
+            "path": relpath,
+            "size": outcome.size,
+            "etag": outcome.etag,
+            "lease": outcome.lease,
+            "fd": len(fds) - 1,
+        }
         return entry, outcome.ino
 
     def _searchable(self) -> dict[int, bool]:

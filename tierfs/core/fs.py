@@ -64,6 +64,7 @@ from .read.blockcache import BlockCache
 from .read.fetcher import Fetcher, Origin
 from .read.handles import Handles
 from .read.handout import HandOut
+from .read.lender import Borrowed, Lender
 from .read.sharedtier import SharedOrigin, SharedTier
 from .reports import Reports
 from .state.buffers import RecentBlocks
@@ -115,12 +116,21 @@ class TierFS:
         invalidate_kernel_cache: Callable[[int, bool], Awaitable[None]] = _no_kernel,
         shared: SharedBucket | None = None,
         shadow_store: ObjectStore | None = None,
+        lender: Lender | None = None,
     ) -> None:
         """``shared``: the client of the shared tier's bucket, when the
         config has a shared tier (``tierfs.store.open_shared_tier``).
         ``shadow_store``: for an access point, a store of the backing URL
         without the access root, where the attribute shadow of every mount
-        of the bucket lives (``names.shadow``, ``ShadowPlace``)."""
+        of the bucket lives (``names.shadow``, ``ShadowPlace``).
+        ``lender``: another cache on this node whose files at the same
+        version are read in place (``read.lender``: a snapshot mount's live
+        mount)."""
+        self.lender = lender
+        #: Handles reading a borrowed file (``read.lender``), by fh.
+        self._borrowed: dict[int, Borrowed] = {}
+        #: Opens served by borrowing, and their bytes read.
+        self.borrow_counts = {"opens": 0, "bytes": 0}
         self.config = config
         self.meta = meta
         self.store = store
@@ -357,6 +367,7 @@ class TierFS:
             self.journal,
             open_for_writing=self.handles.open_for_writing,
             on_damage=self.damage.block_damaged,
+            held_elsewhere=self._lendable if lender is not None else None,
         )
         self.lifecycle = Lifecycle(
             config.source,
@@ -415,6 +426,8 @@ class TierFS:
         #: Extra sections of ``status()`` (``Reports``).
         self.status_sections = self.reports.status_sections
         self.status_sections["readers"] = self.leases.status
+        if lender is not None:
+            self.status_sections["borrowed"] = lambda: dict(self.borrow_counts)
 
         # Events that climb up: each goes to the parts that follow it.
         self.open_files.idle_listeners.append(self.name_changes.file_idle)
@@ -570,9 +583,12 @@ class TierFS:
             # The kernel still holds the old size: reads past it would stop
             # short.  Attributes only: the pages go with keep_cache=False.
             await self.invalidate_kernel_cache(ino, False)
+        borrowed = await self._borrow(inode, flags)
         result = self.handles.open(
             inode, flags, keep_cache=not (changed or cold), caller=caller, blocks=blocks
         )
+        if borrowed is not None:
+            self._borrowed[result.fh] = borrowed
         if flags & os.O_TRUNC and self.handles.writable_flags(flags):
             # The kernel leaves O_TRUNC to us (atomic O_TRUNC), with its
             # setuid/setgid clearing.
@@ -599,14 +615,49 @@ class TierFS:
         opened = self.handles.open(inode, flags, caller=caller)
         return opened, self.names.attributes(self.namespace.get(inode.ino))
 
+    async def _lendable(self, inode: Inode) -> bool:
+        """Would a reading open of the file borrow it (``read.lender``)?"""
+        borrowed = await self._borrow(inode, os.O_RDONLY, count=False)
+        if borrowed is None:
+            return False
+        await trio.to_thread.run_sync(borrowed.close)
+        return True
+
+    async def _borrow(self, inode: Inode, flags: int, *, count: bool = True) -> Borrowed | None:
+        """The file from the lender, for a reading open of a clean file
+        with nothing in this mount's cache (``read.lender``); else None."""
+        if (
+            self.lender is None
+            or self.handles.writable_flags(flags)
+            or inode.state != SyncState.CLEAN
+            or not inode.etag
+            or not inode.size
+            or self.meta.residency(inode.ino)
+        ):
+            return None
+        borrowed = await trio.to_thread.run_sync(
+            self.lender.lend, self.path_of(inode.ino), inode.etag, inode.size
+        )
+        if borrowed is not None and count:
+            self.borrow_counts["opens"] += 1
+        return borrowed
+
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         """A memoryview is lent until the caller's next ``await`` (BlockCache.read)."""
+        borrowed = self._borrowed.get(fh)
+        if borrowed is not None:
+            data = await trio.to_thread.run_sync(borrowed.pread, size, offset)
+            self.borrow_counts["bytes"] += len(data)
+            return data
         handle = self.handles.get(fh)
         self.space.touch(handle.cached.ino)
         self.access_times.accessed(handle.cached.inode)
         return await self.blocks.read(handle.cached, offset, size, self.handles.read_state(handle))
 
     async def release(self, fh: int) -> None:
+        borrowed = self._borrowed.pop(fh, None)
+        if borrowed is not None:
+            await trio.to_thread.run_sync(borrowed.close)
         handle = self.handles.pop(fh)
         cf = handle.cached
         ino = cf.ino

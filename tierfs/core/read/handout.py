@@ -69,6 +69,8 @@ class Handed:
     size: int
     lease: int
     ino: int
+    #: The ETag of the version handed out (a reader may check it).
+    etag: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +190,7 @@ class HandOut:
         self.access_times.accessed(inode)
         for observer in self.handles.open_observers:
             observer(inode.ino)
-        return Handed(fd, inode.size, lease.ident, inode.ino)
+        return Handed(fd, inode.size, lease.ident, inode.ino, inode.etag)
 
     def _one_tier(self, inode: Inode) -> tuple[int, list[int]] | NotHanded:
         """The tier that holds every block of the file, and the blocks not

@@ -327,7 +327,12 @@ class DataMovement:
         open_for_writing: Callable[[int], bool],
         on_damage: Callable[[int, int, int, str], None],
         copy_chunk: int = COPY_CHUNK,
+        held_elsewhere: Callable[[Inode], Awaitable[bool]] | None = None,
     ) -> None:
+        """``held_elsewhere(inode)``: does another cache on this node hold
+        the whole file at its version, to be read in place (``read.lender``)?
+        A fill of such a file fetches nothing."""
+        self.held_elsewhere = held_elsewhere
         self.meta = meta
         self.tiers = tiers
         self.open_files = open_files
@@ -457,6 +462,15 @@ class DataMovement:
         inode = self._file(ino)
         if tier is not None:
             self._check_tier(tier)
+        if (
+            self.held_elsewhere is not None
+            and blocks is None
+            and not self.meta.residency(ino)
+            and await self.held_elsewhere(inode)
+        ):
+            # Read in place from there (a snapshot mount's live mount): a
+            # second copy would only take room.
+            return FillOutcome(nbytes=0, complete=True, present=inode.size)
         cf = self.open_files.acquire(inode)
         try:
             nblocks = self._nblocks(min(cf.inode.origin_size, cf.inode.size))
