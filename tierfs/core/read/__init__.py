@@ -12,6 +12,9 @@
   of ``tierfs preload --tier`` (``SharedOrigin.warm``).
 * ``handout``: tier files handed to readers outside the daemon
   (``tierfs.client``), under the leases of ``state/leases``.
+* ``lender``: the other way round: files another cache on this node holds
+  at the same version (a snapshot mount's live mount), borrowed at open
+  and read in place.
 
 The files in use themselves (``state/openfiles``) are in the bottom layer.
 """
