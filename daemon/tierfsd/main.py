@@ -189,6 +189,8 @@ def parse_options(raw: str) -> MountOptions:
     for option in filter(None, (o.strip() for o in raw.split(","))):
         name, sep, value = option.partition("=")
         if sep and name in VALUE_OPTIONS:
+            if name in values:
+                raise StartupError(f"mount option {name}= given twice")
             values[name] = value
         elif not sep and option in ALLOWED_OPTIONS:
             flags.add(option)

@@ -209,6 +209,18 @@ def test_a_snapshot_mount_on_another_node_shows_the_recorded_bytes(
     create_there = run_tierfs("snapshot", "create", str(snap.path), "--name", "x")
     assert create_there.returncode == 1 and "mount of snapshot 'run-1'" in create_there.stderr
 
+    if backing != "file":
+        # The bucket's lifecycle expires a recorded version: show says so.
+        versions = s3_client.list_object_versions(Bucket=bucket[1], Prefix=live.key("ds/val/3.bin"))
+        for version in versions.get("Versions", []):
+            s3_client.delete_object(
+                Bucket=bucket[1], Key=version["Key"], VersionId=version["VersionId"]
+            )
+        done = run_tierfs("snapshot", "show", str(live.path), "run-1")
+        assert done.returncode == 0 and "gone:     1 recorded versions" in done.stdout, done.stdout
+        assert "no longer keeps the recorded version of 1 object(s)" in done.stderr
+        assert "(first: ds/val/3.bin)" in done.stderr
+
     # diff against the bucket now, from either mount; then delete.
     changes = cli_json("snapshot", "diff", str(live.path), "run-1")
     assert changes["added"] == ["ds/train/new.bin"]

@@ -33,3 +33,11 @@ def test_an_unknown_option_or_a_missing_argument_is_named() -> None:
         parse(["c"])
     with pytest.raises(HelperError, match="-o needs a value"):
         parse(["c", "m", "-o"])
+
+
+def test_a_snapshot_passes_to_the_daemon_from_fstab() -> None:
+    """``/etc/tierfs/data.toml /mnt/run-42 fuse.tierfs snapshot=run-42,allow_other 0 0``."""
+    line = ["/etc/tierfs/data.toml", "/mnt/run-42", "-o", "rw,snapshot=run-42,allow_other,_netdev"]
+    assert parse(line)[2] == ["snapshot=run-42", "allow_other"]
+    with pytest.raises(HelperError, match="unknown mount option 'snapshot'"):
+        parse(["c", "m", "-o", "snapshot"])  # a snapshot needs its name
