@@ -4,6 +4,7 @@ links to /sbin/mount.fuse.tierfs; ``umount`` stops the daemon."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -90,3 +91,32 @@ def test_a_bad_option_is_named_and_nothing_is_mounted(mount: MountFactory) -> No
     assert done.returncode != 0
     assert "unknown mount option 'cache_size=1G'" in done.stderr, done.stderr
     assert not os.path.ismount(m.path)
+
+
+def test_an_fstab_line_mounts_a_snapshot(mount: MountFactory, tmp_path: Path) -> None:
+    live = mount({"ds/a.txt": b"recorded"})
+    done = subprocess.run(
+        [sys.executable, "-m", "tierfs.cli", "snapshot", "create", str(live.path), "--name", "s1"],
+        env=daemon_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    (live.path / "ds/a.txt").write_bytes(b"changed")  # the snapshot keeps what it recorded...
+    snap = dataclasses.replace(
+        live, path=tmp_path / "snap", state_dir=live.state_dir / "snapshots" / "s1", pids=[]
+    )
+    snap.path.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{live.config_path} {snap.path} fuse.tierfs snapshot=s1,_netdev 0 0\n")
+    done = mount8("-T", str(fstab), str(snap.path))
+    assert done.returncode == 0, done.stderr
+    try:
+        source, _target, kind, options = mount_entry(snap.path)[:4]
+        assert source.endswith("?snapshot=s1") and kind == "fuse.tierfs"
+        assert "ro" in options.split(",")
+        assert sorted(os.listdir(snap.path / "ds")) == ["a.txt"]
+        assert os.path.getsize(snap.path / "ds/a.txt") == len(b"recorded")
+    finally:
+        umount_and_wait(snap)
