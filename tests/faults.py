@@ -11,6 +11,7 @@ Use it between an S3 client and a loopback S3 server::
                              # together, shared by every connection (0: no cap)
     proxy.bytes_down         # response-body bytes forwarded so far
     proxy.request_lines      # "GET /bkt/key?... HTTP/1.1" of every request so far
+    proxy.strip_request_headers("If-None-Match")  # forward requests without them
     # the next 2 requests whose request line contains "partNumber=": RST
     # while their body is being sent (the server never gets all of it)
     proxy.fail_requests(2, kind="reset", match="partNumber=")
@@ -237,6 +238,17 @@ ERROR_ANSWERS = {
 }
 
 
+def _without_headers(head: bytes, names: frozenset[str]) -> bytes:
+    """A request head without the header lines named (lower-case)."""
+    lines = head.split(b"\r\n")
+    kept = [
+        line
+        for line in lines
+        if b":" not in line or line.split(b":", 1)[0].strip().lower().decode() not in names
+    ]
+    return b"\r\n".join(kept)
+
+
 def _error_answer(status: str) -> bytes:
     """An S3 error response for ``status`` (a key of ERROR_ANSWERS, or
     ``"<status> <code>"`` from ``answer_requests``; code ``-``: no body),
@@ -317,6 +329,9 @@ class FaultProxy:
         self.held = 0
         #: The request line of every request forwarded (or answered) so far.
         self.request_lines: list[str] = []
+        #: Request headers (lower-case names) removed before a request is
+        #: forwarded: a store that ignores them (``strip_request_headers``).
+        self._stripped: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -465,6 +480,13 @@ class FaultProxy:
             raise ValueError(f"S3 error codes are alphanumeric, not {code!r}")
         with self._lock:
             self._refuse_rules.append(_Rule(n, f"{status} {code or '-'}", match))
+
+    def strip_request_headers(self, *names: str) -> None:
+        """Forward every request without these headers, as a store that
+        ignores them would treat it (``If-None-Match``: a store without
+        conditional writes).  For servers that do not check signatures
+        (moto): the headers are signed."""
+        self._stripped = frozenset(name.lower() for name in names)
 
     def hold_requests(self, match: Match) -> threading.Event:
         """Hold every matching request until the returned gate is set."""
@@ -666,6 +688,8 @@ class FaultProxy:
                 start_line, fields = _headers(head)
                 with self._lock:
                     self.request_lines.append(start_line)
+                if self._stripped:
+                    head = _without_headers(head, self._stripped)
                 if "chunked" in fields.get("transfer-encoding", "").lower():
                     raise _Passthrough(head)
                 length = int(fields.get("content-length", "0") or 0)

@@ -29,9 +29,10 @@ from typing import IO, Any, NoReturn
 
 from tierfs import __version__, pin_sizes
 from tierfs.config import Config, check_file, load_config, load_policy
+from tierfs.config.loader import Problem
 from tierfs.control.client import Location, by_mount, locate, per_path, request
 from tierfs.control.protocol import list_chunks
-from tierfs.errors import ConfigError, ControlError, TierfsError
+from tierfs.errors import ConfigError, ControlError, SharedTierUnusable, StoreError, TierfsError
 from tierfs.policy.rules import shadowed_rules
 from tierfs.text import shown
 from tierfs.units import format_size, parse_rate
@@ -847,6 +848,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         ]
         if config is not None and not args.offline:  # a policy file has no tiers, no bucket
             warnings += pin_sizes.warnings(config)
+            problems += _shared_tier_problems(config, args.file, warnings)
     if args.json:
         document: dict[str, Any] = {
             "ok": not problems,
@@ -874,6 +876,30 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         else "ok"
     )
     return 0
+
+
+def _shared_tier_problems(config: Config, file: str, warnings: list[str]) -> list[Problem]:
+    """The shared tier's check (``SharedBucket.check``), on the node: one
+    that answers but cannot serve is a problem (the mount would refuse it);
+    one that does not answer, a warning (the mount goes on without it)."""
+    if config.shared_tier is None:
+        return []
+    from tierfs.store import open_shared_tier
+
+    try:
+        shared = open_shared_tier(config.shared_tier)
+    except ImportError as exc:  # a client-only install: no S3 engine
+        warnings.append(f"note: the shared tier not checked: {exc}")
+        return []
+    try:
+        shared.check()
+    except SharedTierUnusable as exc:
+        return [(file, 0, str(exc))]
+    except StoreError as exc:
+        warnings.append(f"warning: {exc}; a mount would read from the bucket until it answers")
+    finally:
+        shared.close()
+    return []
 
 
 def _config_of(path: str) -> Config | None:

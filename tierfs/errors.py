@@ -209,6 +209,11 @@ class EndpointUnreachable(StoreUnavailable):
     (see ``tierfs.store.breaker``)."""
 
 
+class SharedTierUnusable(StoreError):
+    """The shared tier answers, but cannot serve as one: credentials
+    refused, no such bucket, or no conditional PUT (``SharedBucket.check``)."""
+
+
 class PreconditionFailed(StoreError):
     """The object changed under us (If-Match failed)."""
 

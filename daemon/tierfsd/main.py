@@ -350,14 +350,13 @@ class Daemon:
             self.tiers,
             control_socket=str(sock_path),
             invalidate_kernel_cache=self._invalidate,
-            # The shared tier is not checked at mount: a node mounts and
-            # reads from the bucket while the shared tier is away.
             shared=open_shared_tier(config.shared_tier) if config.shared_tier else None,
             shadow_store=self.snapshot or self._shadow_store(config),
             # A snapshot mount reads in place what the live mount holds at
             # the same version (``tierfs.snapshot.lender``).
             lender=self.lender,
         )
+        self._shared_answered = self._check_shared_tier()
         if self.snapshot is not None:
             section = snapshot_status(self.snapshot.index.manifest)
             self.fs.status_sections["snapshot"] = lambda: section
@@ -382,6 +381,26 @@ class Daemon:
         #: What users' lists and orders may hold on the state disk (both workers).
         self.spools = SpoolBudget()
         self._fuse_stopped = trio.Event()
+
+    def _check_shared_tier(self) -> bool:
+        """The shared tier's check (``SharedBucket.check``) before the
+        mount: a tier that answers but cannot serve (credentials refused,
+        no conditional PUT) refuses the mount, naming why.  One that does
+        not answer does not: the node mounts and reads from the bucket, and
+        the check runs again until it answers (``run``).  True once checked."""
+        shared = self.fs.shared_tier
+        if shared is None:
+            return True
+        if not shared.check():
+            log.warning(
+                "shared tier %s does not answer at mount: reads go to the bucket until it "
+                "does; it will be checked then",
+                shared.bucket.url,
+            )
+            return False
+        if shared.fan_out_off is not None:
+            raise StartupError(shared.fan_out_off)
+        return True
 
     def _shadow_store(self, config: Config) -> ObjectStore | None:
         """For an access point, a store of the backing URL without its root:
@@ -432,6 +451,10 @@ class Daemon:
             await supervisor.start(nursery, "preload", self.control.preloader.run)
             self.control.prefetcher = prefetcher_for(self.fs, spools=self.spools)
             await supervisor.start(nursery, "prefetch", self.control.prefetcher.run)
+            if not self._shared_answered and self.fs.shared_tier is not None:
+                supervisor.start_soon(
+                    nursery, "shared-check", self.fs.shared_tier.check_until_answered
+                )
             if self.snapshot is not None:  # list, show and diff the bucket's snapshots
                 snapshots = snapshots_for(self.fs, self.snapshot.inner, mounted=self.snapshot.name)
             else:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import FaultProxy
 from tests.fuse.conftest import MountFactory, run_tierfs
 from tests.seaweed_cluster import SeaweedCluster
 
@@ -99,3 +100,34 @@ def test_a_checkpoint_written_on_one_node_is_read_by_another_from_the_shared_tie
     assert status["bucket_bytes"] == 0 and status["hits"] == 10 + 3, status
     calls = reader.status()["store_calls"]
     assert calls.get("GetObject", 0) == 0, calls
+
+
+def test_a_shared_tier_without_conditional_writes_is_refused_at_mount_and_by_policy_check(
+    mount: MountFactory, s3_client: Any, fault_proxy: FaultProxy
+) -> None:
+    """A store that ignores ``If-None-Match: *`` (moto behind a proxy that
+    drops the header) would let every node win every claim: fetch-once
+    silently gone.  The mount refuses it, naming the feature, and so does
+    ``tierfs policy check`` on the node; nothing is mounted."""
+    bucket = f"shared-{uuid.uuid4().hex[:10]}"
+    s3_client.create_bucket(Bucket=bucket)
+    fault_proxy.strip_request_headers("If-None-Match")
+    extra = (
+        "\n[[tiers]]\n"
+        'name = "cluster"\n'
+        f'url = "s3://{bucket}/nodes"\n'
+        f'endpoint_url = "http://127.0.0.1:{fault_proxy.port}"\n'
+        'region = "us-east-1"\n'
+    )
+    m = mount(extra_config=extra, do_mount=False)
+    done = run_tierfs("mount", str(m.config_path), str(m.path))
+    assert done.returncode == 1, done.stdout
+    assert "does not honour If-None-Match: *" in done.stderr, done.stderr
+    assert not os.path.ismount(m.path)
+    checked = run_tierfs("policy", "check", str(m.config_path))
+    assert checked.returncode == 1
+    assert "does not honour If-None-Match: *" in checked.stderr, checked.stderr
+    fault_proxy.strip_request_headers()  # a store that has them: both pass
+    assert run_tierfs("policy", "check", str(m.config_path)).returncode == 0
+    m.mount()
+    assert m.status()["shared_tier"]["fan_out"] == "on"

@@ -32,15 +32,19 @@ Thread-safe: the fetch threads call it concurrently.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
+import threading
+import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import boto3
 import botocore.exceptions
 
-from tierfs.errors import StoreError, StoreUnavailable
+from tierfs.errors import SharedTierUnusable, StoreError, StoreUnavailable
 
 from .breaker import CircuitBreaker
 from .s3 import botocore_equivalent, client_config, parse_s3_url
@@ -53,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: Connections kept to the shared tier (as many as fetches may run).
 MAX_CONNECTIONS = 64
+#: Seconds the two racing probe claims of ``check`` wait for each other.
+CHECK_TIMEOUT = 10.0
+
 
 _TRANSPORT_ERRORS = (
     botocore.exceptions.ConnectionError,
@@ -108,6 +115,74 @@ class SharedBucket:
 
     def _probe(self) -> None:
         self._client.head_bucket(Bucket=self.bucket)
+
+    def check(self) -> None:
+        """Does the tier answer, may these credentials read and write it,
+        and does it honour ``If-None-Match: *`` (the claims that let one
+        node fetch each block for all)?  Two conditional PUTs of one new
+        probe key race, from two threads: exactly one may win, and a third
+        after them must lose.  ``StoreUnavailable`` if the tier does not
+        answer; ``SharedTierUnusable`` naming what is wrong otherwise.
+        The probe objects are deleted afterwards where the credentials
+        allow (a few bytes each, under ``probe/``)."""
+        where = f"shared tier {self.url} at {self.endpoint}"
+        probe = f"probe/{uuid.uuid4().hex}"
+        answered = False
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+            answered = True
+            self._client.put_object(Bucket=self.bucket, Key=f"{self.prefix}{probe}/w", Body=b"w")
+            got = self._client.get_object(Bucket=self.bucket, Key=f"{self.prefix}{probe}/w")
+            got["Body"].read()
+            claim = f"{self.prefix}{probe}/claim"
+            start = threading.Barrier(2)
+
+            def race() -> bool:
+                start.wait(CHECK_TIMEOUT)
+                return self._put_once(claim)
+
+            with ThreadPoolExecutor(2) as pool:
+                winners = sum(pool.map(lambda _i: race(), range(2)))
+            late = self._put_once(claim)
+        except botocore.exceptions.ClientError as exc:
+            code = _code(exc)
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise SharedTierUnusable(
+                    f"{where}: access denied ({code}): its credentials must list the bucket "
+                    "and read, write and conditionally write objects under its prefix"
+                ) from None
+            if code in ("NoSuchBucket", "404"):
+                raise SharedTierUnusable(f"{where}: no such bucket {self.bucket!r}") from None
+            raise SharedTierUnusable(f"{where}: {code}: {exc}") from None
+        except _TRANSPORT_ERRORS as exc:
+            raise StoreUnavailable(f"{where} does not answer: {exc}") from None
+        finally:
+            if answered:
+                self._delete_quietly(f"{self.prefix}{probe}/w", f"{self.prefix}{probe}/claim")
+        if winners != 1 or late:
+            raise SharedTierUnusable(
+                f"{where} does not honour If-None-Match: * on PUT ({winners} of 2 racing "
+                f"conditional PUTs of one new key succeeded, and a third after them "
+                f"{'also did' if late else 'did not'}): the shared tier needs it so that one "
+                "node fetches each block for all (S3's conditional writes); use a store that "
+                "has them, or remove the [[tiers]] entry with url"
+            )
+
+    def _put_once(self, key: str) -> bool:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=b"c", IfNoneMatch="*")
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in _ALREADY_THERE:
+                return False
+            raise
+        return True
+
+    def _delete_quietly(self, *keys: str) -> None:
+        for key in keys:
+            with contextlib.suppress(
+                botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError
+            ):
+                self._client.delete_object(Bucket=self.bucket, Key=key)
 
     def _call(self, op: str, key: str, **kwargs: Any) -> Any:
         """One botocore request, through the breaker (``_send``)."""

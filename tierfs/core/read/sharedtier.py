@@ -73,11 +73,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import trio
 import xxhash
 
 from tierfs.config.values import join_backing_url
 from tierfs.errors import StoreError
 from tierfs.store import ObjectStore
+from tierfs.store.shared import SharedTierUnusable
 
 from ..state.digests import block_digest
 from .fetcher import FETCH_RUN_BYTES, Origin, RangedGet
@@ -102,6 +104,8 @@ CLAIM_WAIT = 4.0
 #: A claim older than this is taken as dead (its node died or gave up): the
 #: block is fetched from the bucket at once, without waiting.
 CLAIM_STALE = 60.0
+#: Seconds between two checks of a shared tier that did not answer at mount.
+CHECK_INTERVAL = 30.0
 #: The first and the longest pause before a poll of a claimed block.
 FIRST_POLL = 0.02
 LAST_POLL = 0.2
@@ -173,6 +177,12 @@ class SharedTier:
         self._lock = threading.Lock()
         self._backlog = 0
         self._puts = ThreadPoolExecutor(PUT_THREADS, thread_name_prefix="tierfs-shared-put")
+        #: Why claims are off (``check``: the store has no conditional PUT);
+        #: None while they are on.  Off, every node that misses a block
+        #: fetches and puts it itself: correct, but no fetch-once.
+        self.fan_out_off: str | None = None
+        #: Has ``check`` had an answer from the tier (it was checked)?
+        self.checked = False
 
     def close(self) -> None:
         self._puts.shutdown(wait=False, cancel_futures=True)
@@ -217,6 +227,8 @@ class SharedTier:
         """Thread: claim the block before fetching it from the bucket.  WON:
         this node fetches and puts it; HELD: another node claimed it
         (``wait_for`` it); FAILED: the tier did not answer."""
+        if self.fan_out_off is not None:
+            return Claim.WON  # no claims: each node fetches what it misses
         try:
             won = self.bucket.put_if_absent(CLAIMS + shared_key, self.node.encode())
         except StoreError as exc:
@@ -347,8 +359,33 @@ class SharedTier:
             "name": self.name,
             "url": self.bucket.url,
             "endpoint": snapshot.as_dict(),
+            "fan_out": "on" if self.fan_out_off is None else f"OFF: {self.fan_out_off}",
+            "checked": self.checked,
             **figures,
         }
+
+    def check(self) -> bool:
+        """Thread: ``SharedBucket.check``.  True once the tier answered
+        (and claims are turned off if it has no conditional PUT, loudly);
+        False while it does not answer."""
+        try:
+            self.bucket.check()
+        except SharedTierUnusable as exc:
+            self.fan_out_off = str(exc)
+            log.error(
+                "%s; the shared tier runs without fan-out: every node fetches what it misses", exc
+            )
+        except StoreError as exc:
+            log.debug("shared tier check: %s", exc)
+            return False
+        self.checked = True
+        return True
+
+    async def check_until_answered(self, interval: float = CHECK_INTERVAL) -> None:
+        """Check the tier (``check``) until it answers: for a node that
+        mounted while its shared tier was away."""
+        while not await trio.to_thread.run_sync(self.check):
+            await trio.sleep(interval)
 
 
 class SharedOrigin(Origin):
