@@ -313,6 +313,9 @@ def _shared_line(shared: dict[str, Any]) -> str:
         )
         if shared.get(k)
     ]
+    fan_out = str(shared.get("fan_out", "on"))
+    if fan_out != "on":  # claims off: no fetch-once (said loudly)
+        problems.insert(0, f"FAN-OUT {fan_out}")
     return text + (f" ({', '.join(problems)})" if problems else "")
 
 
