@@ -294,6 +294,42 @@ async def test_a_share_false_rule_keeps_written_files_out_of_the_shared_tier(
     assert reader.fs.shared_tier is not None and reader.fs.shared_tier.stats["hits"] == 0
 
 
+async def test_a_share_false_rule_keeps_reads_out_of_the_shared_tier_too(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    """Under ``share = false`` a read neither asks the shared tier nor puts
+    what the bucket served there, even when another node (without the rule)
+    shared the blocks; ``preload --tier`` of such a file is refused."""
+    data = os.urandom(2 * MiB + 17)
+    put(s3_store, "private/model.pt", data)
+    put(s3_store, "public/model.pt", data)
+    tier = shared_config(seaweed)
+    rules = [RuleConfig(match="private/**", share=False)]
+    kept_out = await make_fs(node="a", shared_tier=tier, rules=rules)
+    shared = kept_out.fs.shared_tier
+    assert shared is not None
+    assert await kept_out.read_file("private/model.pt") == data
+    await trio.sleep(0.3)  # a put would have been queued at once
+    untouched = ("hits", "misses", "claims", "puts", "bytes_put")
+    assert [shared.stats[k] for k in untouched] == [0] * len(untouched)
+    assert await kept_out.read_file("public/model.pt") == data  # the tier works
+    await wait_puts(kept_out, 3)
+    assert shared.stats["bytes_put"] == len(data)
+
+    sharer = await make_fs(node="b", shared_tier=tier)  # no rule: shares private/ too
+    assert await sharer.read_file("private/model.pt") == data
+    await wait_puts(sharer, 3)
+    third = await make_fs(node="c", shared_tier=tier, rules=rules)
+    gets_before = len(third.store.gets)
+    assert await third.read_file("private/model.pt") == data
+    assert bucket_bytes(third, "private/model.pt", gets_before) == len(data)
+    assert third.fs.shared_tier is not None
+    assert [third.fs.shared_tier.stats[k] for k in untouched] == [0] * len(untouched)
+    inode = await third.fs.namespace.resolve("private/model.pt")
+    with pytest.raises(InvalidArgument, match="share = false"):
+        await third.fs.movement.fill_shared(inode.ino)
+
+
 async def test_a_preload_into_the_shared_tier_warms_it_for_every_node_and_fills_no_local_tier(
     make_fs: Any, s3_store: Any, seaweed: SeaweedCluster, nursery: trio.Nursery
 ) -> None:

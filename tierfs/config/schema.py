@@ -287,7 +287,7 @@ class RuleConfig:
         None,
         conv_bool,
         "boolean",
-        "false: files written here are not copied into the shared tier after their upload",
+        "false: kept out of the shared tier: reads go to the bucket, written files are not copied",
         shown="true",
     )
 

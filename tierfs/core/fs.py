@@ -225,7 +225,12 @@ class TierFS:
                 config.fetch.block_size,
                 node=f"{socket.gethostname()}:{os.getpid()}",
             )
-            origin = SharedOrigin(store, self.journal.read_origin, self.shared_tier)
+            origin = SharedOrigin(
+                store,
+                self.journal.read_origin,
+                self.shared_tier,
+                shares=lambda ino: self.policies.shares(ino),  # policies reload
+            )
         self.fetcher = Fetcher(
             self.open_files,
             origin,

@@ -158,6 +158,9 @@ class RangedGet:
     files: list[_CacheFiles | None]
     #: Asked between two blocks: end the GET there (see "Priority").
     stop: Callable[[], bool] | None = None
+    #: May the blocks come from, and go to, a tier shared with other nodes
+    #: (``Origin.shares``: no ``share = false`` rule over the file)?
+    shared: bool = True
 
 
 def _demand_priority() -> FetchPriority:
@@ -181,6 +184,11 @@ class Origin:
         if moving_from is not None:
             return moving_from, ""  # the ETag may change with a multipart copy
         return inode.origin_key, inode.etag
+
+    def shares(self, inode: Inode) -> bool:
+        """May ``inode``'s blocks be read from, and put into, a tier shared
+        by several nodes?  This origin shares nothing with anyone."""
+        return False
 
     def get_range_into(
         self, get: RangedGet, views: list[memoryview], stop: Callable[[], bool] | None
@@ -479,9 +487,16 @@ class Fetcher:
             files = [per_tier[t] if t is not None else None for t in tiers]
             try:
                 key, etag = self.origin.locate(cf.inode)
-                results = await self._get_in_thread(
-                    flight, RangedGet(key, etag, offset, from_origin, lengths, files)
+                get = RangedGet(
+                    key,
+                    etag,
+                    offset,
+                    from_origin,
+                    lengths,
+                    files,
+                    shared=self.origin.shares(cf.inode),
                 )
+                results = await self._get_in_thread(flight, get)
             except OSError as exc:
                 self._release_all(tiers, lengths)
                 if exc.errno == errno.ENOSPC:  # the filesystem is fuller than we thought

@@ -78,6 +78,7 @@ import xxhash
 
 from tierfs.config.values import join_backing_url
 from tierfs.errors import StoreError
+from tierfs.meta import Inode
 from tierfs.store import ObjectStore
 from tierfs.store.shared import SharedTierUnusable
 
@@ -399,15 +400,24 @@ class SharedOrigin(Origin):
         store: ObjectStore,
         moving_from: Callable[[int], str | None],
         shared: SharedTier,
+        shares: Callable[[int], bool] = lambda _ino: True,
     ) -> None:
+        """``shares(ino)``: may the file's blocks be read from and put into
+        the shared tier (no ``share = false`` rule over it)?"""
         super().__init__(store, moving_from)
         self.shared = shared
+        self._shares = shares
+
+    def shares(self, inode: Inode) -> bool:
+        return self._shares(inode.ino)
 
     def get_range_into(
         self, get: RangedGet, views: list[memoryview], stop: Callable[[], bool] | None
     ) -> int:
         shared = self.shared
         count = sum(1 for view in views if view)  # empty views: past the origin's end
+        if not get.shared:  # a share = false subtree: the bucket only, nothing put
+            return Origin.get_range_into(self, get, views, stop)
         if not get.etag or get.offset % shared.block_size:
             return self._from_bucket(get, views, 0, count, stop)
         served = 0

@@ -501,6 +501,8 @@ class DataMovement:
             raise InvalidArgument("this mount has no shared tier")
         inode = self._file(ino)
         key, etag = origin.locate(inode)
+        if not origin.shares(inode):
+            raise InvalidArgument(f"{key}: a share = false rule keeps it out of the shared tier")
         if not etag:
             raise StoreError(f"{key}: its ETag is not known yet (a rename is on its way)")
         nblocks = self._nblocks(inode.origin_size)

@@ -8,8 +8,9 @@ and it answers from memory:
   (fetched blocks are served from memory and never stored);
 * ``write_through(ino)``: does a close or fsync wait for the bucket (the
   rule's ``write``, else ``[write] mode``);
-* ``share_writes(ino)``: is the file copied into the shared tier once it
-  is uploaded (no ``share = false`` rule);
+* ``shares(ino)``: does the file take part in the shared tier: its blocks
+  read from there and put there, the file copied there once it is
+  uploaded (no ``share = false`` rule);
 * ``pinned_tier(ino)``: the tier the file must stay on (``tierfs pin`` of
   it or of a directory above it, or a ``pin = true`` rule);
 * ``slow_tier_read(ino, tier)``: a read was served from a tier slower than
@@ -168,9 +169,10 @@ class FilePolicies:
             return self.write_mode == "through"
         return match.rule.write == "through"
 
-    def share_writes(self, ino: int) -> bool:
-        """Is the file, once uploaded, copied into the shared tier (no
-        ``share = false`` rule)?"""
+    def shares(self, ino: int) -> bool:
+        """Does the file take part in the shared tier (no ``share = false``
+        rule): its blocks read from and put into it, and the file copied
+        there once it is uploaded?"""
         match = self.policy_of(ino).match
         return match is None or match.rule.share
 

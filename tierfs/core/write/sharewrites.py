@@ -25,7 +25,7 @@ Invariants:
 * Never on the writer's path: ``uploaded`` is O(1) on the loop; the queue
   is bounded (``QUEUE``) and a file that does not fit is skipped (counted
   as ``share_skipped``).
-* ``share = false`` rules (``FilePolicies.share_writes``) keep a subtree
+* ``share = false`` rules (``FilePolicies.shares``) keep a subtree
   out; symlinks are never copied.
 """
 
@@ -71,7 +71,7 @@ class SharedWrites:
 
     def uploaded(self, ino: int, key: str, etag: str) -> None:
         """On the loop: ``ino`` is in the bucket at ``key`` with ``etag``."""
-        if not etag or not self.policies.share_writes(ino):
+        if not etag or not self.policies.shares(ino):
             return
         try:
             self._send.send_nowait((ino, key, etag))
