@@ -4,6 +4,7 @@ shared bucket on a SeaweedFS cluster (``tests.seaweed_cluster``)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -17,7 +18,7 @@ from tests.core.test_metrics import scrape, value
 from tests.core.test_preload import run_preload
 from tests.seaweed_cluster import SeaweedCluster
 from tierfs.config import RuleConfig, SharedTierConfig
-from tierfs.core.read import sharedtier
+from tierfs.core.read import fetcher, sharedtier
 from tierfs.core.read.sharedtier import CLAIM_WAIT, CLAIMS, TRAILER
 from tierfs.errors import InvalidArgument
 from tierfs.metrics import Metrics
@@ -355,6 +356,59 @@ async def test_a_preload_into_the_shared_tier_warms_it_for_every_node_and_fills_
     for key, data in files.items():
         assert await reader.read_file(key) == data
     assert len(admin.store.gets) == gets_before  # every block from the shared tier
+
+
+async def test_a_preload_into_the_shared_tier_gives_way_to_demand_reads(
+    make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
+) -> None:
+    """The warm of ``preload --tier`` takes a fetch slot per GET (never one
+    for a whole file), makes its GETs short while demand reads are active
+    (the trickle) and lets a GET give way between two blocks when one
+    starts, as a local preload does; every block still ends up shared."""
+    data = os.urandom(20 * MiB + 5)  # 21 blocks of 1 MiB
+    put(s3_store, "big.bin", data)
+    put(s3_store, "big2.bin", data)
+    node = await make_fs(node="a", shared_tier=shared_config(seaweed))
+    origin = node.fs.fetcher.origin
+    assert isinstance(origin, sharedtier.SharedOrigin)
+    inode = await node.fs.namespace.resolve("big.bin")
+    taken: list[int] = []
+    given: list[object] = []
+
+    def take() -> tuple[object, bool]:
+        taken.append(len(node.store.gets))
+        return len(taken), True  # demand is active: the trickle
+
+    pace = sharedtier.WarmPace(take=take, give=given.append, stop=lambda: False)
+    fetched, present = await trio.to_thread.run_sync(
+        origin.warm, "big.bin", inode.etag, len(data), range(21), pace
+    )
+    assert (fetched, present) == (len(data), 0)
+    gets = [length for key, _start, length in node.store.gets if key == "big.bin"]
+    assert max(gets) <= fetcher.BACKGROUND_TRICKLE_BYTES and len(gets) == 3  # 8 + 8 + 5 blocks
+    assert len(taken) == len(given) == 3  # a slot per GET, each given back
+
+    inode = await node.fs.namespace.resolve("big2.bin")
+    taken.clear()
+    given.clear()
+    giving_way = sharedtier.WarmPace(take=lambda: (0, False), give=given.append, stop=lambda: True)
+    fetched, _ = await trio.to_thread.run_sync(
+        origin.warm, "big2.bin", inode.etag, len(data), range(21), giving_way
+    )
+    assert fetched == len(data)
+    gets2 = [(start, length) for key, start, length in node.store.gets if key == "big2.bin"]
+    # Each GET gave way after a block (a store may fill a short range whole,
+    # see ObjectStore.get_range_into): more GETs than the two runs of 16 MiB
+    # and 5 MiB without it, each starting at a block past the one before.
+    assert len(gets2) > 2 and gets2[0][0] == 0
+    assert all(b[0] > a[0] and b[0] % MiB == 0 for a, b in itertools.pairwise(gets2))
+    assert len(given) == len(gets2)
+
+    gets_before = len(node.store.gets)
+    reader = await make_fs(node="r", shared_tier=node.config.shared_tier)
+    assert await reader.read_file("big.bin") == data
+    assert await reader.read_file("big2.bin") == data
+    assert len(node.store.gets) == gets_before  # every block from the shared tier
 
 
 async def test_a_preload_into_an_unknown_tier_names_the_shared_tier_among_the_choices(

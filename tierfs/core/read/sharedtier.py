@@ -83,7 +83,7 @@ from tierfs.store import ObjectStore
 from tierfs.store.shared import SharedTierUnusable
 
 from ..state.digests import block_digest
-from .fetcher import FETCH_RUN_BYTES, Origin, RangedGet
+from .fetcher import BACKGROUND_TRICKLE_BYTES, FETCH_RUN_BYTES, Origin, RangedGet
 
 if TYPE_CHECKING:
     from tierfs.store.shared import SharedBucket
@@ -389,6 +389,18 @@ class SharedTier:
             await trio.sleep(interval)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WarmPace:
+    """How ``SharedOrigin.warm`` shares the fetch slots with demand reads
+    (called from its thread): ``take`` a BACKGROUND slot for one GET and
+    learn whether demand is active (the GET is then a short one), ``give``
+    it back; ``stop``: a GET gives way between two blocks."""
+
+    take: Callable[[], tuple[object, bool]]
+    give: Callable[[object], None]
+    stop: Callable[[], bool]
+
+
 class SharedOrigin(Origin):
     """An ``Origin`` that serves blocks from the shared tier before the
     bucket, claims the blocks it fetches from the bucket, waits for blocks
@@ -510,34 +522,67 @@ class SharedOrigin(Origin):
             shared.put_later(self._key(get, index), bytes(view), claimed=index < claimed)
         return got
 
-    def warm(self, key: str, etag: str, origin_size: int, blocks: range) -> tuple[int, int]:
+    def warm(
+        self,
+        key: str,
+        etag: str,
+        origin_size: int,
+        blocks: range,
+        pace: WarmPace | None = None,
+    ) -> tuple[int, int]:
         """Thread (``tierfs preload --tier SHARED``): make ``blocks`` of the
         object ``key`` at ``etag`` present in the shared tier, without
         filling any local tier.  A block already there (a HEAD), or claimed
         by another node that puts it, is counted as present; the others are
         claimed, fetched from the bucket in runs of up to 16 MiB and put
-        before this returns.  Returns (bytes fetched from the bucket and
-        put, bytes present already).  Raises StoreError when the shared
-        tier fails (nothing could be warmed) or a put failed."""
+        before this returns.  ``pace``: each run's GET holds a BACKGROUND
+        fetch slot taken for it alone, is a short one (the trickle) while
+        demand reads are active, and gives way between two blocks when one
+        starts, as a local preload's fetches do
+        (``tierfs.core.state.fetch_slots``).  Returns (bytes fetched from
+        the bucket and put, bytes present already).  Raises StoreError when
+        the shared tier fails (nothing could be warmed) or a put failed."""
         shared = self.shared
         size = shared.block_size
         fetched = present = 0
         run: list[int] = []
+        trickle_blocks = max(1, BACKGROUND_TRICKLE_BYTES // size)
+
+        def fetch_part(part: list[int], stop: Callable[[], bool] | None) -> int:
+            """The blocks of ``part`` from the bucket, each put; how many
+            blocks came whole (fewer when the GET gave way)."""
+            views = [memoryview(bytearray(min(size, origin_size - b * size))) for b in part]
+            get = RangedGet(key, etag, part[0] * size, sum(map(len, views)), [], [])
+            got = Origin.get_range_into(self, get, views, stop)
+            shared.count(bucket_bytes=got)
+            whole = 0
+            for view in views:
+                if got < len(view):
+                    break
+                got -= len(view)
+                whole += 1
+            if not whole:
+                raise StoreError(f"{key}: expected {get.length} bytes from the bucket, got none")
+            for blockno, view in zip(part[:whole], views, strict=False):
+                if not shared.put_now(self._key(get, blockno - part[0]), bytes(view)):
+                    raise StoreError(f"shared tier: putting block {blockno} of {key} failed")
+            return whole
 
         def fetch_run() -> int:
-            if not run:
-                return 0
-            views = [memoryview(bytearray(min(size, origin_size - b * size))) for b in run]
-            get = RangedGet(key, etag, run[0] * size, sum(map(len, views)), [], [])
-            got = Origin.get_range_into(self, get, views, None)
-            shared.count(bucket_bytes=got)
-            if got != get.length:
-                raise StoreError(f"{key}: expected {get.length} bytes from the bucket, got {got}")
-            for blockno, view in zip(run, views, strict=True):
-                if not shared.put_now(self._key(get, blockno - run[0]), bytes(view)):
-                    raise StoreError(f"shared tier: putting block {blockno} of {key} failed")
-            run.clear()
-            return got
+            done = 0
+            while run:
+                if pace is None:
+                    whole = fetch_part(list(run), None)
+                else:
+                    taken, trickle = pace.take()
+                    try:
+                        part = run[:trickle_blocks] if trickle else list(run)
+                        whole = fetch_part(part, pace.stop)
+                    finally:
+                        pace.give(taken)
+                done += sum(min(size, origin_size - b * size) for b in run[:whole])
+                del run[:whole]
+            return done
 
         for blockno in blocks:
             nbytes = min(size, origin_size - blockno * size)

@@ -147,7 +147,7 @@ from tierfs.meta import BlockRecord, Inode, MetaDB
 from tierfs.tiers import Tier, pwrite_all
 
 from ..read.fetcher import Fetcher
-from ..read.sharedtier import SharedOrigin
+from ..read.sharedtier import SharedOrigin, WarmPace
 from ..state.digests import BlockHasher, block_digest
 from ..state.fetch_slots import FetchPriority
 from ..state.journal import Journal
@@ -511,13 +511,23 @@ class DataMovement:
             if blocks is None
             else range(max(0, blocks.start), min(nblocks, blocks.stop))
         )
-        taken = await self.fetcher.slots.take(_background)
-        try:
-            fetched, present = await trio.to_thread.run_sync(
-                origin.warm, key, etag, inode.origin_size, wanted
-            )
-        finally:
-            self.fetcher.slots.give(taken)
+        slots = self.fetcher.slots
+
+        async def take() -> tuple[object, bool]:
+            taken = await slots.take(_background)
+            return taken, slots.demand_active()
+
+        # Each GET of the warm takes its own BACKGROUND slot, from the
+        # warm's thread: rule 4 of the slots (a trickle while demand reads
+        # are active, a GET that gives way) applies to it as to a local fill.
+        pace = WarmPace(
+            take=lambda: trio.from_thread.run(take),
+            give=lambda taken: trio.from_thread.run_sync(slots.give, taken),
+            stop=slots.demand_present,
+        )
+        fetched, present = await trio.to_thread.run_sync(
+            origin.warm, key, etag, inode.origin_size, wanted, pace
+        )
         return FillOutcome(nbytes=fetched, complete=True, present=present)
 
     # --- evict ---------------------------------------------------------------------------
