@@ -115,3 +115,25 @@ def test_found_later_without_conditional_writes_the_tier_runs_without_fan_out(
         assert len(fault_proxy.request_lines) == sent
     finally:
         tier.close()
+
+
+@pytest.mark.parametrize("engine", ["native", "botocore"])
+def test_a_block_whose_body_breaks_off_is_a_failure_the_breaker_counts(
+    moto_server: str, s3_client: Any, fault_proxy: FaultProxy, engine: str
+) -> None:
+    """The connection is reset in the middle of a block's body, after its
+    headers: the read fails (the block then comes from the bucket) and the
+    shared tier's breaker counts a failure, on both GET engines."""
+    shared = shared_bucket(s3_client, f"http://127.0.0.1:{fault_proxy.port}")
+    try:
+        if engine == "botocore":
+            shared._native = None
+        s3_client.put_object(Bucket=shared.bucket, Key=shared.prefix + "b/0", Body=b"x" * 65536)
+        assert bytes(shared.get("b/0", 65536) or b"") == b"x" * 65536
+        assert shared.breaker.snapshot().consecutive_failures == 0
+        fault_proxy.reset_next(1)
+        with pytest.raises(StoreUnavailable):
+            shared.get("b/0", 65536)
+        assert shared.breaker.snapshot().consecutive_failures == 1
+    finally:
+        shared.close()

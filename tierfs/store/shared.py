@@ -66,6 +66,8 @@ _TRANSPORT_ERRORS = (
     botocore.exceptions.HTTPClientError,
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectTimeoutError,
+    # A body shorter than its Content-Length (the connection closed early).
+    botocore.exceptions.IncompleteReadError,
 )
 
 
@@ -223,15 +225,20 @@ class SharedBucket:
                     "get_object", key, lambda: native.get(self.prefix + key, 0, size, None)
                 )
                 return memoryview(body)
-            answer = self._call("get_object", key, Range=f"bytes=0-{size - 1}")
-            data: bytes = answer["Body"].read()
+            # The body is read inside the request: one that breaks off after
+            # its headers is a failure the breaker is told of.
+            data: bytes = self._send(
+                "get_object",
+                key,
+                lambda: self._client.get_object(
+                    Bucket=self.bucket, Key=self.prefix + key, Range=f"bytes=0-{size - 1}"
+                )["Body"].read(),
+            )
             return data
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in _NOT_THERE:
                 return None
             raise StoreError(f"shared tier GET {key}: {_code(exc)}") from exc
-        except _TRANSPORT_ERRORS as exc:  # the body broke off
-            raise StoreUnavailable(f"shared tier GET {key}: {exc}") from exc
 
     def put(self, key: str, data: bytes) -> None:
         try:
