@@ -711,3 +711,26 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after("-3") == 0.0
     when = parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0)
     assert when == pytest.approx(10.0)
+
+
+def test_an_object_another_tool_deleted_leaves_no_sidecar_in_the_way(local_store: Any) -> None:
+    """``rm`` of an object's file in a ``file://`` bucket leaves its sidecar
+    (``.tierfs-meta/NAME``).  The directory is still given up when its last
+    object goes, and a file may take its name (found by the model test:
+    ``dd/x`` deleted by another tool, ``dd/`` removed, then a file ``dd``)."""
+    from pathlib import Path
+
+    root = Path(local_store.root)
+    local_store.put("dd/", b"")  # a directory's marker
+    local_store.put("dd/x", b"x")
+    (root / "dd" / "x").unlink()  # another tool; the sidecar stays
+    assert (root / "dd" / ".tierfs-meta" / "x").exists()
+    local_store.delete("dd/")  # rmdir through a mount
+    assert not (root / "dd").exists()
+    local_store.put("dd", b"now a file")
+    assert local_store.get_range("dd", 0, 100) == b"now a file"
+    # The same with the file put while the directory is still there.
+    local_store.put("ee/y", b"y")
+    (root / "ee" / "y").unlink()
+    local_store.put("ee", b"a file")
+    assert local_store.get_range("ee", 0, 100) == b"a file"

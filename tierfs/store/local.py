@@ -891,20 +891,33 @@ class LocalStore(ObjectStore):
             ) from None
         if path.name != MARKER_NAME and path.is_dir() and not path.is_symlink():
             # An empty leftover directory may be replaced by the file.
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
+            self._remove_if_empty(path)
 
     def _prune(self, directory: Path) -> None:
         """Remove ``directory`` and its parents while they are empty (lock held)."""
-        with contextlib.suppress(OSError):
-            os.rmdir(directory / META_DIR)
         current = directory
         while current != self.root and self.root in current.parents:
-            try:
-                os.rmdir(current)
-            except OSError:
+            if not self._remove_if_empty(current):
                 return
             current = current.parent
+
+    def _remove_if_empty(self, directory: Path) -> bool:
+        """Remove ``directory`` if it holds no object (lock held): its
+        sidecars whose object is gone go first.  Another tool may delete an
+        object's file and leave its sidecar (``rm`` in the directory), and
+        such a leftover must not keep a name from becoming a file."""
+        meta = directory / META_DIR
+        with contextlib.suppress(OSError):
+            for name in os.listdir(meta):
+                if not os.path.lexists(directory / name):
+                    with contextlib.suppress(OSError):
+                        os.unlink(meta / name)
+            os.rmdir(meta)
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return False
+        return True
 
 
 def _has_objects(top: str) -> bool:
