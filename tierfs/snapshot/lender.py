@@ -12,7 +12,10 @@ then read in place: no second copy on the node, no request to the bucket.
 Which mount: the live mount of the same config, the one a snapshot mount
 runs beside: in this node's mount table, of type ``fuse.tierfs``, whose
 source is exactly the snapshot's backing URL (a snapshot mount's source
-has ``?snapshot=`` after it, so none lends to another), and whose tiers
+has ``?snapshot=`` after it, so none lends to another), mounted by this
+daemon's own user (``user_id=``) with a control socket that user owns (any
+local user may run a FUSE daemon of that name and type, and the bytes it
+lent would reach every reader of the snapshot), and whose tiers
 (``status``) are the directories the snapshot's own cache lies in.  It is
 looked for at the first open and again at most every ``RETRY_SECONDS``
 while there is none, or after its connection broke (the live mount went
@@ -25,6 +28,7 @@ thread-safe (one request at a time).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -129,13 +133,19 @@ class LiveMountLender:
             before, _, after = line.partition(" - ")
             fields, tail = before.split(), after.split()
             live = len(tail) >= 2 and tail[0] == "fuse.tierfs" and tail[1] == self.source
-            if live and len(fields) >= 5 and self._same_tiers(_unescape(fields[4])):
+            # Any local user may run a FUSE daemon and name it so: only a
+            # mount made by this daemon's own user is trusted with the bytes.
+            ours = len(tail) >= 3 and f"user_id={os.geteuid()}" in tail[2].split(",")
+            if live and ours and len(fields) >= 5 and self._same_tiers(_unescape(fields[4])):
                 return _unescape(fields[4])
         return None
 
     def _same_tiers(self, mountpoint: str) -> bool:
         try:
-            status = request(locate(mountpoint).socket_path, "status", timeout=STATUS_TIMEOUT)
+            socket_path = locate(mountpoint).socket_path
+            if not _owned_by_us(socket_path):
+                return False
+            status = request(socket_path, "status", timeout=STATUS_TIMEOUT)
             return [tier["path"] for tier in status["tiers"]] == self.tier_paths
         except (OSError, TierfsError, KeyError, TypeError):
             return False
@@ -145,6 +155,19 @@ class LiveMountLender:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+
+
+def _owned_by_us(socket_path: str) -> bool:
+    """Is the control socket, and the directory it lies in, this user's own
+    and writable by no one else (a daemon of this user made it)?"""
+    try:
+        for path in (socket_path, os.path.dirname(socket_path)):
+            st = os.lstat(path)
+            if st.st_uid != os.geteuid():
+                return False
+        return os.lstat(os.path.dirname(socket_path)).st_mode & 0o022 == 0
+    except OSError:
+        return False
 
 
 def _unescape(field: str) -> str:

@@ -282,16 +282,23 @@ class RecordStore:
 
     def names(self) -> list[str]:
         """Every complete snapshot's name, sorted (those with a manifest)."""
-        found = []
-        for candidate in self._prefixes():
-            if _exists(self.store, f"{SNAPSHOT_ROOT}/{candidate}/{MANIFEST}"):
-                found.append(candidate)
-        return found
+        return self.survey()[0]
 
     def leftovers(self) -> list[str]:
         """Names with parts and no manifest: creates that did not finish."""
-        complete = set(self.names())
-        return [n for n in self._prefixes() if n not in complete and self._has_objects(n)]
+        return self.survey()[1]
+
+    def survey(self) -> tuple[list[str], list[str]]:
+        """``names`` and ``leftovers`` from one listing of the names (one
+        HEAD per name; a listing of a name without a manifest)."""
+        names: list[str] = []
+        leftovers: list[str] = []
+        for candidate in self._prefixes():
+            if _exists(self.store, f"{SNAPSHOT_ROOT}/{candidate}/{MANIFEST}"):
+                names.append(candidate)
+            elif self._has_objects(candidate):
+                leftovers.append(candidate)
+        return names, leftovers
 
     def _has_objects(self, name: str) -> bool:
         """Does anything remain under the name's prefix?  (A delimited

@@ -331,10 +331,10 @@ class Snapshots:
     async def list(self, caller: Caller) -> dict[str, Any]:
         def work() -> dict[str, Any]:
             found = []
-            for name in self.records.names():
+            names, leftovers = self.records.survey()
+            for name in names:
                 with contextlib.suppress(SnapshotNotFound):  # deleted meanwhile
                     found.append(self._described(self.records.manifest(name), caller))
-            leftovers = self.records.leftovers()
             return {"snapshots": found, "leftovers": leftovers}
 
         return await self._run_now(caller, "list", "", work)
