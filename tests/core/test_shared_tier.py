@@ -19,7 +19,7 @@ from tests.core.test_preload import run_preload
 from tests.seaweed_cluster import SeaweedCluster
 from tierfs.config import RuleConfig, SharedTierConfig
 from tierfs.core.read import fetcher, sharedtier
-from tierfs.core.read.sharedtier import CLAIM_WAIT, CLAIMS, TRAILER
+from tierfs.core.read.sharedtier import CLAIM_ALIVE, CLAIMS, TRAILER
 from tierfs.errors import InvalidArgument
 from tierfs.metrics import Metrics
 from tierfs.workers.wiring import preloader_for
@@ -202,9 +202,10 @@ async def claimed_elsewhere(
 async def test_a_block_claimed_by_a_node_that_died_is_read_from_the_bucket_within_the_budget(
     make_fs: Any, s3_store: Any, seaweed: SeaweedCluster
 ) -> None:
-    """A claim whose node died before putting the block: the next node
-    waits for it at most ``CLAIM_WAIT`` (under the foreground budget),
-    then reads it from the bucket and puts it for the others."""
+    """A claim whose node died before putting the block (nobody writes it
+    again): the next node sees it dead once it is ``CLAIM_ALIVE`` old, by
+    the cluster's clock, within the foreground budget of 5 s, then reads
+    the block from the bucket and puts it for the others."""
     tier = shared_config(seaweed)
     node, data, _key = await claimed_elsewhere(make_fs, s3_store, tier, "dead.bin")
     shared = node.fs.shared_tier
@@ -212,8 +213,9 @@ async def test_a_block_claimed_by_a_node_that_died_is_read_from_the_bucket_withi
     started = time.monotonic()
     assert await node.read_file("dead.bin") == data
     waited = time.monotonic() - started
-    assert CLAIM_WAIT * 0.9 <= waited < 5.0
-    assert (shared.stats["claims_held"], shared.stats["wait_timeouts"]) == (1, 1)
+    assert CLAIM_ALIVE - 1.0 <= waited < 5.0  # Last-Modified counts whole seconds
+    assert (shared.stats["claims_held"], shared.stats["claims_stale"]) == (1, 1)
+    assert shared.stats["wait_timeouts"] == 0
     await wait_puts(node, 1)
     other = await make_fs(node="b", shared_tier=tier)
     started = time.monotonic()
@@ -225,10 +227,10 @@ async def test_a_block_claimed_by_a_node_that_died_is_read_from_the_bucket_withi
 async def test_a_stale_claim_is_not_waited_for(
     make_fs: Any, s3_store: Any, seaweed: SeaweedCluster, monkeypatch: Any
 ) -> None:
-    """A claim older than ``CLAIM_STALE`` (by the cluster's clock) is dead:
-    the block is fetched at once.  (The default of 60 s is shortened to
-    0 here; the wait for a fresh claim is tested above with defaults.)"""
-    monkeypatch.setattr(sharedtier, "CLAIM_STALE", 0.0)
+    """A claim not written for ``CLAIM_ALIVE`` (by the cluster's clock) is
+    dead: the block is fetched at once.  (The default of 3 s is shortened
+    to 0 here; the wait for a fresh claim is tested above with defaults.)"""
+    monkeypatch.setattr(sharedtier, "CLAIM_ALIVE", 0.0)
     node, data, key = await claimed_elsewhere(make_fs, s3_store, shared_config(seaweed), "s.bin")
     shared = node.fs.shared_tier
     assert shared is not None

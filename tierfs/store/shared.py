@@ -15,7 +15,8 @@ per block, whose key names the backing object, its ETag and the block, and
 whose last 8 bytes are the block's xxh3.  This module only moves bytes:
 ``get``, ``put``,
 ``put_if_absent`` (a PUT with ``If-None-Match: *``: exactly one of many
-racing nodes creates the object; a node's claim of a block) and ``age``
+racing nodes creates the object; a node's claim of a block), ``delete``
+(a claim given up) and ``age``
 (how long ago an object was written, by the cluster's own clock: the
 ``Date`` of the answer minus the object's ``Last-Modified``, so the
 nodes' clocks do not matter).
@@ -260,6 +261,14 @@ class SharedBucket:
                 return False
             raise StoreError(f"shared tier conditional PUT {key}: {_code(exc)}") from exc
         return True
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (a claim given up); no error if it is not there."""
+        try:
+            self._call("delete_object", key)
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) not in _NOT_THERE:
+                raise StoreError(f"shared tier DELETE {key}: {_code(exc)}") from exc
 
     def age(self, key: str) -> float | None:
         """Seconds since ``key`` was written, by the cluster's clock; None if

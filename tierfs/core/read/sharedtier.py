@@ -27,24 +27,52 @@ absent, the next ones are *claimed* first (the run is probably cold):
         If-None-Match: *; exactly one node creates it):
       won   --> this node fetches it; the next blocks it wins join one
                 ranged GET of the bucket, and each block of it is put into
-                the shared tier at once by a background thread
-      held  --> another node fetches it: ``wait_for`` polls the block (``FIRST_POLL``
-                growing to ``LAST_POLL``, jittered) and serves it when it appears;
-                from the bucket instead after ``CLAIM_WAIT`` (4 s, under
-                the 5 s foreground budget), or at once if the claim is older
-                than ``CLAIM_STALE`` (60 s, by the cluster's clock: its node
-                died or gave up)
+                the shared tier at once by a background thread.  Until the
+                block is put, its claim is *alive*: written again every
+                ``HEARTBEAT`` (1 s) once held that long (``_heartbeat``); a
+                claim whose fetch or put failed is deleted (``release``)
+      held  --> another node fetches it: ``wait_for`` polls the block and
+                serves it when it appears; the next block is then asked for
+                again before it is claimed (the claimer's run most likely
+                goes on, and its blocks arrive together)
     damaged, or the tier fails --> that block and the rest of the run from
         the bucket with one ranged GET, put in the background
+
+While it waits, a node checks the claim (a HEAD: its age by the cluster's
+clock) at the third poll and at each poll past ``CLAIM_WAIT`` (2 s):
+
+    alive (age <= ``alive_for``: 3 s plus three times the slowest request
+        to the tier of the last ~10 s) --> wait on
+    gone (given up) --> claim it again
+    dead (older: its node died, or is too slow to write it again) -->
+        claim its next *generation* (``claims/<block key>.<n>``, again
+        with If-None-Match: *)
+    either claim won --> this node fetches the block (as a block it won)
+    either claim held --> another waiting node took it over: wait for that
+        one; past ``LAST_GENERATION``, or ``CLAIM_WAIT_LIMIT`` (30 s) of
+        waiting, the block is read from the bucket
+
+So a dead or given-up claimer costs one more fetch of its blocks, by one
+node, never a fetch by every node that waited.  Measured with 256
+simulated nodes whose shared cluster was slow under their load: when each
+waiting node read a block whose claim looked dead from the bucket itself,
+the bucket served 9-17 times the file; with the takeover, 1.03 times.
+A node learns how long claimed blocks take to arrive, and polls first
+after three quarters of that (``first_pause``: a node reading a file meets
+one claimed run after another, each about as slow as the last), later
+after pauses growing from ``FIRST_POLL`` to ``LAST_POLL`` and then to half
+the time waited, all jittered: it asks about once or twice per claimed run,
+whatever the bucket's speed or the number of nodes
+(``tests/bench/bench_fanout.py``; figures in docs/shared-tier.md).
 
 So when many nodes read the same cold blocks at once (a checkpoint at a
 job's start), each block is fetched from the bucket by about one node, and
 the others read it from the shared tier a moment later.  A duplicate fetch
-(a slow claimer, a stale claim) costs bucket bytes, never correctness: a
-block is only ever served after its length and xxh3 were checked, and a
-block's key names the object's ETag.  Claims are never deleted (the tier's
-own expiry removes them with the blocks); a node never waits on one that
-is older than ``CLAIM_STALE``.
+(a claim taken for dead, a claimer slower than ``CLAIM_WAIT_LIMIT``) costs
+bucket bytes, never correctness: a block is only ever served after its
+length and xxh3 were checked, and a block's key names the object's ETag.
+Claims of blocks that were put are left in place (the tier's own expiry
+removes them with the blocks); a node never waits on a dead one.
 
 A fetch without a known ETag (the object is being renamed in the journal)
 skips the shared tier.  The shared tier never fails a read the bucket can
@@ -61,6 +89,7 @@ bounded by the fetches in flight.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -99,20 +128,48 @@ TRAILER = struct.Struct("<Q")
 
 #: Claims are kept beside the blocks: ``<prefix>claims/blocks/...``.
 CLAIMS = "claims/"
-#: A node waits this long, at most, for a block another node claimed, then
-#: fetches it from the bucket itself (under the foreground budget of 5 s).
-CLAIM_WAIT = 4.0
-#: A claim older than this is taken as dead (its node died or gave up): the
-#: block is fetched from the bucket at once, without waiting.
-CLAIM_STALE = 60.0
+#: A node waits this long for a block another node claimed before it
+#: checks, every ``HEARTBEAT``, that the claim is still alive.
+CLAIM_WAIT = 2.0
+#: A claim not written again for this long (by the cluster's clock) is
+#: dead: its node died or gave up, and the block is fetched from the bucket
+#: at once.  A live claimer writes its claims again every ``HEARTBEAT``.
+CLAIM_ALIVE = 3.0
+#: Seconds between two writes of a claim its node still works on (only
+#: claims held this long are written again: most are done sooner).
+HEARTBEAT = 1.0
+#: Seconds over which the slowest request to the tier is remembered.
+LATENCY_WINDOW = 10.0
+#: A dead claim is taken over by claiming its next generation (exactly one
+#: waiting node wins it); past this many, the waiting nodes fetch the block.
+LAST_GENERATION = 3
+#: Threads writing claims again (``HEARTBEAT``).
+RENEW_THREADS = 4
+#: The longest wait for a block whose claimer is alive but slow: then it is
+#: read from the bucket all the same.
+CLAIM_WAIT_LIMIT = 30.0
+#: A claim this node still holds after this long is forgotten (no longer
+#: written again): a bug's claim must not stay alive for ever.
+CLAIM_HOLD_LIMIT = 120.0
 #: Seconds between two checks of a shared tier that did not answer at mount.
 CHECK_INTERVAL = 30.0
-#: The first and the longest pause before a poll of a claimed block.
+#: The first pause before a poll of a claimed block (until this node has
+#: learnt how long claimed blocks take to arrive), the shortest pause
+#: after it, and the longest first pause a learnt arrival time may give.
 FIRST_POLL = 0.02
 LAST_POLL = 0.2
+LONGEST_FIRST_POLL = 1.0
 #: The poll after which the claim's age is checked (a HEAD): most claimed
-#: blocks arrive before it (measured: a wave of 4 mounts needed 1-2 polls).
+#: blocks arrive before it.
 STALE_CHECK_POLL = 3
+
+
+def claim_key(shared_key: str, generation: int = 0) -> str:
+    """The claim of a block, in its ``generation`` (a dead claim's next
+    generation takes it over)."""
+    suffix = f".{generation}" if generation else ""
+    return f"{CLAIMS}{shared_key}{suffix}"
+
 
 _ETAG_SAFE = re.compile(r"[A-Za-z0-9-]{1,128}")
 
@@ -136,6 +193,7 @@ STAT_NAMES = (
     "claims",
     "claims_held",
     "claims_stale",
+    "claims_renewed",
     "waits",
     "wait_timeouts",
     "files_shared",
@@ -150,6 +208,18 @@ class Lookup(enum.Enum):
     MISS = "miss"
     DAMAGED = "damaged"
     FAILED = "failed"
+
+
+class Wait(enum.Enum):
+    """How a wait for a claimed block ended (``SharedTier.wait_for``)."""
+
+    #: The block arrived and was read.
+    SERVED = "served"
+    #: Its claimer gave the claim up and this node claimed it: fetch it, as
+    #: a block this node won.
+    CLAIMED = "claimed"
+    #: Fetch it from the bucket (a dead claim, the tier failed, ...).
+    FETCH = "fetch"
 
 
 class Claim(enum.Enum):
@@ -184,9 +254,26 @@ class SharedTier:
         self.fan_out_off: str | None = None
         #: Has ``check`` had an answer from the tier (it was checked)?
         self.checked = False
+        #: Claims this node won and has not put the block of yet: block key
+        #: -> (claim key, when claimed, when last written), monotonic
+        #: (``_heartbeat``).
+        self._holding: dict[str, tuple[str, float, float]] = {}
+        self._heartbeat_thread: threading.Thread | None = None
+        self._closed = threading.Event()
+        #: Seconds claimed blocks took to arrive lately (``first_pause``).
+        self._arrival = 0.0
+        #: The slowest request to the tier in this half window and the one
+        #: before (``_took``, ``alive_for``).
+        self._slowest = self._slowest_before = 0.0
+        self._window_start = time.monotonic()
+        #: Writes claims again, apart from the puts of blocks (which may
+        #: all be busy with slow PUTs): see ``_heartbeat``.
+        self._renewals = ThreadPoolExecutor(RENEW_THREADS, thread_name_prefix="tierfs-shared-renew")
 
     def close(self) -> None:
+        self._closed.set()
         self._puts.shutdown(wait=False, cancel_futures=True)
+        self._renewals.shutdown(wait=False, cancel_futures=True)
         self.bucket.close()
 
     def block_key(self, key: str, etag: str, blockno: int) -> str | None:
@@ -203,12 +290,14 @@ class SharedTier:
     def read_block(self, shared_key: str, into: memoryview) -> Lookup:
         """Thread: the block into ``into`` (its length is the block's) if
         the shared tier holds it whole and right."""
+        started = time.monotonic()
         try:
             found = self.bucket.get(shared_key, len(into) + TRAILER.size)
         except StoreError as exc:
             self.count(errors=1)
             log.debug("shared tier: %s: %s", shared_key, exc)
             return Lookup.FAILED
+        self._took(time.monotonic() - started)
         if found is None:
             self.count(misses=1)
             return Lookup.MISS
@@ -224,20 +313,89 @@ class SharedTier:
         self.count(hits=1, bytes_read=len(data))
         return Lookup.HIT
 
-    def claim(self, shared_key: str) -> Claim:
+    def claim(self, shared_key: str, generation: int = 0) -> Claim:
         """Thread: claim the block before fetching it from the bucket.  WON:
-        this node fetches and puts it; HELD: another node claimed it
-        (``wait_for`` it); FAILED: the tier did not answer."""
+        this node fetches and puts it (and keeps the claim alive until then,
+        ``_heartbeat``); HELD: another node claimed it (``wait_for`` it);
+        FAILED: the tier did not answer."""
         if self.fan_out_off is not None:
             return Claim.WON  # no claims: each node fetches what it misses
         try:
-            won = self.bucket.put_if_absent(CLAIMS + shared_key, self.node.encode())
+            won = self.bucket.put_if_absent(claim_key(shared_key, generation), self.node.encode())
         except StoreError as exc:
             self.count(errors=1)
             log.debug("shared tier: claim of %s: %s", shared_key, exc)
             return Claim.FAILED
         self.count(**{"claims" if won else "claims_held": 1})
+        if won:
+            now = time.monotonic()
+            with self._lock:
+                self._holding[shared_key] = (claim_key(shared_key, generation), now, now)
+                self._start_heartbeat()
         return Claim.WON if won else Claim.HELD
+
+    def release(self, shared_keys: list[str]) -> None:
+        """Thread: give up the claims of blocks this node will not put after
+        all (their fetch failed): deleted, so that nodes waiting for them
+        fetch them at once."""
+        for shared_key in shared_keys:
+            with self._lock:
+                held = self._holding.pop(shared_key, None)
+            if held is not None:
+                with contextlib.suppress(StoreError):
+                    self.bucket.delete(held[0])
+
+    def _done_with(self, shared_key: str) -> None:
+        with self._lock:
+            self._holding.pop(shared_key, None)
+
+    def _start_heartbeat(self) -> None:
+        """Under the lock: the thread that keeps this node's claims alive."""
+        if self._heartbeat_thread is None and not self._closed.is_set():
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeat, name="tierfs-shared-heartbeat", daemon=True
+            )
+            self._heartbeat_thread.start()
+
+    def _heartbeat(self) -> None:
+        """Thread: every half ``HEARTBEAT``, write again (``RENEW_THREADS``
+        at a time) each claim this node has held for ``HEARTBEAT`` since
+        it last wrote it, without putting its block yet (a fetch from a
+        slow bucket, a slow put): nodes waiting for it see it alive
+        (``alive_for``).  A claim is written again only once its last
+        write is done."""
+        renewing: set[str] = set()
+
+        def renew(key: str, claim: str) -> None:
+            try:
+                self.bucket.put(claim, self.node.encode())
+            except StoreError as exc:
+                log.debug("shared tier: renewing %s: %s", claim, exc)
+            else:
+                self.count(claims_renewed=1)
+            with self._lock:
+                renewing.discard(key)
+                held = self._holding.get(key)
+                if held is not None and held[0] == claim:
+                    self._holding[key] = (claim, held[1], time.monotonic())
+
+        while not self._closed.wait(HEARTBEAT / 2):
+            now = time.monotonic()
+            with self._lock:
+                for key, (_claim, since, _written) in list(self._holding.items()):
+                    if now - since > CLAIM_HOLD_LIMIT:
+                        del self._holding[key]
+                due = [
+                    (key, claim)
+                    for key, (claim, _since, written) in self._holding.items()
+                    if now - written >= HEARTBEAT and key not in renewing
+                ]
+                renewing.update(key for key, _claim in due)
+            for key, claim in due:
+                try:
+                    self._renewals.submit(renew, key, claim)
+                except RuntimeError:  # shut down
+                    return
 
     def holds(self, shared_key: str) -> bool:
         """Thread: is the block in the shared tier (a HEAD; not checked)?
@@ -245,48 +403,108 @@ class SharedTier:
         return self.bucket.age(shared_key) is not None
 
     def claim_is_stale(self, shared_key: str) -> bool:
-        """Thread: is the claim of the block gone or older than
-        ``CLAIM_STALE`` (its node died or gave up)?"""
-        age = self.bucket.age(CLAIMS + shared_key)
-        if age is None or age > CLAIM_STALE:
-            self.count(claims_stale=1)
+        """Thread: is the claim of the block gone, or dead (its node died
+        or gave up)?"""
+        return self.claim_alive(shared_key) is not True
+
+    def claim_alive(self, shared_key: str, generation: int = 0) -> bool | None:
+        """Thread: True while the claim of the block is alive, False once
+        it is dead (not written for ``alive_for``: its node died), None if
+        it is gone (given up, ``release``).  Raises StoreError."""
+        started = time.monotonic()
+        age = self.bucket.age(claim_key(shared_key, generation))
+        self._took(time.monotonic() - started)
+        if age is not None and age <= self.alive_for():
             return True
-        return False
+        self.count(claims_stale=1)
+        return None if age is None else False
+
+    def alive_for(self) -> float:
+        """How old a claim may be and still be alive: ``CLAIM_ALIVE``, plus
+        three times the time this tier's requests take lately (a loaded
+        cluster, a job's start on many nodes: the claimer's writes of its
+        claim queue there too, and are late)."""
+        with self._lock:
+            return CLAIM_ALIVE + 3 * max(self._slowest, self._slowest_before)
+
+    def _took(self, seconds: float) -> None:
+        """A request to the tier took ``seconds`` (``alive_for`` goes by the
+        slowest of the last ``LATENCY_WINDOW`` seconds or so)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._window_start > LATENCY_WINDOW / 2:
+                self._slowest_before, self._slowest = self._slowest, 0.0
+                self._window_start = now
+            self._slowest = max(self._slowest, seconds)
+
+    def first_pause(self) -> float:
+        """The pause before the first poll of a claimed block: three
+        quarters of how long claimed blocks took to arrive lately (a node
+        reading a file meets one claimed run after the other, each about as
+        slow as the last), so that a waiting node asks about once or twice
+        per block, whatever the bucket's speed or the number of nodes."""
+        with self._lock:
+            expected = self._arrival
+        return min(LONGEST_FIRST_POLL, max(FIRST_POLL, 0.75 * expected))
+
+    def _learn_arrival(self, seconds: float) -> None:
+        with self._lock:
+            self._arrival = 0.5 * self._arrival + 0.5 * seconds
 
     def wait_for(
         self, shared_key: str, into: memoryview, stop: Callable[[], bool] | None = None
-    ) -> bool:
-        """Thread: wait for a block another node claimed, polling with
-        growing, jittered pauses, and read it into ``into``.  False, to
-        fetch it from the bucket instead, once ``CLAIM_WAIT`` passed, when
-        the claim is older than ``CLAIM_STALE`` (its node died or gave up),
-        when the block is damaged or the tier fails, or when ``stop`` says
-        to give way."""
-        deadline = time.monotonic() + CLAIM_WAIT
-        pause = FIRST_POLL
+    ) -> Wait:
+        """Thread: wait for a block another node claimed, and read it into
+        ``into``.  Polls: first after ``first_pause``, then with pauses
+        growing from ``FIRST_POLL`` to ``LAST_POLL`` (and to half the time
+        waited, past that), jittered.  The claim's age is checked at
+        ``STALE_CHECK_POLL`` and at every poll past ``CLAIM_WAIT``.  False,
+        SERVED once the block is read into ``into``.  A claim that is gone
+        (its claimer gave up) is claimed again: CLAIMED if this node won it
+        (and fetches the block), and the wait goes on if another did.
+        FETCH, to fetch it from the bucket, when the claim is dead
+        (``alive_for``), after ``CLAIM_WAIT_LIMIT``, when the block is
+        damaged or the tier fails, or when ``stop`` says to give way."""
+        started = time.monotonic()
+        pause = self.first_pause()
         polls = 0
+        generation = 0
         while True:
-            # The claimer has just begun its GET of the bucket: pause first.
-            left = deadline - time.monotonic()
+            waited = time.monotonic() - started
+            left = CLAIM_WAIT_LIMIT - waited
             if left <= 0 or (stop is not None and stop()):
                 self.count(wait_timeouts=1)
-                return False
-            time.sleep(min(left, pause * random.uniform(0.5, 1.5)))
-            pause = min(pause * 2, LAST_POLL)
+                return Wait.FETCH
+            # The claimer has just begun its GET of the bucket: pause first.
+            time.sleep(min(left, pause * random.uniform(0.75, 1.25)))
+            pause = max(FIRST_POLL, min(pause * 2, max(LAST_POLL, waited / 2)))
             found = self.read_block(shared_key, into)
             if found is Lookup.HIT:
+                self._learn_arrival(time.monotonic() - started)
                 self.count(waits=1)
-                return True
+                return Wait.SERVED
             if found is not Lookup.MISS:
-                return False
+                return Wait.FETCH
             polls += 1
-            if polls == STALE_CHECK_POLL:  # still not there: is the claim alive?
-                try:
-                    if self.claim_is_stale(shared_key):
-                        return False
+            if polls == STALE_CHECK_POLL or time.monotonic() - started >= CLAIM_WAIT:
+                try:  # still not there: is the claim alive?
+                    alive = self.claim_alive(shared_key, generation)
                 except StoreError:
                     self.count(errors=1)
-                    return False
+                    return Wait.FETCH
+                if alive is not True:
+                    # Given up (gone), or dead: one of the waiting nodes takes
+                    # it over, by claiming it again, or its next generation.
+                    if alive is False:
+                        generation += 1
+                    if generation > LAST_GENERATION:
+                        return Wait.FETCH
+                    claim = self.claim(shared_key, generation)
+                    if claim is Claim.WON:
+                        return Wait.CLAIMED
+                    if claim is Claim.FAILED:
+                        return Wait.FETCH
+                    polls = 0  # another node took it over: wait for that one
 
     def put_later(self, shared_key: str, data: bytes, *, claimed: bool = False) -> None:
         """Thread: put the block into the shared tier in the background.
@@ -339,12 +557,16 @@ class SharedTier:
     def put_now(self, shared_key: str, data: bytes) -> bool:
         """Thread: put the block into the shared tier now, with its xxh3;
         False if that failed (counted, never raised: a cache fill)."""
+        started = time.monotonic()
         try:
             self.bucket.put(shared_key, data + TRAILER.pack(block_digest(data)))
+            self._took(time.monotonic() - started)
         except Exception as exc:
             self.count(puts_failed=1)
             log.debug("shared tier: putting %s failed: %s", shared_key, exc)
+            self.release([shared_key])
             return False
+        self._done_with(shared_key)
         self.count(puts=1, bytes_put=len(data))
         return True
 
@@ -462,10 +684,18 @@ class SharedOrigin(Origin):
                 if got < sum(len(view) for view in views[mine:index]):
                     return served
                 mine = None
-            if not shared.wait_for(shared_key, views[index], stop):
+            waited = shared.wait_for(shared_key, views[index], stop)
+            if waited is Wait.CLAIMED:  # its claimer gave up, and this node took it
+                mine = index
+                index += 1
+                continue
+            if waited is Wait.FETCH:
                 return served + self._rest(get, views, mine, index, count, stop)
             served += len(views[index])
             index += 1
+            # The claimer's run most likely goes on: ask for the next block
+            # (it is probably there already) before claiming it.
+            cold = False
         if mine is not None:
             served += self._from_bucket(get, views, mine, index, None, claimed=index)
         return served
@@ -510,13 +740,19 @@ class SharedOrigin(Origin):
         if not blocks:
             return 0
         offset = get.offset + sum(len(view) for view in views[:start])
-        got = super().get_range_into(dataclasses.replace(get, offset=offset), blocks, stop)
+        try:
+            got = super().get_range_into(dataclasses.replace(get, offset=offset), blocks, stop)
+        except BaseException:
+            if get.etag and not get.offset % shared.block_size:
+                shared.release([self._key(get, i) for i in range(start, min(end, claimed))])
+            raise
         shared.count(bucket_bytes=got)
         if not get.etag or get.offset % shared.block_size:
             return got
         left = got
         for index, view in enumerate(blocks, start=start):
-            if left < len(view):
+            if left < len(view):  # this block and the next ones did not come
+                shared.release([self._key(get, i) for i in range(index, min(end, claimed))])
                 break
             left -= len(view)
             shared.put_later(self._key(get, index), bytes(view), claimed=index < claimed)
@@ -584,23 +820,28 @@ class SharedOrigin(Origin):
                 del run[:whole]
             return done
 
-        for blockno in blocks:
-            nbytes = min(size, origin_size - blockno * size)
-            shared_key = shared.block_key(key, etag, blockno)
-            if nbytes <= 0 or shared_key is None:
-                continue
-            if shared.holds(shared_key):
-                present += nbytes
-                fetched += fetch_run()
-                continue
-            claim = shared.claim(shared_key)
-            if claim is Claim.FAILED:
-                raise StoreError(f"shared tier {shared.bucket.url}: it did not answer")
-            if claim is Claim.HELD and not shared.claim_is_stale(shared_key):
-                present += nbytes  # the claiming node puts it
-                fetched += fetch_run()
-                continue
-            run.append(blockno)
-            if len(run) * size >= FETCH_RUN_BYTES:
-                fetched += fetch_run()
-        return fetched + fetch_run(), present
+        try:
+            for blockno in blocks:
+                nbytes = min(size, origin_size - blockno * size)
+                shared_key = shared.block_key(key, etag, blockno)
+                if nbytes <= 0 or shared_key is None:
+                    continue
+                if shared.holds(shared_key):
+                    present += nbytes
+                    fetched += fetch_run()
+                    continue
+                claim = shared.claim(shared_key)
+                if claim is Claim.FAILED:
+                    raise StoreError(f"shared tier {shared.bucket.url}: it did not answer")
+                if claim is Claim.HELD and not shared.claim_is_stale(shared_key):
+                    present += nbytes  # the claiming node puts it
+                    fetched += fetch_run()
+                    continue
+                run.append(blockno)
+                if len(run) * size >= FETCH_RUN_BYTES:
+                    fetched += fetch_run()
+            fetched += fetch_run()
+        except BaseException:  # the claims of blocks not put: for others to fetch
+            shared.release([k for b in run if (k := shared.block_key(key, etag, b)) is not None])
+            raise
+        return fetched, present
