@@ -77,7 +77,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.common import fmt_size, log, parse_size, table  # noqa: E402
+from tests.bench.common import cpu_seconds, fmt_size, log, parse_size, table  # noqa: E402
 
 FILE_KEY = "ckpt/model.pt"
 TREE = "dataset"
@@ -199,7 +199,12 @@ def worker() -> int:
         ),
         max_pool_connections=max(10, len(nodes) * spec["depth"]),
     )
-    parts = [_node_parts(spec, index, backing) for index in nodes]
+    if spec["case"] == "alone":  # no shared tier: the bucket only
+        from tierfs.core.read.fetcher import Origin
+
+        parts = [(None, Origin(backing, lambda _ino: None)) for _ in nodes]
+    else:
+        parts = [_node_parts(spec, index, backing) for index in nodes]
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 1
@@ -210,7 +215,7 @@ def worker() -> int:
         tier, origin = parts[slot]
         start = time.monotonic()
         try:
-            if spec["case"] == "file":
+            if spec["case"] in ("file", "alone"):
                 file = spec["file"]
                 _read_file(
                     origin,
@@ -233,6 +238,10 @@ def worker() -> int:
         except Exception as exc:  # reported, the run goes on
             errors.append(f"node {nodes[slot]}: {exc!r}")
         seconds = time.monotonic() - start
+        if tier is None:
+            results[slot] = {"node": nodes[slot], "seconds": seconds, "waited": 0.0}
+            results[slot].update(requests={}, stats={})
+            return
         tier._puts.shutdown(wait=True)  # its puts are part of the case
         results[slot] = {
             "node": nodes[slot],
@@ -242,12 +251,14 @@ def worker() -> int:
             "stats": dict(tier.stats),
         }
 
+    cpu0 = time.process_time()
     threads = [threading.Thread(target=run_node, args=(slot,)) for slot in range(len(parts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"nodes": results, "errors": errors}), flush=True)
+    cpu = time.process_time() - cpu0  # from "go" on: not the imports and set-up
+    print(json.dumps({"nodes": results, "errors": errors, "cpu": cpu}), flush=True)
     return 0
 
 
@@ -290,7 +301,8 @@ class FanoutBench:
                 self.proxy = proxy
                 proxy.delay = self.args.latency
                 proxy.rate = self.args.rate
-                self.alone()
+                if self.file:
+                    self.case("alone", 1)
                 for n in self.args.nodes:
                     self.case("file", n)
                 for n in self.args.tree_nodes:
@@ -334,31 +346,12 @@ class FanoutBench:
                 counts[labels.get("type", "?")] += int(float(match.group(2)))
         return counts
 
-    def alone(self) -> None:
-        """One node reads the file from the far bucket, no shared tier."""
-        if not self.file:
-            return
-        from tierfs.config.schema import BackingConfig
-        from tierfs.core.read.fetcher import Origin
-        from tierfs.store import open_store
-
-        with _environ(self.env):
-            store = open_store(
-                BackingConfig(
-                    url="s3://backing", endpoint_url=self.proxy.endpoint, region="us-east-1"
-                )
-            )
-            start = time.monotonic()
-            _read_file(
-                Origin(store, lambda _ino: None),
-                self.file["key"],
-                self.file["etag"],
-                self.file["size"],
-                self.args.block_size,
-                self.args.depth,
-            )
-            self.alone_seconds = time.monotonic() - start
-        log(f"alone: {self.alone_seconds:.1f} s from the far bucket")
+    def seaweed_cpu(self) -> float:
+        return sum(
+            cpu_seconds(process.proc.pid)
+            for process in self.cluster._processes.values()
+            if process.proc is not None
+        )
 
     def case(self, case: str, n: int) -> None:
         a = self.args
@@ -376,7 +369,7 @@ class FanoutBench:
             "put_backlog": _available_memory() // 3 // n,
             "timeout": a.timeout,
         }
-        if case == "file":
+        if case in ("file", "alone"):
             base["file"] = self.file
             data = self.file["size"]
             blocks = -(-data // a.block_size)
@@ -406,6 +399,7 @@ class FanoutBench:
                     raise RuntimeError("a worker did not start")
             down0 = self.proxy.bytes_down
             server0 = self.server_requests()
+            seaweed0 = self.seaweed_cpu()
             start = time.monotonic()
             for proc in workers:
                 assert proc.stdin is not None
@@ -413,6 +407,7 @@ class FanoutBench:
                 proc.stdin.flush()
             results: list[dict[str, Any]] = []
             errors: list[str] = []
+            nodes_cpu = 0.0
             for proc in workers:
                 assert proc.stdout is not None
                 line = proc.stdout.readline()
@@ -421,9 +416,11 @@ class FanoutBench:
                 got = json.loads(line)
                 results += got["nodes"]
                 errors += got["errors"]
+                nodes_cpu += got["cpu"]
             wall = time.monotonic() - start
             server = self.server_requests() - server0
             bucket = self.proxy.bytes_down - down0
+            seaweed = self.seaweed_cpu() - seaweed0
         finally:
             for proc in workers:
                 with contextlib.suppress(OSError):
@@ -442,6 +439,11 @@ class FanoutBench:
         answered = sum(server.values())
         served_by_get = requests["get_hit"]
         extra = (answered - served_by_get) / (n * blocks)
+        if case == "alone":
+            self.alone_seconds = wall
+            self.alone_cpu_per_gib = nodes_cpu / (data / 2**30)
+            log(f"alone: {wall:.1f} s, {self.alone_cpu_per_gib:.2f} CPU s per GiB from the bucket")
+            return
         seconds = sorted(r["seconds"] for r in results)
         waited = sorted(r["waited"] for r in results)
         row = {
@@ -462,6 +464,9 @@ class FanoutBench:
             "waited_median": waited[len(waited) // 2],
             "waited_max": waited[-1],
             "errors": len(errors),
+            "nodes_cpu": nodes_cpu,
+            "seaweed_cpu": seaweed,
+            "node_cpu_per_gib": nodes_cpu / (n * data / 2**30),
             "wait_timeouts": sum(r["stats"].get("wait_timeouts", 0) for r in results),
             "claims_stale": sum(r["stats"].get("claims_stale", 0) for r in results),
             "fetchers": sum(1 for r in results if r["stats"].get("bucket_bytes", 0)),
@@ -470,6 +475,8 @@ class FanoutBench:
         for r in results:
             totals.update(r["stats"])
         row["stats"] = dict(totals)
+        served = totals["bytes_read"] / 2**30
+        row["seaweed_cpu_per_gib_served"] = seaweed / served if served else 0.0
         self.rows.append(row)
         log(
             f"  {case} {n}: bucket {row['bucket_x']:.3f}x, {extra:.2f} extra requests per node "
@@ -485,11 +492,14 @@ class FanoutBench:
             f"{a.processes} processes, shared tier timeout {a.timeout:g} s"
         )
         if self.file:
-            print(f"one node alone, no shared tier: {self.alone_seconds:.1f} s for the file")
+            print(
+                f"one node alone, no shared tier: {self.alone_seconds:.1f} s for the file, "
+                f"{self.alone_cpu_per_gib:.2f} CPU s per GiB"
+            )
         header = [
             "case", "nodes", "blocks", "bucket x", "extra req/node/block", "GET", "PUT", "HEAD",
             "hits", "404", "claims won/lost", "node s med/max", "waited s med/max", "timeouts", "stale",
-            "fetchers",
+            "fetchers", "node CPU s/GiB", "weed CPU s/GiB",
         ]  # fmt: skip
         rows = []
         for r in self.rows:
@@ -512,10 +522,17 @@ class FanoutBench:
                     str(r["wait_timeouts"]),
                     str(r["claims_stale"]),
                     str(r["fetchers"]),
+                    f"{r['node_cpu_per_gib']:.2f}",
+                    f"{r['seaweed_cpu_per_gib_served']:.2f}",
                 ]
             )
         for line in table(header, rows):
             print(line)
+        print(
+            "node CPU s/GiB: the worker processes' CPU over the bytes the nodes read; "
+            "weed CPU s/GiB: SeaweedFS's CPU (all its processes, puts included) over the "
+            "bytes it served"
+        )
         print()
         for r in self.rows:
             if r["case"] != "file":
