@@ -421,6 +421,10 @@ class FanoutBench:
             server = self.server_requests() - server0
             bucket = self.proxy.bytes_down - down0
             seaweed = self.seaweed_cpu() - seaweed0
+        except BaseException:  # Ctrl-C, a dead worker: stop the others now
+            for proc in workers:
+                proc.kill()
+            raise
         finally:
             for proc in workers:
                 with contextlib.suppress(OSError):

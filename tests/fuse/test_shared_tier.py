@@ -6,6 +6,9 @@ the shared tier, not from the bucket."""
 from __future__ import annotations
 
 import os
+import signal
+import statistics
+import subprocess
 import time
 import uuid
 from typing import Any
@@ -13,7 +16,13 @@ from typing import Any
 import pytest
 
 from tests.faults import FaultProxy
-from tests.fuse.conftest import MountFactory, run_tierfs
+from tests.fuse.conftest import (
+    MountFactory,
+    daemon_env,
+    run_tierfs,
+    tierfs_command,
+    wait_until,
+)
 from tests.seaweed_cluster import SeaweedCluster
 
 pytestmark = pytest.mark.fuse
@@ -131,3 +140,84 @@ def test_a_shared_tier_without_conditional_writes_is_refused_at_mount_and_by_pol
     assert run_tierfs("policy", "check", str(m.config_path)).returncode == 0
     m.mount()
     assert m.status()["shared_tier"]["fan_out"] == "on"
+
+
+def test_a_preload_into_the_shared_tier_lets_demand_reads_through_within_twice_idle(
+    mount: MountFactory, seaweed: SeaweedCluster, fault_proxy: FaultProxy
+) -> None:
+    """``tierfs preload --tier cluster`` of a slow prefix (its GETs paced,
+    one file per second, as in tests/fuse/test_preload_latency.py) while
+    cold small files are read: their median latency stays within twice
+    that of the same reads with nothing running.  Each of the preload's
+    GETs holds a background fetch slot of its own (``[fetch] concurrency
+    = 2``), so a demand read never queues behind it."""
+    from tests.fuse.test_preload_latency import (
+        DELAY,
+        PACE,
+        PRELOADED,
+        READS,
+        SMALL,
+        Pacer,
+        preload_fetching,
+        timed_read,
+    )
+
+    small = {f"lat/f{i:02d}.bin": os.urandom(SMALL) for i in range(2 * READS)}
+    bulk = {f"bulk/f{i:03d}.bin": os.urandom(SMALL) for i in range(PRELOADED)}
+    m = mount(
+        {**small, **bulk},
+        extra_config=shared_toml(seaweed),
+        nvme="256MiB",
+        block_size="1MiB",
+        list_ttl="600s",
+        revalidate_ttl="600s",
+        endpoint_url=fault_proxy.endpoint,
+        fetch_concurrency=2,
+        dir_readahead=0,
+    )
+    names = sorted(os.listdir(m.path / "lat"))
+    assert len(names) == 2 * READS
+    assert len(os.listdir(m.path / "bulk")) == PRELOADED
+    fault_proxy.delay = DELAY
+    bulk_get = f"GET /{m.bucket}/{m.key('bulk/')}"
+    pacer = Pacer(fault_proxy, lambda line: line.startswith(bulk_get), PACE)
+    preload: subprocess.Popen[str] | None = None
+    try:
+        idle = [timed_read(m.path / "lat" / name) for name in names[0::2]]
+        preload = subprocess.Popen(
+            [*tierfs_command(), "preload", "--tier", "cluster", str(m.path / "bulk"), "--json"],
+            env=daemon_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert wait_until(lambda: preload_fetching(m.status()), timeout=20, interval=0.05), (
+            "the preload did not start fetching"
+        )
+        during = [timed_read(m.path / "lat" / name) for name in names[1::2]]
+        preload_ran_throughout = preload.poll() is None
+        (job,) = m.status()["preloads"]
+    finally:
+        pacer.stop()
+        fault_proxy.delay = 0.0
+        if preload is not None:
+            if preload.poll() is None:
+                preload.send_signal(signal.SIGINT)
+            try:
+                preload.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                preload.kill()
+                preload.wait()
+    for name in names:
+        assert (m.path / "lat" / name).read_bytes() == small[f"lat/{name}"]
+    idle_median, during_median = statistics.median(idle), statistics.median(during)
+    print(
+        f"\ncold {SMALL // 1024} KiB reads beside a shared-tier preload: idle median "
+        f"{1e3 * idle_median:.0f} ms, during {1e3 * during_median:.0f} ms; "
+        f"{job['files_done']} files preloaded, {fault_proxy.held} GETs held"
+    )
+    assert min(idle + during) >= DELAY  # each read went to the bucket
+    assert during_median <= 2 * idle_median, (idle, during)
+    assert fault_proxy.held > 0 and preload_ran_throughout
+    assert job["state"] == "fetching" and job["files_done"] < PRELOADED

@@ -143,6 +143,9 @@ LATENCY_WINDOW = 10.0
 #: A dead claim is taken over by claiming its next generation (exactly one
 #: waiting node wins it); past this many, the waiting nodes fetch the block.
 LAST_GENERATION = 3
+#: Requests of one wait that may get no answer before the block is read
+#: from the bucket (``_may_wait_on``).
+FORGIVEN_FAILURES = 1
 #: Threads writing claims again (``HEARTBEAT``).
 RENEW_THREADS = 4
 #: The longest wait for a block whose claimer is alive but slow: then it is
@@ -464,11 +467,13 @@ class SharedTier:
         (and fetches the block), and the wait goes on if another did.
         FETCH, to fetch it from the bucket, when the claim is dead
         (``alive_for``), after ``CLAIM_WAIT_LIMIT``, when the block is
-        damaged or the tier fails, or when ``stop`` says to give way."""
+        damaged, when the tier does not answer twice (``_may_wait_on``), or
+        when ``stop`` says to give way."""
         started = time.monotonic()
         pause = self.first_pause()
         polls = 0
         generation = 0
+        failed = 0  # polls and checks that got no answer
         while True:
             waited = time.monotonic() - started
             left = CLAIM_WAIT_LIMIT - waited
@@ -483,6 +488,8 @@ class SharedTier:
                 self._learn_arrival(time.monotonic() - started)
                 self.count(waits=1)
                 return Wait.SERVED
+            if found is Lookup.FAILED and self._may_wait_on(failed := failed + 1):
+                continue  # no answer once (a loaded tier): not yet a reason to go to the bucket
             if found is not Lookup.MISS:
                 return Wait.FETCH
             polls += 1
@@ -491,6 +498,8 @@ class SharedTier:
                     alive = self.claim_alive(shared_key, generation)
                 except StoreError:
                     self.count(errors=1)
+                    if self._may_wait_on(failed := failed + 1):
+                        continue
                     return Wait.FETCH
                 if alive is not True:
                     # Given up (gone), or dead: one of the waiting nodes takes
@@ -505,6 +514,13 @@ class SharedTier:
                     if claim is Claim.FAILED:
                         return Wait.FETCH
                     polls = 0  # another node took it over: wait for that one
+
+    def _may_wait_on(self, failed: int) -> bool:
+        """After ``failed`` requests of one wait got no answer: wait on?
+        One is forgiven (a loaded tier answers late now and then); a second,
+        or an open breaker, sends the block to the bucket, so a tier that
+        stopped answering costs a wait at most two ``timeout``s."""
+        return failed <= FORGIVEN_FAILURES and not self.bucket.breaker.is_open
 
     def put_later(self, shared_key: str, data: bytes, *, claimed: bool = False) -> None:
         """Thread: put the block into the shared tier in the background.
