@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import FaultProxy
 from tierfs.config.schema import SharedTierConfig
 from tierfs.core.read.sharedtier import (
     CLAIM_ALIVE,
@@ -143,3 +144,33 @@ def test_a_dead_claim_is_taken_over_by_one_waiting_node_not_by_all(
         assert other["found"] is Wait.SERVED and bytes(other["into"]) == data
     finally:
         second.close()
+
+
+def test_a_claim_without_an_answer_is_waited_on_and_sorted_out_by_its_check(
+    s3_client: Any, fault_proxy: FaultProxy
+) -> None:
+    """The claim's PUT reached the tier but its answer was lost (a loaded
+    tier): the node cannot know it holds the claim.  It waits as for a held
+    one instead of going to the bucket; nobody writes that claim again, so
+    its check finds it dead and the node takes it over (the next
+    generation), once: one fetch, by one node."""
+    name = f"shared-{uuid.uuid4().hex[:10]}"
+    s3_client.create_bucket(Bucket=name)
+    config = SharedTierConfig(
+        name="cluster", url=f"s3://{name}/tier", endpoint_url=fault_proxy.endpoint,
+        region="us-east-1",
+    )  # fmt: skip
+    node = SharedTier("cluster", SharedBucket(config), "s3://backing", BLOCK, node="a")
+    try:
+        key = node.block_key("ckpt/model.pt", "etag1", 4)
+        assert key is not None
+        fault_proxy.fail_responses(1, match="PUT ")
+        assert node.claim(key).value == "failed"
+        assert node.bucket.age("claims/" + key) is not None  # it was made all the same
+        started = time.monotonic()
+        found = node.wait_for(key, memoryview(bytearray(BLOCK)), failed=1)
+        assert found is Wait.CLAIMED
+        assert CLAIM_ALIVE - 1.0 <= time.monotonic() - started < 6.0
+        assert node.bucket.age("claims/" + key + ".1") is not None
+    finally:
+        node.close()

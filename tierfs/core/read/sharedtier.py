@@ -35,7 +35,11 @@ absent, the next ones are *claimed* first (the run is probably cold):
                 serves it when it appears; the next block is then asked for
                 again before it is claimed (the claimer's run most likely
                 goes on, and its blocks arrive together)
-    damaged, or the tier fails --> that block and the rest of the run from
+    no answer to the claim (a loaded tier: it may have been made) -->
+        waited for as a held one, forgiven once (``may_wait_on``): the
+        claim's check sorts it out
+    damaged, or the tier fails (its breaker open, or a second request
+        without an answer) --> that block and the rest of the run from
         the bucket with one ranged GET, put in the background
 
 While it waits, a node checks the claim (a HEAD: its age by the cluster's
@@ -144,7 +148,7 @@ LATENCY_WINDOW = 10.0
 #: waiting node wins it); past this many, the waiting nodes fetch the block.
 LAST_GENERATION = 3
 #: Requests of one wait that may get no answer before the block is read
-#: from the bucket (``_may_wait_on``).
+#: from the bucket (``may_wait_on``).
 FORGIVEN_FAILURES = 1
 #: Threads writing claims again (``HEARTBEAT``).
 RENEW_THREADS = 4
@@ -455,25 +459,31 @@ class SharedTier:
             self._arrival = 0.5 * self._arrival + 0.5 * seconds
 
     def wait_for(
-        self, shared_key: str, into: memoryview, stop: Callable[[], bool] | None = None
+        self,
+        shared_key: str,
+        into: memoryview,
+        stop: Callable[[], bool] | None = None,
+        *,
+        failed: int = 0,
     ) -> Wait:
         """Thread: wait for a block another node claimed, and read it into
         ``into``.  Polls: first after ``first_pause``, then with pauses
         growing from ``FIRST_POLL`` to ``LAST_POLL`` (and to half the time
         waited, past that), jittered.  The claim's age is checked at
         ``STALE_CHECK_POLL`` and at every poll past ``CLAIM_WAIT``.  False,
-        SERVED once the block is read into ``into``.  A claim that is gone
+        ``failed``: requests about the block that got no answer already
+        (its claim).  SERVED once the block is read into ``into``.  A claim that is gone
         (its claimer gave up) is claimed again: CLAIMED if this node won it
         (and fetches the block), and the wait goes on if another did.
         FETCH, to fetch it from the bucket, when the claim is dead
         (``alive_for``), after ``CLAIM_WAIT_LIMIT``, when the block is
-        damaged, when the tier does not answer twice (``_may_wait_on``), or
+        damaged, when the tier does not answer twice (``may_wait_on``), or
         when ``stop`` says to give way."""
         started = time.monotonic()
         pause = self.first_pause()
         polls = 0
         generation = 0
-        failed = 0  # polls and checks that got no answer
+        # ``failed``: requests about this block that got no answer (the claim)
         while True:
             waited = time.monotonic() - started
             left = CLAIM_WAIT_LIMIT - waited
@@ -488,7 +498,7 @@ class SharedTier:
                 self._learn_arrival(time.monotonic() - started)
                 self.count(waits=1)
                 return Wait.SERVED
-            if found is Lookup.FAILED and self._may_wait_on(failed := failed + 1):
+            if found is Lookup.FAILED and self.may_wait_on(failed := failed + 1):
                 continue  # no answer once (a loaded tier): not yet a reason to go to the bucket
             if found is not Lookup.MISS:
                 return Wait.FETCH
@@ -498,7 +508,7 @@ class SharedTier:
                     alive = self.claim_alive(shared_key, generation)
                 except StoreError:
                     self.count(errors=1)
-                    if self._may_wait_on(failed := failed + 1):
+                    if self.may_wait_on(failed := failed + 1):
                         continue
                     return Wait.FETCH
                 if alive is not True:
@@ -515,7 +525,7 @@ class SharedTier:
                         return Wait.FETCH
                     polls = 0  # another node took it over: wait for that one
 
-    def _may_wait_on(self, failed: int) -> bool:
+    def may_wait_on(self, failed: int) -> bool:
         """After ``failed`` requests of one wait got no answer: wait on?
         One is forgiven (a loaded tier answers late now and then); a second,
         or an open breaker, sends the block to the bucket, so a tier that
@@ -692,15 +702,19 @@ class SharedOrigin(Origin):
                 mine = index if mine is None else mine
                 index += 1
                 continue
-            if claim is Claim.FAILED:
+            unanswered = claim is Claim.FAILED
+            if unanswered and not shared.may_wait_on(1):
                 return served + self._rest(get, views, mine, index, count, stop)
+            # Held, or the claim got no answer (a loaded tier: it may have
+            # been made, by this node or another): wait, and the claim's
+            # check sorts it out (a claim gone or dead is taken over).
             if mine is not None:  # another node's block ends this node's run
                 got = self._from_bucket(get, views, mine, index, None, claimed=index)
                 served += got
                 if got < sum(len(view) for view in views[mine:index]):
                     return served
                 mine = None
-            waited = shared.wait_for(shared_key, views[index], stop)
+            waited = shared.wait_for(shared_key, views[index], stop, failed=int(unanswered))
             if waited is Wait.CLAIMED:  # its claimer gave up, and this node took it
                 mine = index
                 index += 1
