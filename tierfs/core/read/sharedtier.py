@@ -53,8 +53,9 @@ clock) at the third poll and at each poll past ``CLAIM_WAIT`` (2 s):
         with If-None-Match: *)
     either claim won --> this node fetches the block (as a block it won)
     either claim held --> another waiting node took it over: wait for that
-        one; past ``LAST_GENERATION``, or ``CLAIM_WAIT_LIMIT`` (30 s) of
-        waiting, the block is read from the bucket
+        one; past ``LAST_GENERATION``, or ``CLAIM_WAIT_LIMIT`` (60 s) of
+        waiting, the block is read from the bucket (that block alone:
+        the next ones are most likely claimed by other nodes)
 
 So a dead or given-up claimer costs one more fetch of its blocks, by one
 node, never a fetch by every node that waited.  Measured with 256
@@ -152,9 +153,11 @@ LAST_GENERATION = 3
 FORGIVEN_FAILURES = 1
 #: Threads writing claims again (``HEARTBEAT``).
 RENEW_THREADS = 4
-#: The longest wait for a block whose claimer is alive but slow: then it is
-#: read from the bucket all the same.
-CLAIM_WAIT_LIMIT = 30.0
+#: The longest wait for a block whose claimer is alive but slow (a job's
+#: start on hundreds of nodes over a loaded shared cluster: the waiting is
+#: what keeps them from all reading the bucket): then it is read from the
+#: bucket all the same.
+CLAIM_WAIT_LIMIT = 60.0
 #: A claim this node still holds after this long is forgotten (no longer
 #: written again): a bug's claim must not stay alive for ever.
 CLAIM_HOLD_LIMIT = 120.0
@@ -720,7 +723,16 @@ class SharedOrigin(Origin):
                 index += 1
                 continue
             if waited is Wait.FETCH:
-                return served + self._rest(get, views, mine, index, count, stop)
+                if shared.bucket.breaker.is_open:  # the tier is gone: the rest from the bucket
+                    return served + self._rest(get, views, mine, index, count, stop)
+                # This block from the bucket; the next ones are most likely
+                # claimed by other nodes, which put them: go on as before.
+                got = self._from_bucket(get, views, index, index + 1, None)
+                served += got
+                if got < len(views[index]):
+                    return served
+                index += 1
+                continue
             served += len(views[index])
             index += 1
             # The claimer's run most likely goes on: ask for the next block
