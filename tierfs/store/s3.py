@@ -473,6 +473,7 @@ _OBSTORE_CLASS_STATUS = {
     "PermissionDeniedError": 403,
     "UnauthenticatedError": 403,
     "PreconditionError": 412,
+    "AlreadyExistsError": 412,
     "NotModifiedError": 304,
 }
 

@@ -226,8 +226,12 @@ class NativeEngine:
 
         return self._request("GetObject", send)
 
-    def put(self, full_key: str, data: bytes, metadata: Mapping[str, str]) -> str:
-        """PutObject of ``data`` with user ``metadata``; returns the raw ETag."""
+    def put(
+        self, full_key: str, data: bytes, metadata: Mapping[str, str], *, create: bool = False
+    ) -> str:
+        """PutObject of ``data`` with user ``metadata``; returns the raw ETag.
+        ``create``: only if no object is there (``If-None-Match: *``; a 412
+        ClientError otherwise)."""
 
         def send() -> str:
             result = obstore.put(
@@ -236,6 +240,7 @@ class NativeEngine:
                 data,
                 attributes=dict(metadata),  # type: ignore[arg-type]
                 use_multipart=False,
+                mode="create" if create else None,
             )
             return str(result.get("e_tag") or "")
 
