@@ -10,7 +10,8 @@ reads the file the way the fetcher reads a sequential reader's file: fetch
 runs of up to 16 MiB (``FETCH_RUN_BYTES``) in order, ``--depth`` of them in
 flight (the readahead), each one ``SharedOrigin.get_range_into``.  The
 nodes are spread over ``--processes`` worker processes (the GIL), and all
-start together.
+start together.  The nodes of one process share one backing store (one
+client and breaker of the bucket), to save memory.
 
 Set-up (all on loopback, under one work directory):
 

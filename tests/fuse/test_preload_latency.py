@@ -115,25 +115,14 @@ def preload_fetching(status: dict[str, Any]) -> bool:
     return any(j["state"] == "fetching" for j in status["preloads"])
 
 
-def test_demand_read_during_a_long_preload_stays_within_twice_idle(
-    mount: MountFactory, fault_proxy: FaultProxy
-) -> None:
-    small = {f"lat/f{i:02d}.bin": os.urandom(SMALL) for i in range(2 * READS)}
-    bulk = {f"bulk/f{i:03d}.bin": os.urandom(SMALL) for i in range(PRELOADED)}
-    m = mount(
-        {**small, **bulk},
-        nvme="256MiB",
-        block_size="1MiB",
-        list_ttl="600s",
-        revalidate_ttl="600s",
-        endpoint_url=fault_proxy.endpoint,
-        fetch_concurrency=2,
-        # Reads in listing order: no directory readahead, every read is cold.
-        dir_readahead=0,
-    )
-    # Listed before S3 slows down: the timed reads need no LIST.
-    names = sorted(os.listdir(m.path / "lat"))
-    assert len(names) == 2 * READS
+def reads_beside_a_paced_preload(
+    m: Any, fault_proxy: FaultProxy, names: list[str], preload_options: list[str]
+) -> tuple[list[float], list[float], bool, dict[str, Any]]:
+    """Times of cold reads of ``lat/NAME``: every other name idle, then the
+    others while ``tierfs preload [preload_options] bulk`` runs with the
+    GETs of ``bulk/`` paced (one per ``PACE``) and every answer held
+    ``DELAY``.  Returns (idle, during, did the preload run throughout the
+    reads, its status entry); the preload is cancelled (Ctrl-C) at the end."""
     fault_proxy.delay = DELAY
     bulk_get = f"GET /{m.bucket}/{m.key('bulk/')}"
     pacer = Pacer(fault_proxy, lambda line: line.startswith(bulk_get), PACE)
@@ -141,7 +130,7 @@ def test_demand_read_during_a_long_preload_stays_within_twice_idle(
     try:
         idle = [timed_read(m.path / "lat" / name) for name in names[0::2]]
         preload = subprocess.Popen(
-            [*tierfs_command(), "preload", str(m.path / "bulk"), "--json"],
+            [*tierfs_command(), "preload", *preload_options, str(m.path / "bulk"), "--json"],
             env=daemon_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -165,6 +154,31 @@ def test_demand_read_during_a_long_preload_stays_within_twice_idle(
             except subprocess.TimeoutExpired:
                 preload.kill()
                 preload.wait()
+    return idle, during, preload_ran_throughout, job
+
+
+def test_demand_read_during_a_long_preload_stays_within_twice_idle(
+    mount: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    small = {f"lat/f{i:02d}.bin": os.urandom(SMALL) for i in range(2 * READS)}
+    bulk = {f"bulk/f{i:03d}.bin": os.urandom(SMALL) for i in range(PRELOADED)}
+    m = mount(
+        {**small, **bulk},
+        nvme="256MiB",
+        block_size="1MiB",
+        list_ttl="600s",
+        revalidate_ttl="600s",
+        endpoint_url=fault_proxy.endpoint,
+        fetch_concurrency=2,
+        # Reads in listing order: no directory readahead, every read is cold.
+        dir_readahead=0,
+    )
+    # Listed before S3 slows down: the timed reads need no LIST.
+    names = sorted(os.listdir(m.path / "lat"))
+    assert len(names) == 2 * READS
+    idle, during, preload_ran_throughout, job = reads_beside_a_paced_preload(
+        m, fault_proxy, names, []
+    )
 
     for name in names:  # the bytes the reads got are the bucket's
         assert (m.path / "lat" / name).read_bytes() == small[f"lat/{name}"]

@@ -6,9 +6,7 @@ the shared tier, not from the bucket."""
 from __future__ import annotations
 
 import os
-import signal
 import statistics
-import subprocess
 import time
 import uuid
 from typing import Any
@@ -18,10 +16,7 @@ import pytest
 from tests.faults import FaultProxy
 from tests.fuse.conftest import (
     MountFactory,
-    daemon_env,
     run_tierfs,
-    tierfs_command,
-    wait_until,
 )
 from tests.seaweed_cluster import SeaweedCluster
 
@@ -153,13 +148,10 @@ def test_a_preload_into_the_shared_tier_lets_demand_reads_through_within_twice_i
     = 2``), so a demand read never queues behind it."""
     from tests.fuse.test_preload_latency import (
         DELAY,
-        PACE,
         PRELOADED,
         READS,
         SMALL,
-        Pacer,
-        preload_fetching,
-        timed_read,
+        reads_beside_a_paced_preload,
     )
 
     small = {f"lat/f{i:02d}.bin": os.urandom(SMALL) for i in range(2 * READS)}
@@ -178,37 +170,9 @@ def test_a_preload_into_the_shared_tier_lets_demand_reads_through_within_twice_i
     names = sorted(os.listdir(m.path / "lat"))
     assert len(names) == 2 * READS
     assert len(os.listdir(m.path / "bulk")) == PRELOADED
-    fault_proxy.delay = DELAY
-    bulk_get = f"GET /{m.bucket}/{m.key('bulk/')}"
-    pacer = Pacer(fault_proxy, lambda line: line.startswith(bulk_get), PACE)
-    preload: subprocess.Popen[str] | None = None
-    try:
-        idle = [timed_read(m.path / "lat" / name) for name in names[0::2]]
-        preload = subprocess.Popen(
-            [*tierfs_command(), "preload", "--tier", "cluster", str(m.path / "bulk"), "--json"],
-            env=daemon_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        assert wait_until(lambda: preload_fetching(m.status()), timeout=20, interval=0.05), (
-            "the preload did not start fetching"
-        )
-        during = [timed_read(m.path / "lat" / name) for name in names[1::2]]
-        preload_ran_throughout = preload.poll() is None
-        (job,) = m.status()["preloads"]
-    finally:
-        pacer.stop()
-        fault_proxy.delay = 0.0
-        if preload is not None:
-            if preload.poll() is None:
-                preload.send_signal(signal.SIGINT)
-            try:
-                preload.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                preload.kill()
-                preload.wait()
+    idle, during, preload_ran_throughout, job = reads_beside_a_paced_preload(
+        m, fault_proxy, names, ["--tier", "cluster"]
+    )
     for name in names:
         assert (m.path / "lat" / name).read_bytes() == small[f"lat/{name}"]
     idle_median, during_median = statistics.median(idle), statistics.median(during)

@@ -133,12 +133,13 @@ TRAILER = struct.Struct("<Q")
 
 #: Claims are kept beside the blocks: ``<prefix>claims/blocks/...``.
 CLAIMS = "claims/"
-#: A node waits this long for a block another node claimed before it
-#: checks, every ``HEARTBEAT``, that the claim is still alive.
+#: Past this much waiting for a block another node claimed, the claim is
+#: checked (its age, a HEAD) at every poll, not only at ``STALE_CHECK_POLL``.
 CLAIM_WAIT = 2.0
-#: A claim not written again for this long (by the cluster's clock) is
-#: dead: its node died or gave up, and the block is fetched from the bucket
-#: at once.  A live claimer writes its claims again every ``HEARTBEAT``.
+#: A claim not written again for this long (by the cluster's clock, plus
+#: three times the slowest recent answer: ``alive_for``) is dead: its node
+#: died, and one waiting node takes it over.  A live claimer writes its
+#: claims again every ``HEARTBEAT``.
 CLAIM_ALIVE = 3.0
 #: Seconds between two writes of a claim its node still works on (only
 #: claims held this long are written again: most are done sooner).
