@@ -280,8 +280,8 @@ class FanoutBench:
         }
 
     def run(self) -> None:
-        from tests.faults import FaultProxy
-        from tests.seaweed_cluster import ACCESS_KEY, REGION, SECRET_KEY, SeaweedCluster
+        from tests.bench.bench_shared import far_bucket_and_shared_cluster
+        from tests.seaweed_cluster import ACCESS_KEY, REGION, SECRET_KEY
 
         self.env.update(
             AWS_ACCESS_KEY_ID=ACCESS_KEY,
@@ -291,23 +291,19 @@ class FanoutBench:
             NO_PROXY="127.0.0.1",
             PYTHONPATH=str(ROOT),
         )
-        (self.work / "seaweed").mkdir()
-        with SeaweedCluster(root=self.work / "seaweed", volume_size_mb=1024) as cluster:
-            self.cluster = cluster
-            client = cluster.client()
-            for bucket in ("backing", "shared"):
-                client.create_bucket(Bucket=bucket)
+        with far_bucket_and_shared_cluster(self.work, self.args.rate, self.args.latency) as (
+            cluster,
+            client,
+            proxy,
+        ):
+            self.cluster, self.proxy = cluster, proxy
             self.upload(client)
-            with FaultProxy("127.0.0.1", cluster.s3_port) as proxy:
-                self.proxy = proxy
-                proxy.delay = self.args.latency
-                proxy.rate = self.args.rate
-                if self.file:
-                    self.case("alone", 1)
-                for n in self.args.nodes:
-                    self.case("file", n)
-                for n in self.args.tree_nodes:
-                    self.case("tree", n)
+            if self.file:
+                self.case("alone", 1)
+            for n in self.args.nodes:
+                self.case("file", n)
+            for n in self.args.tree_nodes:
+                self.case("tree", n)
 
     def upload(self, client: Any) -> None:
         a = self.args

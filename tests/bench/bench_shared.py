@@ -88,6 +88,26 @@ SHARED_NAME = "cluster"
 SHARED_COUNTS = ("hits", "misses", "claims", "claims_held", "waits", "wait_timeouts", "errors")
 
 
+@contextlib.contextmanager
+def far_bucket_and_shared_cluster(
+    work: Path, rate: int, latency: float
+) -> Iterator[tuple[SeaweedCluster, Any, FaultProxy]]:
+    """The set-up of the module docstring, under ``work``: one SeaweedFS
+    cluster with the buckets ``backing`` and ``shared``, a boto3 client of
+    it, and the throttled proxy (``rate`` bytes per second in all,
+    ``latency`` before each answer) through which the nodes reach the
+    bucket.  Everything is stopped on the way out."""
+    (work / "seaweed").mkdir()
+    with SeaweedCluster(root=work / "seaweed", volume_size_mb=1024) as cluster:
+        client = cluster.client()
+        for bucket in ("backing", "shared"):
+            client.create_bucket(Bucket=bucket)
+        with FaultProxy("127.0.0.1", cluster.s3_port) as proxy:
+            proxy.delay = latency
+            proxy.rate = rate
+            yield cluster, client, proxy
+
+
 @dataclass
 class Case:
     name: str
@@ -123,19 +143,15 @@ class SharedBench:
     # --- set-up ---
 
     def run(self) -> None:
-        (self.work / "seaweed").mkdir()
-        with SeaweedCluster(root=self.work / "seaweed", volume_size_mb=1024) as cluster:
-            self.cluster = cluster
-            client = cluster.client()
-            for bucket in ("backing", "shared"):
-                client.create_bucket(Bucket=bucket)
+        with far_bucket_and_shared_cluster(self.work, self.args.rate, self.args.latency) as (
+            cluster,
+            client,
+            proxy,
+        ):
+            self.cluster, self.proxy = cluster, proxy
             self.upload(client)
-            with FaultProxy("127.0.0.1", cluster.s3_port) as proxy:
-                self.proxy = proxy
-                proxy.delay = self.args.latency
-                proxy.rate = self.args.rate
-                for case in self.args.cases:
-                    getattr(self, f"case_{case.replace('-', '_')}")()
+            for case in self.args.cases:
+                getattr(self, f"case_{case.replace('-', '_')}")()
 
     def upload(self, client: Any) -> None:
         a = self.args

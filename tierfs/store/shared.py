@@ -245,11 +245,7 @@ class SharedBucket:
 
     def put(self, key: str, data: bytes) -> None:
         try:
-            if self._native is not None:
-                native = self._native
-                self._send("put_object", key, lambda: native.put(self.prefix + key, data, {}))
-            else:
-                self._call("put_object", key, Body=data)
+            self._put(key, data, create=False)
         except botocore.exceptions.ClientError as exc:
             raise StoreError(f"shared tier PUT {key}: {_code(exc)}") from exc
 
@@ -257,18 +253,25 @@ class SharedBucket:
         """Create ``key`` unless an object is there (``If-None-Match: *``):
         True for the one caller that created it, False if it was there."""
         try:
-            if self._native is not None:
-                native = self._native
-                self._send(
-                    "put_object", key, lambda: native.put(self.prefix + key, data, {}, create=True)
-                )
-            else:
-                self._call("put_object", key, Body=data, IfNoneMatch="*")
+            self._put(key, data, create=True)
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in _ALREADY_THERE:
                 return False
             raise StoreError(f"shared tier conditional PUT {key}: {_code(exc)}") from exc
         return True
+
+    def _put(self, key: str, data: bytes, *, create: bool) -> None:
+        """One PUT through the native engine when there is one, else
+        botocore; ``create``: with ``If-None-Match: *``."""
+        native = self._native
+        if native is not None:
+            self._send(
+                "put_object", key, lambda: native.put(self.prefix + key, data, {}, create=create)
+            )
+        elif create:
+            self._call("put_object", key, Body=data, IfNoneMatch="*")
+        else:
+            self._call("put_object", key, Body=data)
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (a claim given up); no error if it is not there."""

@@ -474,20 +474,22 @@ class SharedTier:
         ``into``.  Polls: first after ``first_pause``, then with pauses
         growing from ``FIRST_POLL`` to ``LAST_POLL`` (and to half the time
         waited, past that), jittered.  The claim's age is checked at
-        ``STALE_CHECK_POLL`` and at every poll past ``CLAIM_WAIT``.  False,
+        ``STALE_CHECK_POLL`` and at every poll past ``CLAIM_WAIT``.
         ``failed``: requests about the block that got no answer already
-        (its claim).  SERVED once the block is read into ``into``.  A claim that is gone
-        (its claimer gave up) is claimed again: CLAIMED if this node won it
-        (and fetches the block), and the wait goes on if another did.
-        FETCH, to fetch it from the bucket, when the claim is dead
-        (``alive_for``), after ``CLAIM_WAIT_LIMIT``, when the block is
-        damaged, when the tier does not answer twice (``may_wait_on``), or
-        when ``stop`` says to give way."""
+        (its claim).
+
+        SERVED once the block is read into ``into``.  A claim that is gone
+        (its claimer gave up) is claimed again, a dead one (``alive_for``)
+        in its next generation: CLAIMED if this node won it (and fetches
+        the block), and the wait goes on if another did.  FETCH, to fetch
+        it from the bucket, past ``LAST_GENERATION`` or
+        ``CLAIM_WAIT_LIMIT``, when the block is damaged, when the tier does
+        not answer twice (``may_wait_on``), or when ``stop`` says to give
+        way."""
         started = time.monotonic()
         pause = self.first_pause()
         polls = 0
         generation = 0
-        # ``failed``: requests about this block that got no answer (the claim)
         while True:
             waited = time.monotonic() - started
             left = CLAIM_WAIT_LIMIT - waited
